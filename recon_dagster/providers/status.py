@@ -1,0 +1,81 @@
+"""One typed answer for every provider's poll: ``UpstreamStatus``."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class UpstreamState(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    # The task finished but its media is gone (Replicate data_removed, Runway expireFlag=1).
+    EXPIRED = "expired"
+    # The provider does not know the task id (KIE "recordInfo is null", HTTP 404).
+    NOT_FOUND = "not_found"
+
+
+class MediaRef(BaseModel):
+    """Where a finished task's output can be fetched.
+
+    ``url`` is a provider-signed URL, or for ElevenLabs a byte endpoint on the provider's own API
+    that needs the API key (``needs_auth``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    url: str
+    kind: str = "file"  # image | video | audio | weights | file
+    needs_auth: bool = False
+
+
+class UpstreamStatus(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    provider_kind: str
+    task_id: str | None = None
+    state: UpstreamState
+    media: tuple[MediaRef, ...] = ()
+    # Provider-reported cost in USD where the provider reports one.
+    cost_usd: float | None = None
+    # Text results (KIE resultObject, LLM output) where there is no media.
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    # Provider-reported progress 0-100 where known.
+    progress: int | None = None
+    raw: dict[str, Any] | None = Field(default=None, repr=False)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state is not UpstreamState.RUNNING
+
+
+class ProviderError(Exception):
+    """Base of every error raised by a provider client."""
+
+
+class ProviderProtocolError(ProviderError):
+    """A provider answered with a body we cannot interpret; never guessed around."""
+
+    def __init__(self, provider_kind: str, message: str) -> None:
+        super().__init__(f"{provider_kind}: {message}")
+        self.provider_kind = provider_kind
+
+
+class ProviderHTTPError(ProviderError):
+    """A provider call failed at the HTTP level after the retry policy gave up."""
+
+    def __init__(self, provider_kind: str, status_code: int | None, message: str) -> None:
+        super().__init__(f"{provider_kind}: HTTP {status_code}: {message}")
+        self.provider_kind = provider_kind
+        self.status_code = status_code
+
+
+class AmbiguousCreateError(ProviderError):
+    """A create request may have reached the provider but its answer was lost.
+
+    Re-sending could bill twice, so the caller must decide (for example, fail the job and refund).
+    """
