@@ -58,15 +58,29 @@ class ProviderKind:
         return self.is_async
 
 
-def _async(name: str, provider: Provider, family: Family, stale_min: int, ttl: timedelta | None,
-           budget_min: int, interval_s: float = 5.0) -> ProviderKind:
-    return ProviderKind(name, provider, family, True, timedelta(minutes=stale_min), ttl,
-                        timedelta(minutes=budget_min), interval_s)
+def _async(
+    name: str,
+    provider: Provider,
+    family: Family,
+    stale_min: int,
+    ttl: timedelta | None,
+    budget_min: int,
+    interval_s: float = 5.0,
+) -> ProviderKind:
+    return ProviderKind(
+        name,
+        provider,
+        family,
+        True,
+        timedelta(minutes=stale_min),
+        ttl,
+        timedelta(minutes=budget_min),
+        interval_s,
+    )
 
 
 def _sync(name: str, provider: Provider, family: Family) -> ProviderKind:
-    return ProviderKind(name, provider, family, False, timedelta(minutes=5), None,
-                        timedelta(minutes=5), 0.0)
+    return ProviderKind(name, provider, family, False, timedelta(minutes=5), None, timedelta(minutes=5), 0.0)
 
 
 # KIE documents 14 days of media retention in general but one endpoint says result URLs
@@ -85,10 +99,18 @@ _KINDS: tuple[ProviderKind, ...] = (
     _async("kie-runway", Provider.KIE, Family.KIE_RUNWAY, 25, KIE_MEDIA_TTL, 20),
     _async("kie-lip-sync", Provider.KIE, Family.KIE_MARKET, 75, KIE_MEDIA_TTL, 60, 10.0),
     _sync("kie-llm", Provider.KIE, Family.KIE_LLM),
-    _async("replicate-prediction", Provider.REPLICATE, Family.REPLICATE_PREDICTION, 20,
-           REPLICATE_MEDIA_TTL, 15, 2.0),
-    _async("replicate-training", Provider.REPLICATE, Family.REPLICATE_TRAINING, 30,
-           REPLICATE_MEDIA_TTL, 60, 10.0),
+    _async(
+        "replicate-prediction",
+        Provider.REPLICATE,
+        Family.REPLICATE_PREDICTION,
+        20,
+        REPLICATE_MEDIA_TTL,
+        15,
+        2.0,
+    ),
+    _async(
+        "replicate-training", Provider.REPLICATE, Family.REPLICATE_TRAINING, 30, REPLICATE_MEDIA_TTL, 60, 10.0
+    ),
     _async("elevenlabs-async", Provider.ELEVENLABS, Family.ELEVENLABS_DUBBING, 15, None, 15),
     _sync("elevenlabs-sync", Provider.ELEVENLABS, Family.ELEVENLABS_TTS),
     _sync("anthropic-sync", Provider.ANTHROPIC, Family.ANTHROPIC),
@@ -112,9 +134,7 @@ class UnknownProviderKind(ValueError):
     """A provider_kind value that is not in the registry."""
 
     def __init__(self, value: object) -> None:
-        super().__init__(
-            f"unknown provider_kind {value!r}; known kinds: {', '.join(KIND_NAMES)}"
-        )
+        super().__init__(f"unknown provider_kind {value!r}; known kinds: {', '.join(KIND_NAMES)}")
         self.value = value
 
 

@@ -1,0 +1,447 @@
+"""The ``jobs`` table: the stale scan, the reconcile lease, and guarded state transitions.
+
+Every write here is one statement that asserts the state it believes it owns and reports whether
+it won (``RETURNING``). Zero rows means another writer (a worker, a webhook, a user cancel, a
+second reconcile run) got there first; the caller stops and announces nothing.
+
+Functions take a SQLAlchemy ``Connection`` so the caller decides the transaction boundary.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+from recon_dagster.kinds import KINDS, LEGACY_STALE_THRESHOLD
+
+INFLIGHT_STATUSES = ("pending", "processing")
+TERMINAL_STATUSES = ("completed", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """The columns reconciliation reads. ``usage_log_id`` is deliberately absent (spec D7)."""
+
+    id: uuid.UUID
+    status: str
+    user_id: uuid.UUID
+    job_type: str
+    provider_kind: str | None
+    provider_task_id: str | None
+    provider_call_started_at: datetime | None
+    reconcile_attempts: int
+    reconcile_last_error: str | None
+    reconcile_lease_owner: str | None
+    reconcile_lease_expires_at: datetime | None
+    should_watermark: bool | None
+    is_public: bool | None
+    workflow_execution_id: uuid.UUID | None
+    node_id: str | None
+    progress: int
+    created_at: datetime
+    started_at: datetime | None
+
+    @property
+    def inflight(self) -> bool:
+        return self.status in INFLIGHT_STATUSES
+
+
+_ROW_COLUMNS = (
+    "id, status, user_id, job_type, provider_kind, provider_task_id, provider_call_started_at, "
+    "reconcile_attempts, reconcile_last_error, reconcile_lease_owner, reconcile_lease_expires_at, "
+    "should_watermark, is_public, workflow_execution_id, node_id, progress, created_at, started_at"
+)
+
+
+def _row(m: sa.RowMapping) -> JobRow:
+    return JobRow(**{k: m[k] for k in JobRow.__dataclass_fields__})
+
+
+# ---------------------------------------------------------------------------------------------
+# The stale scan
+# ---------------------------------------------------------------------------------------------
+
+
+def _threshold_case(column: str) -> str:
+    """Per-kind stale thresholds as a CASE over provider_kind, built from the registry.
+
+    Unknown kinds and NULL (legacy, pre-Phase-1 rows) fall to the 5-minute sweep threshold.
+    """
+    arms = " ".join(
+        f"WHEN '{k.name}' THEN interval '{int(k.stale_threshold.total_seconds())} seconds'"
+        for k in KINDS.values()
+    )
+    legacy = int(LEGACY_STALE_THRESHOLD.total_seconds())
+    return f"CASE {column} {arms} ELSE interval '{legacy} seconds' END"
+
+
+_MIN_THRESHOLD_S = int(
+    min([k.stale_threshold for k in KINDS.values()] + [LEGACY_STALE_THRESHOLD]).total_seconds()
+)
+
+# Two branches, both served by jobs_inflight_idx (its predicate is status IN (pending, processing)):
+#  a) rows with provider_call_started_at: a range scan up to the smallest threshold, refined per
+#     kind, walked oldest first so LIMIT stops early;
+#  b) rows with no provider_call_started_at (legacy rows, or an app bug): an IS NULL probe of the
+#     same index, aged by started_at / created_at instead.
+# Rows leased by a live reconcile run, or waiting out the reconcile cadence, are not due.
+STALE_SCAN_SQL = f"""
+WITH timed AS (
+  SELECT {_ROW_COLUMNS}, provider_call_started_at AS stale_since
+  FROM jobs
+  WHERE status IN ('pending', 'processing')
+    AND provider_call_started_at < now() - interval '{_MIN_THRESHOLD_S} seconds'
+    AND provider_call_started_at < now() - {_threshold_case("provider_kind")}
+    AND (reconcile_lease_expires_at IS NULL OR reconcile_lease_expires_at < now())
+    AND (reconcile_next_at IS NULL OR reconcile_next_at <= now())
+  ORDER BY provider_call_started_at
+  LIMIT :limit
+), untimed AS (
+  SELECT {_ROW_COLUMNS}, COALESCE(started_at, created_at) AS stale_since
+  FROM jobs
+  WHERE status IN ('pending', 'processing')
+    AND provider_call_started_at IS NULL
+    AND COALESCE(started_at, created_at) < now() - {_threshold_case("provider_kind")}
+    AND (reconcile_lease_expires_at IS NULL OR reconcile_lease_expires_at < now())
+    AND (reconcile_next_at IS NULL OR reconcile_next_at <= now())
+  LIMIT :limit
+)
+SELECT * FROM (SELECT * FROM timed UNION ALL SELECT * FROM untimed) due
+ORDER BY stale_since
+LIMIT :limit
+"""
+
+
+def stale_scan_sql() -> str:
+    """The stale-scan statement (exposed for EXPLAIN tests and the benchmark)."""
+    return STALE_SCAN_SQL
+
+
+def scan_stale(conn: sa.Connection, limit: int = 500) -> list[JobRow]:
+    """In-flight rows past their kind's threshold and due for an attempt, oldest first, bounded."""
+    rows = conn.execute(sa.text(STALE_SCAN_SQL), {"limit": limit}).mappings()
+    return [_row(r) for r in rows]
+
+
+def inflight_counts(conn: sa.Connection) -> list[dict[str, Any]]:
+    """Per kind: rows in flight, rows past threshold, rows leased by a reconcile run."""
+    sql = f"""
+    SELECT COALESCE(provider_kind, '(none)') AS provider_kind,
+           count(*) AS inflight,
+           count(*) FILTER (
+             WHERE COALESCE(provider_call_started_at, started_at, created_at)
+                   < now() - {_threshold_case("provider_kind")}) AS stale,
+           count(*) FILTER (WHERE reconcile_lease_expires_at > now()) AS leased,
+           max(reconcile_attempts) AS max_attempts
+    FROM jobs
+    WHERE status IN ('pending', 'processing')
+    GROUP BY 1 ORDER BY 1
+    """
+    return [dict(r) for r in conn.execute(sa.text(sql)).mappings()]
+
+
+def load_job(conn: sa.Connection, job_id: uuid.UUID | str) -> JobRow | None:
+    r = (
+        conn.execute(sa.text(f"SELECT {_ROW_COLUMNS} FROM jobs WHERE id = :id"), {"id": str(job_id)})
+        .mappings()
+        .first()
+    )
+    return _row(r) if r else None
+
+
+def load_jobs(conn: sa.Connection, job_ids: Iterable[uuid.UUID | str]) -> list[JobRow]:
+    ids = [str(j) for j in job_ids]
+    rows = conn.execute(
+        sa.text(f"SELECT {_ROW_COLUMNS} FROM jobs WHERE id = ANY(:ids)").bindparams(
+            sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))
+        ),
+        {"ids": ids},
+    ).mappings()
+    return [_row(r) for r in rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# The reconcile lease (migration 136)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    job_id: uuid.UUID
+    attempt: int
+
+
+def claim_jobs(
+    conn: sa.Connection,
+    claims: Sequence[Claim],
+    owner: str,
+    ttl: timedelta,
+) -> list[Claim]:
+    """Take the reconcile lease on jobs whose attempt counter is still what the scan saw.
+
+    Succeeds for rows that are in flight and unleased, leased by ``owner`` already, or whose lease
+    expired. Taking over an expired lease of another owner means that run died mid-attempt, so it
+    counts as a failed attempt (which keeps a job that crashes its run from looping forever).
+    Returns the claims that won, with the attempt number they now carry.
+    """
+    if not claims:
+        return []
+    stmt = sa.text(
+        """
+        UPDATE jobs j SET
+          reconcile_attempts = j.reconcile_attempts
+            + CASE WHEN j.reconcile_lease_owner IS NULL OR j.reconcile_lease_owner = :owner
+                   THEN 0 ELSE 1 END,
+          reconcile_last_error = CASE
+            WHEN j.reconcile_lease_owner IS NULL OR j.reconcile_lease_owner = :owner
+            THEN j.reconcile_last_error
+            ELSE 'lease of run ' || j.reconcile_lease_owner || ' expired before it finished' END,
+          reconcile_lease_owner = :owner,
+          reconcile_lease_expires_at = now() + make_interval(secs => :ttl_s),
+          updated_at = now()
+        FROM unnest(:ids, :attempts) AS c(id, attempts)
+        WHERE j.id = c.id
+          AND j.reconcile_attempts = c.attempts
+          AND j.status IN ('pending', 'processing')
+          AND (j.reconcile_lease_owner IS NULL
+               OR j.reconcile_lease_owner = :owner
+               OR j.reconcile_lease_expires_at < now())
+        RETURNING j.id, j.reconcile_attempts
+        """
+    ).bindparams(
+        sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)),
+        sa.bindparam("attempts", type_=pg.ARRAY(sa.Integer)),
+    )
+    rows = conn.execute(
+        stmt,
+        {
+            "ids": [str(c.job_id) for c in claims],
+            "attempts": [c.attempt for c in claims],
+            "owner": owner,
+            "ttl_s": ttl.total_seconds(),
+        },
+    )
+    return [Claim(uuid.UUID(str(r.id)), r.reconcile_attempts) for r in rows]
+
+
+def renew_lease(conn: sa.Connection, job_id: uuid.UUID, owner: str, ttl: timedelta) -> JobRow | None:
+    """Re-assert our lease right before working a job; None means we no longer own it."""
+    r = (
+        conn.execute(
+            sa.text(
+                f"""
+            UPDATE jobs SET reconcile_lease_expires_at = now() + make_interval(secs => :ttl_s)
+            WHERE id = :id AND reconcile_lease_owner = :owner
+              AND status IN ('pending', 'processing')
+            RETURNING {_ROW_COLUMNS}
+            """
+            ),
+            {"id": str(job_id), "owner": owner, "ttl_s": ttl.total_seconds()},
+        )
+        .mappings()
+        .first()
+    )
+    return _row(r) if r else None
+
+
+def release_lease(conn: sa.Connection, job_id: uuid.UUID, owner: str) -> bool:
+    r = conn.execute(
+        sa.text(
+            """
+            UPDATE jobs SET reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
+            WHERE id = :id AND reconcile_lease_owner = :owner RETURNING id
+            """
+        ),
+        {"id": str(job_id), "owner": owner},
+    ).first()
+    return r is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Guarded transitions
+# ---------------------------------------------------------------------------------------------
+
+
+def complete_job(
+    conn: sa.Connection,
+    job_id: uuid.UUID,
+    *,
+    output_data: dict[str, Any],
+    provider: str | None,
+    provider_cost: float | None,
+    display_cost: float | None,
+) -> bool:
+    """Spec 5.4 step 4: pending/processing -> completed. False: another writer won.
+
+    The spec writes the guard as ``status != 'cancelled'``; asserting the in-flight states is
+    strictly narrower: it also refuses to complete a row that already completed (so a second
+    finalize gets zero rows, as the spec's race test demands) or that failed and was refunded.
+    """
+    r = conn.execute(
+        sa.text(
+            """
+            UPDATE jobs SET status = 'completed', output_data = CAST(:output AS jsonb),
+              provider = :provider, provider_cost = :provider_cost, display_cost = :display_cost,
+              progress = 100, error_message = NULL, completed_at = now(), updated_at = now(),
+              reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
+            WHERE id = :id AND status IN ('pending', 'processing')
+            RETURNING id
+            """
+        ),
+        {
+            "id": str(job_id),
+            "output": _json(output_data),
+            "provider": provider,
+            "provider_cost": provider_cost,
+            "display_cost": display_cost,
+        },
+    ).first()
+    return r is not None
+
+
+def fail_job(conn: sa.Connection, job_id: uuid.UUID, error_message: str) -> bool:
+    """pending/processing -> failed. False: the row was already terminal (someone else won)."""
+    r = conn.execute(
+        sa.text(
+            """
+            UPDATE jobs SET status = 'failed', error_message = :err, completed_at = now(),
+              updated_at = now(), reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
+            WHERE id = :id AND status IN ('pending', 'processing')
+            RETURNING id
+            """
+        ),
+        {"id": str(job_id), "err": error_message},
+    ).first()
+    return r is not None
+
+
+def bump_attempts(
+    conn: sa.Connection,
+    job_id: uuid.UUID,
+    *,
+    expected_attempts: int,
+    last_error: str | None,
+    next_in: timedelta,
+    owner: str | None = None,
+) -> int | None:
+    """Count one reconcile attempt that ended without a terminal state.
+
+    Compare-and-set on the attempt counter, so an attempt is never counted twice. Releases the
+    lease and schedules the next attempt ``next_in`` from now. Returns the new count, or None if the
+    row moved on (terminal, or another run counted this attempt).
+    """
+    r = conn.execute(
+        sa.text(
+            """
+            UPDATE jobs SET reconcile_attempts = reconcile_attempts + 1,
+              reconcile_last_error = :err,
+              reconcile_next_at = now() + make_interval(secs => :next_s),
+              reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL,
+              updated_at = now()
+            WHERE id = :id AND reconcile_attempts = :expected
+              AND status IN ('pending', 'processing')
+              AND (CAST(:owner AS text) IS NULL OR reconcile_lease_owner = :owner
+                   OR reconcile_lease_owner IS NULL)
+            RETURNING reconcile_attempts
+            """
+        ),
+        {
+            "id": str(job_id),
+            "expected": expected_attempts,
+            "err": last_error,
+            "next_s": next_in.total_seconds(),
+            "owner": owner,
+        },
+    ).first()
+    return None if r is None else int(r[0])
+
+
+def set_progress(conn: sa.Connection, job_id: uuid.UUID, progress: int) -> bool:
+    r = conn.execute(
+        sa.text(
+            """
+            UPDATE jobs SET progress = GREATEST(progress, :p), updated_at = now()
+            WHERE id = :id AND status IN ('pending', 'processing') RETURNING id
+            """
+        ),
+        {"id": str(job_id), "p": max(0, min(100, int(progress)))},
+    ).first()
+    return r is not None
+
+
+def cancel_job(conn: sa.Connection, job_id: uuid.UUID) -> bool:
+    """A user cancel, as the app does it: only an in-flight row can be cancelled."""
+    r = conn.execute(
+        sa.text(
+            """
+            UPDATE jobs SET status = 'cancelled', completed_at = now(), updated_at = now()
+            WHERE id = :id AND status IN ('pending', 'processing') RETURNING id
+            """
+        ),
+        {"id": str(job_id)},
+    ).first()
+    return r is not None
+
+
+def notify_job_event(conn: sa.Connection, job_id: uuid.UUID, status: str, source: str) -> None:
+    """A completion event the app can LISTEN for (delivered only if the transaction commits)."""
+    conn.execute(
+        sa.text("SELECT pg_notify('job_events', :payload)"),
+        {"payload": _json({"job_id": str(job_id), "status": status, "source": source})},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker-side instrumentation (spec 5.2, 5.8)
+# ---------------------------------------------------------------------------------------------
+
+
+def record_task_created(conn: sa.Connection, job_id: uuid.UUID, kind: str, task_id: str) -> str | None:
+    """Persist the upstream task id the moment it exists (the ``on_task_created`` write).
+
+    ``provider_call_started_at`` is kept if already set: a stall-retry never moves it (D8).
+    If a different task id is already persisted (two workers raced on create), nothing is
+    overwritten; the persisted id is returned so the caller can resume it instead.
+    Returns the task id now on the row, or None when the row does not exist.
+    """
+    r = conn.execute(
+        sa.text(
+            """
+            UPDATE jobs SET provider_kind = :kind,
+              provider_task_id = COALESCE(provider_task_id, :task_id),
+              provider_call_started_at = COALESCE(provider_call_started_at, now()),
+              updated_at = now()
+            WHERE id = :id
+            RETURNING provider_task_id
+            """
+        ),
+        {"id": str(job_id), "kind": kind, "task_id": task_id},
+    ).first()
+    return None if r is None else str(r[0])
+
+
+def mark_provider_call_start(conn: sa.Connection, job_id: uuid.UUID, kind: str) -> bool:
+    """Sync calls: record kind + start time right before the call; never touches status (5.8)."""
+    r = conn.execute(
+        sa.text(
+            """
+            UPDATE jobs SET provider_kind = :kind, provider_call_started_at = now(),
+              updated_at = now()
+            WHERE id = :id RETURNING id
+            """
+        ),
+        {"id": str(job_id), "kind": kind},
+    ).first()
+    return r is not None
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value, default=str, separators=(",", ":"))
