@@ -1,0 +1,79 @@
+"""Pure reconcile decisions: (job row, what upstream said) -> what to do. No I/O here.
+
+Kept apart from the effects so every branch of spec 5.5/5.6 is a plain function call in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from recon_dagster.db.jobs import JobRow
+from recon_dagster.kinds import KINDS, MAX_ATTEMPTS
+from recon_dagster.providers.status import UpstreamState, UpstreamStatus
+
+
+class Route(StrEnum):
+    """How a stale row can be reconciled at all."""
+
+    POLL = "poll"  # async kind with a persisted task id: ask upstream
+    SWEEP = "sweep"  # sync kind, no task id, unknown or missing kind: fail + refund (5.6)
+
+
+class Action(StrEnum):
+    FINALIZE = "finalize"  # upstream succeeded: finalize_job_with_media
+    FAIL = "fail"  # upstream failed / lost the task / media gone: fail + refund
+    RETRY_LATER = "retry_later"  # still running, or this attempt errored: count the attempt
+    FORCE_FAIL = "force_fail"  # attempts exhausted: force-fail + refund + anomaly
+
+
+class Outcome(StrEnum):
+    """What one reconcile attempt did to one job (the tick summary counts these)."""
+
+    RECOVERED = "recovered"
+    FAILED = "failed"
+    SWEPT = "swept"
+    STILL_RUNNING = "still_running"
+    ERROR = "error"
+    EXHAUSTED = "exhausted"
+    LOST_RACE = "lost_race"  # another writer (worker, webhook, cancel) got there first
+    SKIPPED = "skipped"  # not ours any more (lease lost, row no longer in flight)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+
+
+def route(row: JobRow) -> Route:
+    kind = KINDS.get(row.provider_kind or "")
+    if kind is None or not kind.is_async or not row.provider_task_id:
+        return Route.SWEEP
+    return Route.POLL
+
+
+def decide_on_status(status: UpstreamStatus) -> Decision:
+    """Map a successful poll to an action (attempt accounting is decide_after_attempt's job)."""
+    match status.state:
+        case UpstreamState.SUCCEEDED:
+            return Decision(Action.FINALIZE, "upstream succeeded")
+        case UpstreamState.FAILED:
+            return Decision(Action.FAIL, f"upstream failed: {status.error or 'no message'}")
+        case UpstreamState.NOT_FOUND:
+            return Decision(Action.FAIL, "upstream task not found")
+        case UpstreamState.EXPIRED:
+            return Decision(Action.FAIL, "upstream result expired before it was collected")
+        case UpstreamState.RUNNING:
+            return Decision(Action.RETRY_LATER, "upstream still running")
+    raise AssertionError(f"unhandled state {status.state!r}")  # pragma: no cover
+
+
+def decide_after_attempt(attempts_after_bump: int, max_attempts: int = MAX_ATTEMPTS) -> Action:
+    """An attempt that ended without a terminal state was counted; is that the last one allowed?"""
+    return Action.FORCE_FAIL if attempts_after_bump >= max_attempts else Action.RETRY_LATER
+
+
+def failure_message(reason: str) -> str:
+    """The error_message a reconcile failure leaves on the job row."""
+    return f"reconcile: {reason}"

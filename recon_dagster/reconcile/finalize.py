@@ -1,0 +1,371 @@
+"""The terminal paths every writer shares: ``finalize_job_with_media`` (spec 5.4, D6) and the
+failure paths ``fail_and_refund`` / ``force_fail_and_refund`` / ``sweep_no_recovery`` (5.5, 5.6).
+
+Phases, Stripe-idempotency style:
+
+1. *read* (no transaction held): load the row, bail if it is already terminal; look up the
+   reservation (D7).
+2. *media* (outside any transaction, idempotent): stream each result into the ``MediaStore`` under a
+   key derived from the job id, so a repeat (worker racing the reconciler, a late webhook)
+   overwrites the same object instead of adding one.
+3. *settle* (one transaction): the guarded completion, the credit commit, the asset row, the
+   completion event, the sole-cause workflow reopen and the LoRA character update. If the guarded
+   completion finds zero rows, nothing else in the transaction happens: ``ok=False``.
+
+The spec lists steps 4-8 as separate writes; here they commit together, so a crash between the
+completion and the credit commit cannot leave a completed job with credits reserved forever.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import posixpath
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import sqlalchemy as sa
+
+from recon_dagster.db import credits
+from recon_dagster.db import jobs as jobs_db
+from recon_dagster.media.download import open_media_stream
+from recon_dagster.media.store import MediaStore, StoredObject, media_key
+from recon_dagster.media.watermark import watermark_image
+from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
+
+DEFAULT_MAX_MEDIA_BYTES = 2 * 1024**3
+DEFAULT_MAX_IMAGE_BYTES = 64 * 1024**2
+
+_DEFAULT_EXT = {"image": "png", "video": "mp4", "audio": "mp3", "weights": "tar", "file": "bin"}
+
+
+@dataclass(frozen=True)
+class ProviderResult:
+    """What a finished upstream call produced: the input of ``finalize_job_with_media``."""
+
+    provider_kind: str
+    media: tuple[MediaRef, ...] = ()
+    cost_usd: float | None = None
+    result: dict[str, Any] | None = None
+    task_id: str | None = None
+    display_cost: float | None = None
+
+    @classmethod
+    def from_status(cls, status: UpstreamStatus) -> ProviderResult:
+        if status.state is not UpstreamState.SUCCEEDED:
+            raise ValueError(f"cannot finalize from upstream state {status.state.value!r}")
+        return cls(status.provider_kind, status.media, status.cost_usd, status.result, status.task_id)
+
+    @property
+    def provider(self) -> str:
+        return self.provider_kind.split("-", 1)[0]
+
+
+class HeadersFor(Protocol):
+    def __call__(self, kind: str, ref: MediaRef) -> Mapping[str, str]: ...
+
+
+@dataclass(frozen=True)
+class MediaPolicy:
+    """How media is fetched: caps, the SSRF allow-list, and auth headers for byte endpoints."""
+
+    allowed_hosts: frozenset[str] = frozenset()
+    max_bytes: int = DEFAULT_MAX_MEDIA_BYTES
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    headers_for: HeadersFor | None = None
+    watermark_text: str = "recon"
+
+
+@dataclass
+class FinalizeResult:
+    ok: bool
+    reason: str
+    stored: list[StoredObject] = field(default_factory=list)
+    credits_committed: bool = False
+    asset_created: bool = False
+    workflow_reopened: bool = False
+    character_updated: bool = False
+    duration_ms: int = 0
+
+
+def finalize_job_with_media(
+    engine: sa.Engine,
+    store: MediaStore,
+    job_id: uuid.UUID | str,
+    result: ProviderResult,
+    *,
+    source: str,
+    policy: MediaPolicy | None = None,
+) -> FinalizeResult:
+    """The one success path shared by workers, webhooks and reconciliation (spec 5.4).
+
+    Returns ``ok=False`` without side effects on the row when it is already terminal or another
+    writer wins the guarded completion; media errors (an expired signed URL, a refused host)
+    propagate so the caller counts a failed attempt instead of completing the row without media.
+    """
+    policy = policy or MediaPolicy()
+    started = time.monotonic()
+    job_id = uuid.UUID(str(job_id))
+
+    # Phase 1: read.
+    with engine.connect() as conn:
+        row = jobs_db.load_job(conn, job_id)
+        if row is None:
+            return FinalizeResult(False, "job not found")
+        if not row.inflight:
+            return FinalizeResult(False, f"already {row.status}")
+        reservation = credits.find_reserved_usage_log(conn, job_id)
+
+    # Phase 2: media (the row's own should_watermark, never the user's current tier).
+    stored = store_result_media(
+        store, row, result, should_watermark=bool(row.should_watermark), policy=policy
+    )
+
+    # Phase 3: settle.
+    out = FinalizeResult(False, "", stored=stored)
+    with engine.begin() as conn:
+        if not jobs_db.complete_job(
+            conn,
+            job_id,
+            output_data=_output_data(result, stored, source),
+            provider=result.provider,
+            provider_cost=result.cost_usd,
+            display_cost=result.display_cost
+            if result.display_cost is not None
+            else (float(reservation.amount) if reservation else None),
+        ):
+            out.reason = "another writer finished the job first"
+            out.duration_ms = _ms(started)
+            return out
+        out.ok = True
+        out.reason = "completed"
+        out.credits_committed = credits.commit_job_credits(conn, job_id, result.cost_usd) is not None
+        primary = _primary(stored, bool(row.should_watermark))
+        if primary is not None:
+            out.asset_created = _create_asset(conn, row, primary, result)
+        jobs_db.notify_job_event(conn, job_id, "completed", source)
+        if row.workflow_execution_id is not None and row.node_id is not None:
+            out.workflow_reopened = _reopen_sole_cause_workflow(conn, row.workflow_execution_id, row.node_id)
+        out.character_updated = _character_ready(conn, job_id, stored, result)
+    out.duration_ms = _ms(started)
+    return out
+
+
+def store_result_media(
+    store: MediaStore,
+    row: jobs_db.JobRow,
+    result: ProviderResult,
+    *,
+    should_watermark: bool,
+    policy: MediaPolicy,
+) -> list[StoredObject]:
+    """Stream every media reference into the store under the job's deterministic keys."""
+    out: list[StoredObject] = []
+    for index, ref in enumerate(result.media):
+        headers = (
+            dict(policy.headers_for(result.provider_kind, ref))
+            if ref.needs_auth and policy.headers_for
+            else None
+        )
+        watermark = should_watermark and ref.kind == "image"
+        cap = policy.max_image_bytes if watermark else policy.max_bytes
+        with open_media_stream(
+            ref.url, max_bytes=cap, allowed_hosts=policy.allowed_hosts, headers=headers
+        ) as media:
+            content_type = media.content_type or "application/octet-stream"
+            ext = _ext(content_type, ref)
+            key = media_key(row.id, row.job_type, index, ext)
+            if not watermark:
+                out.append(store.put_stream(key, media.iter_chunks(), content_type))
+                continue
+            # Images are small and must be decoded to be watermarked: buffer this one (capped).
+            data = b"".join(media.iter_chunks())
+        out.append(store.put_stream(key, iter([data]), content_type))
+        marked, marked_type = watermark_image(data, policy.watermark_text)
+        marked_key = media_key(row.id, row.job_type, index, _ext(marked_type, ref), variant="watermarked")
+        out.append(store.put_stream(marked_key, iter([marked]), marked_type))
+    return out
+
+
+def fail_and_refund(engine: sa.Engine, job_id: uuid.UUID | str, error_message: str) -> bool:
+    """Guarded fail, then the reservation back to its pools, in one transaction.
+
+    False: the row was already terminal; nothing was refunded by this call.
+    """
+    job_id = uuid.UUID(str(job_id))
+    with engine.begin() as conn:
+        return _fail_and_refund(conn, job_id, error_message) is not None
+
+
+def force_fail_and_refund(
+    engine: sa.Engine, job_id: uuid.UUID | str, *, attempts: int, last_error: str | None
+) -> bool:
+    """Attempts exhausted: fail, refund, and leave a ``reconcile_exhausted`` credit anomaly."""
+    job_id = uuid.UUID(str(job_id))
+    with engine.begin() as conn:
+        refund = _fail_and_refund(
+            conn, job_id, f"reconcile_exhausted: {attempts} attempts; last error: {last_error or '-'}"
+        )
+        if refund is None:
+            return False
+        row = jobs_db.load_job(conn, job_id)
+        credits.log_credit_anomaly(
+            conn,
+            job_id=job_id,
+            user_id=row.user_id if row else None,
+            reason="reconcile_exhausted",
+            amount=refund.amount if refund is not _NO_REFUND else None,
+            details={
+                "attempts": attempts,
+                "last_error": last_error,
+                "provider_kind": row.provider_kind if row else None,
+                "provider_task_id": row.provider_task_id if row else None,
+                "refunded": refund is not _NO_REFUND,
+            },
+        )
+        return True
+
+
+def sweep_no_recovery(engine: sa.Engine, job_id: uuid.UUID | str) -> bool:
+    """Spec 5.6: a stale sync / task-less / legacy row cannot be recovered: fail + refund."""
+    return fail_and_refund(engine, job_id, "reconcile_no_recovery")
+
+
+class _NoRefund:
+    amount = None
+
+
+_NO_REFUND: Any = _NoRefund()
+
+
+def _fail_and_refund(conn: sa.Connection, job_id: uuid.UUID, error_message: str) -> Any:
+    """Returns the Refund, _NO_REFUND when nothing was reserved, or None when the fail lost."""
+    if not jobs_db.fail_job(conn, job_id, error_message):
+        return None
+    refund = credits.refund_reserved_credits_for_job(conn, job_id)
+    jobs_db.notify_job_event(conn, job_id, "failed", "reconcile")
+    _character_failed(conn, job_id, error_message)
+    return refund if refund is not None else _NO_REFUND
+
+
+def _reopen_sole_cause_workflow(conn: sa.Connection, workflow_execution_id: uuid.UUID, node_id: str) -> bool:
+    """Spec 5.7: reopen a workflow that failed only because of this node; CAS on 'failed'.
+
+    The sole-cause test and the compare-and-set are one statement, so a user cancel (or a second
+    failed node) landing in between leaves the workflow as it is.
+    """
+    r = conn.execute(
+        sa.text(
+            """
+            UPDATE workflow_executions
+            SET status = 'completed', failed_nodes = '[]'::jsonb, error_message = NULL, updated_at = now()
+            WHERE id = :id AND status = 'failed'
+              AND failed_nodes = jsonb_build_array(CAST(:node AS text))
+            RETURNING id
+            """
+        ),
+        {"id": str(workflow_execution_id), "node": node_id},
+    ).first()
+    return r is not None
+
+
+def _create_asset(
+    conn: sa.Connection, row: jobs_db.JobRow, obj: StoredObject, result: ProviderResult
+) -> bool:
+    # is_public NULL means the crash-before-creditGuard window: free-tier baseline, public (9.1).
+    is_public = True if row.is_public is None else row.is_public
+    r = conn.execute(
+        sa.text(
+            """
+            INSERT INTO assets (user_id, job_id, asset_type, storage_key, url, is_public, metadata)
+            VALUES (:u, :j, :t, :k, :url, :p, CAST(:m AS jsonb))
+            ON CONFLICT (job_id) DO NOTHING RETURNING id
+            """
+        ),
+        {
+            "u": str(row.user_id),
+            "j": str(row.id),
+            "t": row.job_type,
+            "k": obj.key,
+            "url": obj.url,
+            "p": is_public,
+            "m": jobs_db._json(
+                {"provider_kind": result.provider_kind, "size": obj.size, "sha256": obj.sha256}
+            ),
+        },
+    ).first()
+    return r is not None
+
+
+def _character_ready(
+    conn: sa.Connection, job_id: uuid.UUID, stored: list[StoredObject], result: ProviderResult
+) -> bool:
+    if result.provider_kind != "replicate-training":
+        return False
+    weights = next((o.url for o in stored), None) or _weights_url(result)
+    r = conn.execute(
+        sa.text(
+            """
+            UPDATE characters SET training_status = 'ready', lora_weights_url = :w,
+              error_message = NULL, updated_at = now()
+            WHERE training_job_id = :j AND training_status IN ('pending', 'training')
+            RETURNING id
+            """
+        ),
+        {"j": str(job_id), "w": weights},
+    ).first()
+    return r is not None
+
+
+def _character_failed(conn: sa.Connection, job_id: uuid.UUID, error_message: str) -> None:
+    conn.execute(
+        sa.text(
+            """
+            UPDATE characters SET training_status = 'failed', error_message = :e, updated_at = now()
+            WHERE training_job_id = :j AND training_status IN ('pending', 'training')
+            """
+        ),
+        {"j": str(job_id), "e": error_message},
+    )
+
+
+def _weights_url(result: ProviderResult) -> str | None:
+    return next((m.url for m in result.media if m.kind == "weights"), None)
+
+
+def _primary(stored: list[StoredObject], watermarked: bool) -> StoredObject | None:
+    if not stored:
+        return None
+    if watermarked:
+        for obj in stored:
+            if ".watermarked." in obj.key:
+                return obj
+    return stored[0]
+
+
+def _output_data(result: ProviderResult, stored: list[StoredObject], source: str) -> dict[str, Any]:
+    return {
+        "media": [{"key": o.key, "url": o.url, "size": o.size, "sha256": o.sha256} for o in stored],
+        "result": result.result,
+        "provider_kind": result.provider_kind,
+        "provider_task_id": result.task_id,
+        "finalized_by": source,
+    }
+
+
+def _ext(content_type: str, ref: MediaRef) -> str:
+    base = content_type.split(";", 1)[0].strip().lower()
+    guessed = mimetypes.guess_extension(base) if base and base != "application/octet-stream" else None
+    if guessed:
+        return guessed.lstrip(".")
+    suffix = posixpath.splitext(urlsplit(ref.url).path)[1].lstrip(".").lower()
+    if suffix.isalnum() and 0 < len(suffix) <= 5:
+        return suffix
+    return _DEFAULT_EXT.get(ref.kind, "bin")
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
