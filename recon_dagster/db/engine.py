@@ -1,0 +1,165 @@
+"""Database URLs and SQLAlchemy engines for our own database layer (psycopg 3).
+
+One engine per URL per process, created lazily. A database that does not answer fails fast with
+``DatabaseUnavailable``, whose message names host, port and database but never the password.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
+
+DATABASE_URL_ENV = "RECON_DATABASE_URL"
+CONNECT_TIMEOUT_S = 5
+
+# Schemes we accept for RECON_DATABASE_URL, all meaning "PostgreSQL".
+_ACCEPTED_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2")
+
+
+class InvalidDatabaseUrl(ValueError):
+    """A database URL we cannot use (wrong scheme, unparseable)."""
+
+
+class DatabaseUnavailable(RuntimeError):
+    """The database did not answer (refused, timed out, unknown host or database, auth failed)."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"database unavailable at {redact(url)}: {reason}")
+        self.url = redact(url)
+        self.reason = reason
+
+
+def project_root() -> Path | None:
+    """The source checkout this package runs from (editable install), or None when installed elsewhere."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file() and (root / "migrations").is_dir():
+        return root
+    return None
+
+
+def _parse(url: str) -> URL:
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme not in _ACCEPTED_SCHEMES:
+        # Never echo the URL itself: it may carry a password.
+        raise InvalidDatabaseUrl(
+            f"unsupported database URL scheme {scheme!r}; use postgresql://user@host:port/dbname "
+            f"(accepted schemes: {', '.join(_ACCEPTED_SCHEMES)})"
+        )
+    if scheme == "postgres":
+        url = "postgresql" + url[len("postgres") :]
+    try:
+        return make_url(url)
+    except Exception:
+        # from None: sqlalchemy's ArgumentError quotes the whole URL, password included.
+        raise InvalidDatabaseUrl(f"cannot parse database URL with scheme {scheme!r}") from None
+
+
+def _with_driver(url: str, driver: str) -> str:
+    return _parse(url).set(drivername=f"postgresql+{driver}").render_as_string(hide_password=False)
+
+
+def normalize_url(url: str) -> str:
+    """The ``postgresql+psycopg://`` form of a PostgreSQL URL, for our own layer."""
+    return _with_driver(url, "psycopg")
+
+
+def dagster_storage_url(url: str) -> str:
+    """The ``postgresql+psycopg2://`` form of the same database, for dagster-postgres storage."""
+    return _with_driver(url, "psycopg2")
+
+
+def libpq_url(url: str) -> str:
+    """The driver-neutral ``postgresql://`` form (psql, psycopg.connect)."""
+    return _parse(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def with_database(url: str, database: str) -> str:
+    """The same server's URL with another database name (keeps scheme and query, e.g. a socket host)."""
+    return _parse(url).set(database=database).render_as_string(hide_password=False)
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced by ``***``, fit for messages and logs."""
+    try:
+        return _parse(url).render_as_string(hide_password=True)
+    except InvalidDatabaseUrl:
+        return "<invalid database URL>"
+
+
+def describe(url: str) -> str:
+    """Host, port and database of a URL in words, for error messages (socket URLs name the socket dir)."""
+    u = _parse(url)
+    host = u.host or u.query.get("host") or "localhost"
+    return f"host={host} port={u.port or 5432} db={u.database}"
+
+
+def resolve_database_url() -> str:
+    """``RECON_DATABASE_URL`` normalised to psycopg 3, else the embedded server's URL."""
+    configured = os.environ.get(DATABASE_URL_ENV, "").strip()
+    if configured:
+        return normalize_url(configured)
+    from recon_dagster.db.embedded import embedded_url
+
+    return normalize_url(embedded_url())
+
+
+_engines: dict[str, sa.Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def _connect_failure_reason(exc: BaseException, url: URL) -> str:
+    # libpq's first line says what went wrong (refused, timeout, auth, unknown db) and never
+    # contains the password; strip it anyway in case a server echoes odd things back.
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if url.password:
+        text = text.replace(str(url.password), "***")
+    return text
+
+
+def get_engine(url: str | None = None) -> sa.Engine:
+    """A pooled psycopg 3 engine for ``url`` (default: ``resolve_database_url()``), one per URL."""
+    resolved = normalize_url(url) if url else resolve_database_url()
+    with _engines_lock:
+        engine = _engines.get(resolved)
+        if engine is None:
+            engine = _create_engine(resolved)
+            _engines[resolved] = engine
+        return engine
+
+
+def _create_engine(url: str) -> sa.Engine:
+    parsed = _parse(url)
+    engine = sa.create_engine(
+        parsed,
+        pool_pre_ping=True,
+        pool_size=10,
+        max_overflow=20,
+        pool_timeout=30,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
+    )
+
+    @sa.event.listens_for(engine, "handle_error")
+    def _unavailable(ctx: sa.engine.ExceptionContext) -> DatabaseUnavailable | None:
+        # Only failures to open a connection become DatabaseUnavailable; errors of statements
+        # on an open connection stay what they are.
+        if ctx.connection is None and isinstance(ctx.original_exception, psycopg.OperationalError):
+            return DatabaseUnavailable(
+                url, f"{describe(url)}: {_connect_failure_reason(ctx.original_exception, parsed)}"
+            )
+        return None
+
+    return engine
+
+
+def dispose_engines() -> None:
+    """Close every cached engine's pool (tests between databases, forked children)."""
+    with _engines_lock:
+        engines = list(_engines.values())
+        _engines.clear()
+    for engine in engines:
+        engine.dispose()
