@@ -18,21 +18,18 @@ completion and the credit commit cannot leave a completed job with credits reser
 
 from __future__ import annotations
 
-import mimetypes
-import posixpath
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.media.download import open_media_stream
-from recon_dagster.media.store import MediaStore, StoredObject, media_key
+from recon_dagster.media.store import MediaStore, StoredObject, guess_ext, media_key
 from recon_dagster.media.watermark import watermark_image
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
 
@@ -72,7 +69,8 @@ class HeadersFor(Protocol):
 class MediaPolicy:
     """How media is fetched: caps, the SSRF allow-list, and auth headers for byte endpoints."""
 
-    allowed_hosts: frozenset[str] = frozenset()
+    # None: RECON_MEDIA_ALLOWED_HOSTS from the environment.
+    allowed_hosts: frozenset[str] | None = None
     max_bytes: int = DEFAULT_MAX_MEDIA_BYTES
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     headers_for: HeadersFor | None = None
@@ -357,14 +355,7 @@ def _output_data(result: ProviderResult, stored: list[StoredObject], source: str
 
 
 def _ext(content_type: str, ref: MediaRef) -> str:
-    base = content_type.split(";", 1)[0].strip().lower()
-    guessed = mimetypes.guess_extension(base) if base and base != "application/octet-stream" else None
-    if guessed:
-        return guessed.lstrip(".")
-    suffix = posixpath.splitext(urlsplit(ref.url).path)[1].lstrip(".").lower()
-    if suffix.isalnum() and 0 < len(suffix) <= 5:
-        return suffix
-    return _DEFAULT_EXT.get(ref.kind, "bin")
+    return guess_ext(content_type, ref.url, default=_DEFAULT_EXT.get(ref.kind, "bin"))
 
 
 def _ms(started: float) -> int:
