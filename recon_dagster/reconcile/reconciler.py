@@ -84,6 +84,10 @@ class Summary:
             self.counts[o.outcome.value] += 1
         return self
 
+    def add_counts(self, counts: Mapping[str, int]) -> Summary:
+        self.counts.update(counts)
+        return self
+
     @property
     def recovered(self) -> int:
         return self.counts[Outcome.RECOVERED]

@@ -1,0 +1,37 @@
+"""The recon_dagster code location: every job, sensor, schedule and resource, merged here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+
+from recon_dagster.jobs import reconcile_job, sync_sweep_job
+from recon_dagster.media.store import media_store_from_env
+from recon_dagster.providers import providers_from_env
+from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource
+from recon_dagster.schedules import sync_sweep_schedule
+from recon_dagster.sensors import stale_inflight_jobs_sensor
+
+
+def default_resources() -> dict[str, Any]:
+    """Resources wired from the environment (README, Configuration); secrets via dg.EnvVar."""
+    return {
+        "database": DatabaseResource(),
+        "providers": providers_from_env(),
+        "media_store": media_store_from_env(),
+        "reconcile_settings": ReconcileSettingsResource(),
+    }
+
+
+def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
+    """The definitions with the default resources, some of them replaced (tests, the demo)."""
+    return dg.Definitions(
+        jobs=[reconcile_job, sync_sweep_job],
+        sensors=[stale_inflight_jobs_sensor],
+        schedules=[sync_sweep_schedule],
+        resources={**default_resources(), **(resources or {})},
+    )
+
+
+defs = build_defs()

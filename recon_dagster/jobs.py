@@ -1,0 +1,141 @@
+"""Dagster jobs: ``reconcile_job`` (partitioned by provider_kind) and ``sync_sweep_job``.
+
+Ops are thin: they hand leased job ids to the ``Reconciler`` and report what happened to each.
+Both jobs use the in-process executor: the default one would spawn a second process per run.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import dagster as dg
+
+from recon_dagster.kinds import KIND_NAMES
+from recon_dagster.media.store import MediaStore
+from recon_dagster.providers import ProvidersResource
+from recon_dagster.reconcile.reconciler import JobOutcome, Reconciler, Summary
+from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource
+
+provider_kind_partitions = dg.StaticPartitionsDefinition(list(KIND_NAMES))
+
+
+class ReconcileBatchConfig(dg.Config):
+    """The jobs the sensor leased to this run, and the lease owner (the run key) it used."""
+
+    job_ids: list[str]
+    lease_owner: str
+
+
+def _reconciler(
+    context: dg.OpExecutionContext,
+    database: DatabaseResource,
+    providers: ProvidersResource | None,
+    media_store: MediaStore,
+    reconcile_settings: ReconcileSettingsResource,
+) -> Reconciler:
+    def log_outcome(o: JobOutcome) -> None:
+        context.log.info(
+            f"job {o.job_id} [{o.provider_kind or 'no kind'}] attempt {o.attempt}: "
+            f"{o.outcome.value} - {o.detail} ({o.duration_ms}ms)"
+        )
+
+    upstream: Any = providers if providers is not None else _NoUpstream()
+    return Reconciler(
+        database.get_engine(),
+        upstream,
+        media_store,
+        settings=reconcile_settings.settings(),
+        media_policy=reconcile_settings.media_policy(upstream.media_headers),
+        on_outcome=log_outcome,
+    )
+
+
+class _NoUpstream:
+    """The sweep never polls; this makes any attempt to do so loud."""
+
+    def poll(self, kind: str, task_id: str):  # noqa: ANN201
+        raise RuntimeError("the sweep job has no provider clients")
+
+    def media_headers(self, kind, ref):  # noqa: ANN001, ANN201
+        return {}
+
+
+def _report(context: dg.OpExecutionContext, outcomes: list[JobOutcome], summary: Summary) -> dg.Output:
+    context.log.info(summary.line())
+    rows = [
+        {
+            "job_id": str(o.job_id),
+            "provider_kind": o.provider_kind,
+            "outcome": o.outcome.value,
+            "attempt": o.attempt,
+            "detail": o.detail,
+        }
+        for o in outcomes
+    ]
+    return dg.Output(
+        [r["outcome"] for r in rows],
+        metadata={
+            "summary": summary.line(),
+            "recovered": summary.recovered,
+            "failed": summary.failed,
+            "still_running": summary.still_running,
+            "errors": summary.errors,
+            "outcomes": dg.MetadataValue.json(rows[:500]),
+        },
+    )
+
+
+@dg.op(out=dg.Out(list))
+def reconcile_leased_jobs(
+    context: dg.OpExecutionContext,
+    config: ReconcileBatchConfig,
+    database: DatabaseResource,
+    providers: ProvidersResource,
+    media_store: dg.ResourceParam[MediaStore],
+    reconcile_settings: ReconcileSettingsResource,
+) -> dg.Output:
+    """Poll upstream for each leased job, then finalize, fail+refund, or count the attempt."""
+    started = time.monotonic()
+    if context.has_partition_key:
+        context.log.info(f"{len(config.job_ids)} job(s) of kind {context.partition_key}")
+    rec = _reconciler(context, database, providers, media_store, reconcile_settings)
+    outcomes = rec.reconcile_many(config.job_ids, config.lease_owner)
+    summary = Summary(scanned=len(config.job_ids)).add(outcomes)
+    summary.elapsed_ms = int((time.monotonic() - started) * 1000)
+    return _report(context, outcomes, summary)
+
+
+@dg.op(out=dg.Out(list))
+def sweep_unrecoverable_jobs(
+    context: dg.OpExecutionContext,
+    database: DatabaseResource,
+    media_store: dg.ResourceParam[MediaStore],
+    reconcile_settings: ReconcileSettingsResource,
+) -> dg.Output:
+    """Spec 5.6: fail + refund stale sync, task-less, legacy and unknown-kind rows."""
+    started = time.monotonic()
+    rec = _reconciler(context, database, None, media_store, reconcile_settings)
+    scanned, outcomes = rec.sweep_stale(f"sweep:{context.run_id}", limit=reconcile_settings.scan_limit)
+    summary = Summary(scanned=scanned).add(outcomes)
+    summary.elapsed_ms = int((time.monotonic() - started) * 1000)
+    return _report(context, outcomes, summary)
+
+
+@dg.job(
+    partitions_def=provider_kind_partitions,
+    executor_def=dg.in_process_executor,
+    description="Reconcile stale in-flight jobs of one provider kind (runs are requested by the sensor).",
+    tags={"recon/role": "reconcile"},
+)
+def reconcile_job() -> None:
+    reconcile_leased_jobs()
+
+
+@dg.job(
+    executor_def=dg.in_process_executor,
+    description="Phase 2 sweep: stale rows that cannot be recovered are failed and refunded.",
+    tags={"recon/role": "sweep"},
+)
+def sync_sweep_job() -> None:
+    sweep_unrecoverable_jobs()
