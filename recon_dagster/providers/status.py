@@ -46,6 +46,8 @@ class UpstreamStatus(BaseModel):
     error: str | None = None
     # Provider-reported progress 0-100 where known.
     progress: int | None = None
+    # Provider-reported compute seconds where reported (Replicate metrics.predict_time).
+    predict_time_s: float | None = None
     raw: dict[str, Any] | None = Field(default=None, repr=False)
 
     @property
