@@ -1,5 +1,6 @@
 """Provider clients (Dagster resources), the typed poll status, and the pure poll parser."""
 
+from recon_dagster.providers.parse import parse_poll_response
 from recon_dagster.providers.status import (
     AmbiguousCreateError,
     MediaRef,
@@ -18,4 +19,5 @@ __all__ = [
     "ProviderProtocolError",
     "UpstreamState",
     "UpstreamStatus",
+    "parse_poll_response",
 ]
