@@ -74,7 +74,7 @@ def _report(context: dg.OpExecutionContext, outcomes: list[JobOutcome], summary:
         for o in outcomes
     ]
     return dg.Output(
-        [r["outcome"] for r in rows],
+        {"scanned": summary.scanned, "outcomes": [r["outcome"] for r in rows]},
         metadata={
             "summary": summary.line(),
             "recovered": summary.recovered,
@@ -86,7 +86,7 @@ def _report(context: dg.OpExecutionContext, outcomes: list[JobOutcome], summary:
     )
 
 
-@dg.op(out=dg.Out(list))
+@dg.op(out=dg.Out(dict))
 def reconcile_leased_jobs(
     context: dg.OpExecutionContext,
     config: ReconcileBatchConfig,
@@ -106,7 +106,7 @@ def reconcile_leased_jobs(
     return _report(context, outcomes, summary)
 
 
-@dg.op(out=dg.Out(list))
+@dg.op(out=dg.Out(dict))
 def sweep_unrecoverable_jobs(
     context: dg.OpExecutionContext,
     database: DatabaseResource,
