@@ -122,25 +122,41 @@ def _check_drift(migrations: list[Migration], applied: dict[int, tuple[str, str]
         )
 
 
-def _line_of(sql: str, position: int | None) -> str:
-    if not position:
-        return ""
-    return f" (line {sql.count(chr(10), 0, position - 1) + 1})"
+# Comments, quoted literals and identifiers, dollar-quoted bodies, or a statement-ending ';'.
+_SQL_TOKEN = re.compile(r"--[^\n]*|/\*.*?\*/|'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\$(\w*)\$.*?\$\1\$|;", re.S)
+
+
+def split_statements(sql: str) -> list[tuple[int, str]]:
+    """The statements of a SQL file with the line each starts on; comment-only pieces are dropped."""
+    statements: list[tuple[int, str]] = []
+    start = 0
+    ends = [m.end() for m in _SQL_TOKEN.finditer(sql) if m.group(0) == ";"]
+    for end in [*ends, len(sql)]:
+        piece = sql[start:end]
+        code = _SQL_TOKEN.sub(lambda m: "" if m.group(0).startswith(("--", "/*")) else m.group(0), piece)
+        if code.strip(" \t\r\n;"):
+            # The first character that is neither blank nor inside a leading comment.
+            lead = re.match(r"(?:\s+|--[^\n]*|/\*.*?\*/)*", piece, re.S)
+            offset = start + (lead.end() if lead else 0)
+            statements.append((sql.count("\n", 0, offset) + 1, sql[offset:end].strip()))
+        start = end
+    return statements
 
 
 def _apply(conn: sa.Connection, migration: Migration) -> None:
-    try:
-        # exec_driver_sql without parameters sends the file as one simple query: several
-        # statements, and '%' needs no escaping.
-        conn.exec_driver_sql(migration.sql)
-    except sa.exc.DBAPIError as exc:
-        orig = exc.orig
-        diag = getattr(orig, "diag", None)
-        position = int(diag.statement_position) if diag and diag.statement_position else None
-        message = (diag.message_primary if diag and diag.message_primary else str(orig)).strip()
-        raise MigrationError(
-            f"migration {migration.filename} failed{_line_of(migration.sql, position)}: {message}"
-        ) from None
+    # One statement at a time (all in the file's transaction) so an error names its statement.
+    for line, statement in split_statements(migration.sql):
+        try:
+            conn.exec_driver_sql(statement)
+        except sa.exc.DBAPIError as exc:
+            diag = getattr(exc.orig, "diag", None)
+            message = (diag.message_primary if diag and diag.message_primary else str(exc.orig)).strip()
+            if diag and diag.statement_position:
+                line += statement.count("\n", 0, int(diag.statement_position) - 1)
+            first_line = statement.splitlines()[0][:120]
+            raise MigrationError(
+                f"migration {migration.filename} failed at line {line} ({first_line}): {message}"
+            ) from None
     conn.execute(
         sa.text(f"INSERT INTO {BOOKKEEPING_TABLE} (version, name, checksum) VALUES (:v, :n, :c)"),
         {"v": migration.version, "n": migration.name, "c": migration.checksum},

@@ -1,0 +1,116 @@
+"""Shared fixtures: a fresh, migrated PostgreSQL database per test session.
+
+With ``RECON_DATABASE_URL`` set, the database is created on that server; otherwise on the embedded
+server (``recon_dagster.db.embedded``). Either way it is ``recon_test_<random>``, dropped at the end,
+and ``RECON_DATABASE_URL`` points at it for the session, so code under test (and subprocesses it
+starts) that resolves the URL itself hits the same database.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from recon_dagster.db.engine import (
+    DATABASE_URL_ENV,
+    DatabaseUnavailable,
+    dispose_engines,
+    get_engine,
+    normalize_url,
+    redact,
+    with_database,
+)
+from recon_dagster.db.migrate import migrate
+
+# The host app's tables (migration 001). ``db`` empties these and every table a later migration
+# adds (e.g. reconcile_events), all but the migrations bookkeeping.
+APP_TABLES = (
+    "jobs",
+    "usage_logs",
+    "user_credits",
+    "assets",
+    "workflow_executions",
+    "credit_anomalies",
+    "characters",
+)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _server_url() -> str:
+    configured = os.environ.get(DATABASE_URL_ENV, "").strip()
+    if configured:
+        return normalize_url(configured)
+    from recon_dagster.db.embedded import embedded_url
+
+    return normalize_url(embedded_url("postgres"))
+
+
+def _admin_engine(server_url: str) -> sa.Engine:
+    # Its own small engine: CREATE/DROP DATABASE cannot run inside a transaction.
+    return sa.create_engine(
+        server_url,
+        isolation_level="AUTOCOMMIT",
+        poolclass=sa.pool.NullPool,
+        connect_args={"connect_timeout": 5},
+    )
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """URL (psycopg 3 form) of a fresh database on the configured or embedded server."""
+    server_url = _server_url()
+    admin = _admin_engine(server_url)
+    name = f"recon_test_{secrets.token_hex(6)}"
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    except (sa.exc.OperationalError, DatabaseUnavailable) as exc:
+        message = f"PostgreSQL at {redact(server_url)} does not answer: {str(exc).splitlines()[0]}"
+        if _in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+    url = with_database(server_url, name)
+    previous = os.environ.get(DATABASE_URL_ENV)
+    os.environ[DATABASE_URL_ENV] = url
+    try:
+        yield url
+    finally:
+        if previous is None:
+            os.environ.pop(DATABASE_URL_ENV, None)
+        else:
+            os.environ[DATABASE_URL_ENV] = previous
+        dispose_engines()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def engine(database_url: str) -> sa.Engine:
+    """The session database's engine, with every migration applied."""
+    eng = get_engine(database_url)
+    migrate(eng)
+    return eng
+
+
+@pytest.fixture
+def db(engine: sa.Engine) -> sa.Engine:
+    """The migrated engine with every app table emptied (identities restarted) for this test."""
+    with engine.begin() as conn:
+        tables = conn.execute(
+            sa.text(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+                "AND tablename <> 'recon_schema_migrations'"
+            )
+        ).scalars()
+        names = sorted(set(APP_TABLES) | set(tables))
+        conn.exec_driver_sql(f"TRUNCATE {', '.join(names)} RESTART IDENTITY CASCADE")
+    return engine

@@ -1,0 +1,391 @@
+"""The migrations runner and the migration files themselves, on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shutil
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from recon_dagster.db.engine import DatabaseUnavailable, get_engine, project_root, with_database
+from recon_dagster.db.migrate import (
+    BOOKKEEPING_TABLE,
+    MigrationError,
+    discover,
+    migrate,
+    migrate_command,
+    migrations_dir,
+    split_statements,
+)
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_engine(database_url: str) -> Iterator[sa.Engine]:
+    """An empty database of its own on the session's server, dropped afterwards."""
+    name = f"recon_mig_{secrets.token_hex(5)}"
+    admin = sa.create_engine(database_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    engine = get_engine(with_database(database_url, name))
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+def schema_snapshot(engine: sa.Engine) -> dict[str, list[tuple]]:
+    """Columns, indexes and constraints of the public schema, for before/after comparisons."""
+    with engine.connect() as conn:
+        columns = conn.execute(
+            sa.text(
+                """
+                SELECT table_name, column_name, data_type, is_nullable, column_default
+                FROM information_schema.columns WHERE table_schema = 'public'
+                ORDER BY table_name, column_name
+                """
+            )
+        ).all()
+        indexes = conn.execute(
+            sa.text(
+                "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY 2"
+            )
+        ).all()
+        constraints = conn.execute(
+            sa.text(
+                """
+                SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)
+                FROM pg_constraint WHERE connamespace = 'public'::regnamespace ORDER BY 1, 2
+                """
+            )
+        ).all()
+    return {"columns": list(columns), "indexes": list(indexes), "constraints": list(constraints)}
+
+
+def copy_migrations(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in migrations_dir().glob("*.sql"):
+        shutil.copy(path, dest / path.name)
+    return dest
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------------------------
+# The runner
+# --------------------------------------------------------------------------------------------
+
+
+def test_discover_finds_the_files_in_numeric_order() -> None:
+    migrations = discover()
+    versions = [m.version for m in migrations]
+    assert versions == sorted(versions)
+    assert {1, 135, 136} <= set(versions)
+    assert all(m.path.parent == migrations_dir() for m in migrations)
+    assert migrations_dir() == (project_root() or Path.cwd()) / "migrations"
+
+
+def test_all_migrations_apply_to_a_fresh_database(fresh_engine: sa.Engine) -> None:
+    files = discover()
+    applied = migrate(fresh_engine)
+    assert applied == [m.name for m in files]
+    with fresh_engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(f"SELECT version, name, checksum FROM {BOOKKEEPING_TABLE} ORDER BY 1")
+        ).all()
+        tables = set(
+            conn.execute(sa.text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")).scalars()
+        )
+    assert [(r.version, r.name, r.checksum) for r in rows] == [(m.version, m.name, m.checksum) for m in files]
+    assert {
+        "jobs",
+        "usage_logs",
+        "user_credits",
+        "assets",
+        "workflow_executions",
+        "credit_anomalies",
+        "characters",
+    } <= tables
+
+
+def test_applying_twice_is_a_no_op(fresh_engine: sa.Engine) -> None:
+    migrate(fresh_engine)
+    before = schema_snapshot(fresh_engine)
+    with fresh_engine.connect() as conn:
+        stamps = conn.execute(
+            sa.text(f"SELECT version, applied_at FROM {BOOKKEEPING_TABLE} ORDER BY 1")
+        ).all()
+    assert migrate(fresh_engine) == []
+    assert schema_snapshot(fresh_engine) == before
+    with fresh_engine.connect() as conn:
+        assert (
+            conn.execute(sa.text(f"SELECT version, applied_at FROM {BOOKKEEPING_TABLE} ORDER BY 1")).all()
+            == stamps
+        )
+
+
+def test_135_on_a_jobs_table_that_already_has_its_columns(fresh_engine: sa.Engine) -> None:
+    by_version = {m.version: m for m in discover()}
+    base, m135 = by_version[1], by_version[135]
+    assert migrate(fresh_engine, [base]) == [base.name]
+    # As production would be if someone had run the 135 SQL by hand before the runner saw it.
+    with fresh_engine.begin() as conn:
+        conn.exec_driver_sql(m135.sql)
+    before = schema_snapshot(fresh_engine)
+    assert migrate(fresh_engine, [base, m135]) == [m135.name]
+    assert schema_snapshot(fresh_engine) == before
+
+
+def test_concurrent_migrators_apply_each_file_once(fresh_engine: sa.Engine) -> None:
+    barrier = threading.Barrier(3)
+    results: list[list[str]] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        barrier.wait()
+        try:
+            results.append(migrate(fresh_engine))
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    applied = [name for r in results for name in r]
+    assert sorted(applied) == sorted(m.name for m in discover())  # each exactly once overall
+
+
+def test_checksum_drift_of_an_applied_file_is_an_error(fresh_engine: sa.Engine, tmp_path: Path) -> None:
+    folder = copy_migrations(tmp_path / "migrations")
+    migrate(fresh_engine, discover(folder))
+    target = next(folder.glob("135_*.sql"))
+    target.write_text(target.read_text() + "\n-- edited after it was applied\n")
+    (folder / "999_later.sql").write_text("CREATE TABLE IF NOT EXISTS later_table (id int);\n")
+
+    with pytest.raises(MigrationError) as err:
+        migrate(fresh_engine, discover(folder))
+    assert target.name in str(err.value)
+    assert "changed after they ran" in str(err.value)
+    # Nothing was applied past the drift: the check comes first.
+    with fresh_engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT to_regclass('later_table')")).scalar() is None
+
+
+def test_sql_error_names_the_file_line_and_error_and_applies_nothing_of_it(
+    fresh_engine: sa.Engine, tmp_path: Path
+) -> None:
+    folder = copy_migrations(tmp_path / "migrations")
+    (folder / "900_broken.sql").write_text(
+        "CREATE TABLE IF NOT EXISTS half_done (id int);\n\n-- then a typo\nALTER TABLE no_such_table ADD COLUMN IF NOT EXISTS x int;\n"
+    )
+    with pytest.raises(MigrationError) as err:
+        migrate(fresh_engine, discover(folder))
+    message = str(err.value)
+    assert "900_broken.sql" in message
+    assert "line 4" in message
+    assert 'relation "no_such_table" does not exist' in message
+    with fresh_engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT to_regclass('half_done')")).scalar() is None
+        versions = set(conn.execute(sa.text(f"SELECT version FROM {BOOKKEEPING_TABLE}")).scalars())
+    assert 900 not in versions
+    assert {m.version for m in discover()} <= versions  # the good files before it did land
+
+
+def test_badly_named_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "add_things.sql").write_text("SELECT 1;")
+    with pytest.raises(MigrationError, match="add_things.sql"):
+        discover(tmp_path)
+
+
+def test_unreachable_database_gives_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    port = closed_port()
+    url = f"postgresql://recon:s3cret-pw@127.0.0.1:{port}/recon"
+    with pytest.raises(DatabaseUnavailable) as err:
+        migrate(get_engine(url))
+    assert f"127.0.0.1:{port}/recon" in str(err.value)
+    assert "s3cret-pw" not in str(err.value)
+
+    assert migrate_command(url) == 1
+    stderr = capsys.readouterr().err
+    assert f"127.0.0.1:{port}" in stderr and "database unavailable" in stderr
+    assert "s3cret-pw" not in stderr
+
+
+def test_migrate_command_reports_and_succeeds(
+    fresh_engine: sa.Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = fresh_engine.url.render_as_string(hide_password=False)
+    assert migrate_command(url) == 0
+    assert "135_external_call_reconciliation" in capsys.readouterr().out
+    assert migrate_command(url) == 0
+    assert "up to date" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------
+# The migration files (spec section 4 and its linter rule)
+# --------------------------------------------------------------------------------------------
+
+
+def _strip_comments_and_strings(sql: str) -> str:
+    """SQL with comments and quoted literals blanked, newlines kept (so line numbers stay right)."""
+
+    def blank(match: re.Match[str]) -> str:
+        return re.sub(r"[^\n]", " ", match.group(0))
+
+    pattern = r"--[^\n]*|/\*.*?\*/|'(?:[^']|'')*'|\$(\w*)\$.*?\$\1\$"
+    return re.sub(pattern, blank, sql, flags=re.S)
+
+
+# ADD [COLUMN] that adds a column (not a constraint), CREATE [UNIQUE] INDEX [CONCURRENTLY], CREATE TABLE.
+_NEEDS_IF_NOT_EXISTS = re.compile(
+    r"\bADD\s+(?:COLUMN\s+)?(?!CONSTRAINT\b|PRIMARY\b|UNIQUE\b|CHECK\b|FOREIGN\b|EXCLUDE\b|VALUE\b)"
+    r"|\bCREATE\s+(?:UNIQUE\s+)?INDEX\s+(?:CONCURRENTLY\s+)?"
+    r"|\bCREATE\s+TABLE\s+",
+    re.I,
+)
+
+
+def if_not_exists_violations(sql: str) -> list[str]:
+    """The spec's migration-linter rule: every ADD COLUMN / CREATE INDEX / CREATE TABLE says IF NOT EXISTS."""
+    code = _strip_comments_and_strings(sql)
+    problems = []
+    for match in _NEEDS_IF_NOT_EXISTS.finditer(code):
+        if not re.match(r"IF\s+NOT\s+EXISTS\b", code[match.end() :], re.I):
+            line = code.count("\n", 0, match.start()) + 1
+            problems.append(f"line {line}: {' '.join(match.group(0).split())} without IF NOT EXISTS")
+    return problems
+
+
+def lint_directory(folder: Path) -> dict[str, list[str]]:
+    return {m.filename: v for m in discover(folder) if (v := if_not_exists_violations(m.sql))}
+
+
+def test_every_migration_says_if_not_exists() -> None:
+    assert lint_directory(migrations_dir()) == {}
+
+
+def test_linter_rule_catches_a_bad_file(tmp_path: Path) -> None:
+    folder = copy_migrations(tmp_path / "migrations")
+    (folder / "998_bad.sql").write_text(
+        "-- ADD COLUMN in a comment is fine\n"
+        "ALTER TABLE jobs ADD COLUMN IF NOT EXISTS ok_col text,\n"
+        "  ADD COLUMN bad_col text,\n"
+        "  ADD other_bad int,\n"
+        "  ADD CONSTRAINT c CHECK (true);\n"
+        "CREATE UNIQUE INDEX bad_idx ON jobs (bad_col);\n"
+        "CREATE INDEX IF NOT EXISTS good_idx ON jobs (ok_col);\n"
+        "SELECT 'CREATE INDEX in a string is fine';\n"
+    )
+    assert lint_directory(folder) == {
+        "998_bad.sql": [
+            "line 3: ADD COLUMN without IF NOT EXISTS",
+            "line 4: ADD without IF NOT EXISTS",
+            "line 6: CREATE UNIQUE INDEX without IF NOT EXISTS",
+        ]
+    }
+
+
+def test_135_matches_spec_section_4_in_the_database(engine: sa.Engine) -> None:
+    with engine.connect() as conn:
+        cols = {
+            r.column_name: r
+            for r in conn.execute(
+                sa.text(
+                    """
+                    SELECT column_name, data_type, is_nullable, column_default
+                    FROM information_schema.columns WHERE table_name = 'jobs'
+                      AND column_name IN ('provider_kind', 'provider_task_id', 'provider_call_started_at',
+                                          'reconcile_attempts', 'reconcile_last_error')
+                    """
+                )
+            )
+        }
+        index = conn.execute(
+            sa.text(
+                """
+                SELECT am.amname, ix.indisunique,
+                       array(SELECT a.attname FROM unnest(ix.indkey) k
+                             JOIN pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = k) AS columns,
+                       pg_get_expr(ix.indpred, ix.indrelid) AS predicate
+                FROM pg_index ix
+                JOIN pg_class i ON i.oid = ix.indexrelid
+                JOIN pg_am am ON am.oid = i.relam
+                WHERE i.relname = 'jobs_inflight_idx' AND ix.indrelid = 'jobs'::regclass
+                """
+            )
+        ).one()
+    assert {n: (c.data_type, c.is_nullable) for n, c in cols.items()} == {
+        "provider_kind": ("text", "YES"),
+        "provider_task_id": ("text", "YES"),
+        "provider_call_started_at": ("timestamp with time zone", "YES"),
+        "reconcile_attempts": ("integer", "NO"),
+        "reconcile_last_error": ("text", "YES"),
+    }
+    assert cols["reconcile_attempts"].column_default == "0"
+    assert index.amname == "btree"
+    assert not index.indisunique
+    assert list(index.columns) == ["provider_call_started_at"]
+    assert index.predicate == "(status = ANY (ARRAY['pending'::text, 'processing'::text]))"
+
+
+def _spec_file() -> Path | None:
+    root = project_root() or Path.cwd()
+    for candidate in (root.parent / "shared", Path("/work/shared")):
+        path = candidate / "spec" / "reconciliation-design.md"
+        if path.is_file():
+            return path
+    return None
+
+
+def test_135_file_is_the_spec_section_4_sql() -> None:
+    spec = _spec_file()
+    if spec is None:
+        pytest.skip("shared/spec/reconciliation-design.md not found beside the checkout")
+    section = spec.read_text().split("## 4. Schema", 1)[1]
+    block = section.split("```sql", 1)[1].split("```", 1)[0]
+    m135 = next(m for m in discover() if m.version == 135)
+    assert m135.sql.strip() == block.strip()
+
+
+def test_split_statements_respects_quotes_comments_and_dollar_bodies() -> None:
+    sql = (
+        "-- header; with a semicolon\n"
+        "CREATE TABLE IF NOT EXISTS t (v text DEFAULT 'a;b');\n"
+        "/* block; comment */\n"
+        "CREATE OR REPLACE FUNCTION f() RETURNS int LANGUAGE sql AS $fn$ SELECT 1; $fn$;\n"
+        "SELECT 2"
+    )
+    assert split_statements(sql) == [
+        (2, "CREATE TABLE IF NOT EXISTS t (v text DEFAULT 'a;b');"),
+        (4, "CREATE OR REPLACE FUNCTION f() RETURNS int LANGUAGE sql AS $fn$ SELECT 1; $fn$;"),
+        (5, "SELECT 2"),
+    ]
+
+
+def test_syntax_error_line_points_inside_the_statement(fresh_engine: sa.Engine, tmp_path: Path) -> None:
+    (tmp_path / "001_bad.sql").write_text(
+        "-- intro\nCREATE TABLE IF NOT EXISTS t (\n  id int,\n  oops oops oops\n);\n"
+    )
+    with pytest.raises(MigrationError) as err:
+        migrate(fresh_engine, discover(tmp_path))
+    assert "001_bad.sql failed at line 4" in str(err.value)
+    assert "syntax error" in str(err.value)
