@@ -1,0 +1,218 @@
+"""How a sandbox task behaves: the ``Scenario`` and the pure decisions taken from it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+from recon_dagster.kinds import Family, get_kind
+
+OUTCOMES = ("succeed", "fail", "run_forever")
+MEDIA_KINDS = ("image", "video", "audio", "weights", "text")
+MALFORMED_KINDS = ("truncated", "not_json", "unknown_state", "missing_state")
+
+# The media a family produces when the scenario does not say.
+FAMILY_MEDIA_KIND: dict[Family, str] = {
+    Family.KIE_MARKET: "image",
+    Family.KIE_VEO: "video",
+    Family.KIE_SUNO: "audio",
+    Family.KIE_KONTEXT: "image",
+    Family.KIE_LUMA: "video",
+    Family.KIE_RUNWAY: "video",
+    Family.KIE_LLM: "text",
+    Family.REPLICATE_PREDICTION: "image",
+    Family.REPLICATE_TRAINING: "weights",
+    Family.ELEVENLABS_DUBBING: "audio",
+    Family.ELEVENLABS_TTS: "audio",
+    Family.ANTHROPIC: "text",
+}
+
+# Documented failure values a scenario may pick with ``fail_state`` (first one is the default).
+FAMILY_FAIL_STATES: dict[Family, tuple[str, ...]] = {
+    Family.KIE_MARKET: ("fail",),
+    Family.KIE_VEO: ("3", "2"),
+    Family.KIE_SUNO: (
+        "GENERATE_AUDIO_FAILED",
+        "CREATE_TASK_FAILED",
+        "CALLBACK_EXCEPTION",
+        "SENSITIVE_WORD_ERROR",
+    ),
+    Family.KIE_KONTEXT: ("3", "2"),
+    Family.KIE_LUMA: ("3", "2"),
+    Family.KIE_RUNWAY: ("fail",),
+    Family.REPLICATE_PREDICTION: ("failed", "canceled", "aborted"),
+    Family.REPLICATE_TRAINING: ("failed", "canceled", "aborted"),
+    Family.ELEVENLABS_DUBBING: ("failed",),
+}
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be honoured, with what was wrong in the message."""
+
+
+@dataclass
+class Scenario:
+    """What an upstream task (or a sync call) does when our clients talk to it.
+
+    Counts are per task for polls (``rate_limit_first``/``server_error_first`` apply to the task's
+    API requests: polls and ElevenLabs audio fetches). For sync kinds, which have no task, they
+    apply to the calls of that kind under this scenario. ``create_*`` fields inject failures into
+    the create requests of a kind under this scenario.
+    """
+
+    outcome: Literal["succeed", "fail", "run_forever"] = "succeed"
+    polls_before_done: int = 1
+    rate_limit_first: int = 0
+    server_error_first: int = 0
+    latency_s: float | None = None
+    malformed: bool = False
+    malformed_kind: str = "truncated"
+    media_status: int = 200
+    data_removed: bool = False
+    expired: bool = False
+    media_kind: str | None = None
+    media_size: int = 64 * 1024
+    media_count: int = 1
+    # Serve media with chunked transfer encoding and no Content-Length (size caps must still hold).
+    media_no_length: bool = False
+    cost_usd: float | None = None
+    error_message: str | None = None
+    # A documented failure value for the family (FAMILY_FAIL_STATES); None picks the first.
+    fail_state: str | None = None
+    # Luma: report success as successFlag 4 (generation succeeded, callback failed).
+    luma_callback_failed: bool = False
+    retry_after_s: int = 1
+    # Status of injected server errors; None: 503 for Replicate, 500 elsewhere.
+    server_error_status: int | None = None
+    # KIE: send injected 429/5xx as HTTP 200 with the error in the envelope's ``code``.
+    kie_http200_errors: bool = False
+    # KIE market: running polls already carry a filled resultJson (as a documented example does).
+    early_result: bool = False
+    # Replicate predictions: ``output`` is one URL string instead of a list.
+    output_as_string: bool = False
+    create_rate_limit_first: int = 0
+    create_server_error_first: int = 0
+    # The first N creates register the task upstream, then drop the connection unanswered.
+    create_lost_response_first: int = 0
+    # Answer every create with this provider error status (e.g. 402 insufficient credits).
+    create_reject_status: int | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ScenarioError`` naming the first field that is out of range."""
+        if self.outcome not in OUTCOMES:
+            raise ScenarioError(f"outcome must be one of {OUTCOMES}, got {self.outcome!r}")
+        for name in (
+            "polls_before_done",
+            "rate_limit_first",
+            "server_error_first",
+            "media_size",
+            "media_count",
+            "retry_after_s",
+            "create_rate_limit_first",
+            "create_server_error_first",
+            "create_lost_response_first",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ScenarioError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.media_count < 1:
+            raise ScenarioError("media_count must be at least 1")
+        if self.latency_s is not None and (not isinstance(self.latency_s, int | float) or self.latency_s < 0):
+            raise ScenarioError(f"latency_s must be a non-negative number, got {self.latency_s!r}")
+        if self.malformed_kind not in MALFORMED_KINDS:
+            raise ScenarioError(
+                f"malformed_kind must be one of {MALFORMED_KINDS}, got {self.malformed_kind!r}"
+            )
+        if self.media_kind is not None and self.media_kind not in MEDIA_KINDS:
+            raise ScenarioError(f"media_kind must be one of {MEDIA_KINDS}, got {self.media_kind!r}")
+        for name in ("media_status", "server_error_status", "create_reject_status"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or not 100 <= value <= 599):
+                raise ScenarioError(f"{name} must be an HTTP status code, got {value!r}")
+
+    def check_for_kind(self, kind: str) -> Family:
+        """Validate the family-specific fields against ``kind``; returns the kind's family."""
+        family = get_kind(kind).family
+        if self.fail_state is not None:
+            allowed = FAMILY_FAIL_STATES.get(family, ())
+            if self.fail_state not in allowed:
+                raise ScenarioError(
+                    f"fail_state {self.fail_state!r} is not a failure value of {kind} "
+                    f"(allowed: {', '.join(allowed) or 'none'})"
+                )
+        return family
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (the inverse of ``from_dict``)."""
+        return asdict(self)
+
+    def key(self) -> str:
+        """A stable identity, used to count create/sync attempts made under one scenario."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Scenario:
+        """Build from JSON fields; unknown names are an error listing the known ones."""
+        if data is None:
+            return cls()
+        if not isinstance(data, dict):
+            raise ScenarioError(f"a scenario must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ScenarioError(
+                f"unknown scenario field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ScenarioError(f"bad scenario: {exc}") from None
+
+
+# --- pure decisions -------------------------------------------------------------------------
+
+Injection = Literal["rate_limited", "server_error", "answer"]
+
+
+def injected(n: int, rate_limit_first: int, server_error_first: int) -> Injection:
+    """What the n-th (0-based) request of a series gets: 429s first, then 5xx, then an answer."""
+    if n < rate_limit_first:
+        return "rate_limited"
+    if n < rate_limit_first + server_error_first:
+        return "server_error"
+    return "answer"
+
+
+Phase = Literal["running", "succeeded", "failed"]
+
+
+def poll_phase(answered: int, scenario: Scenario) -> Phase:
+    """The phase of a task at its ``answered``-th (0-based) answered poll."""
+    if scenario.outcome == "run_forever" or answered < scenario.polls_before_done:
+        return "running"
+    return "succeeded" if scenario.outcome == "succeed" else "failed"
+
+
+CreateAction = Literal["rate_limited", "server_error", "rejected", "lost", "create"]
+
+
+def create_action(n: int, scenario: Scenario) -> CreateAction:
+    """What the n-th (0-based) create request under ``scenario`` gets."""
+    first = injected(n, scenario.create_rate_limit_first, scenario.create_server_error_first)
+    if first != "answer":
+        return first
+    if scenario.create_reject_status is not None:
+        return "rejected"
+    offset = scenario.create_rate_limit_first + scenario.create_server_error_first
+    if n < offset + scenario.create_lost_response_first:
+        return "lost"
+    return "create"
+
+
+def media_kind_for(family: Family, scenario: Scenario) -> str:
+    """The scenario's media kind, or the family's natural one."""
+    return scenario.media_kind or FAMILY_MEDIA_KIND[family]
