@@ -176,3 +176,51 @@ def job_row(bind: Bind, job_id: uuid.UUID) -> dict[str, Any]:
             conn.execute(sa.text("SELECT * FROM jobs WHERE id = :id"), {"id": str(job_id)}).mappings().one()
         ),
     )
+
+
+def bulk_jobs(bind: Bind, count: int, *, inflight_fraction: float = 0.01) -> None:
+    """Insert ``count`` jobs in one statement, shaped like a production table.
+
+    About ``inflight_fraction`` of them pending/processing with provider calls started 0-3 hours
+    ago; the rest finished over the last 30 days. Kinds are mixed over the whole registry, and one
+    row in 15 is a legacy row with no ``provider_kind`` (and, if finished or every other in-flight
+    one, no ``provider_call_started_at`` either). Pseudo-random but deterministic per row number.
+    """
+    from recon_dagster.kinds import KIND_NAMES
+
+    inflight = (
+        f"abs(hashtext(g::text || 'status')) % {max(1, round(1 / inflight_fraction))} = 0"
+        if inflight_fraction > 0
+        else "false"
+    )
+    kinds = "(ARRAY[" + ", ".join(f"'{k}'" for k in KIND_NAMES) + "]::text[])"
+    slots = len(KIND_NAMES) + 1  # the extra slot indexes past the array: NULL, a legacy row
+    user_id = str(uuid.uuid4())
+    sql = f"""
+    INSERT INTO jobs (user_id, job_type, status, provider_kind, provider_task_id,
+                      provider_call_started_at, created_at, completed_at)
+    SELECT CAST(:user_id AS uuid), 'image', r.status, r.kind,
+           CASE WHEN r.kind IS NOT NULL THEN 'task-' || r.g END,
+           CASE WHEN r.kind IS NULL AND (r.status NOT IN ('pending', 'processing') OR r.g % 2 = 0)
+                THEN NULL ELSE r.started END,
+           r.started - interval '5 seconds',
+           CASE WHEN r.status IN ('pending', 'processing') THEN NULL ELSE r.started + interval '2 minutes' END
+    FROM (
+      SELECT g,
+             {kinds}[1 + abs(hashtext(g::text || 'kind')) % {slots}] AS kind,
+             CASE WHEN {inflight}
+                  THEN (ARRAY['pending', 'processing', 'processing'])[1 + g % 3]
+                  ELSE (ARRAY['completed', 'completed', 'completed', 'failed', 'cancelled'])[1 + g % 5]
+             END AS status,
+             g AS seq
+      FROM generate_series(1, :count) AS g
+    ) s
+    CROSS JOIN LATERAL (
+      SELECT s.g, s.kind, s.status,
+             now() - CASE WHEN s.status IN ('pending', 'processing')
+                          THEN make_interval(secs => abs(hashtext(s.g::text || 'age')) % (180 * 60))
+                          ELSE make_interval(secs => abs(hashtext(s.g::text || 'age')) % (30 * 86400))
+                     END AS started
+    ) r
+    """
+    _run(bind, lambda conn: conn.execute(sa.text(sql), {"user_id": user_id, "count": count}))
