@@ -58,7 +58,7 @@ _FOLDER_HINTS = (
     ("music", "audio"),
 )
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
-_EXT = re.compile(r"^[a-z0-9]{1,10}$")
+_EXT = re.compile(r"^[a-z0-9]{1,16}$")
 _VARIANT = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 _KEY_PART = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -89,7 +89,7 @@ def media_key(
         raise ValueError(f"index must be a non-negative int, got {index!r}")
     extension = ext.lower().lstrip(".")
     if not _EXT.match(extension):
-        raise ValueError(f"extension {ext!r} must be 1-10 letters or digits")
+        raise ValueError(f"extension {ext!r} must be 1-16 letters or digits")
     name = str(index)
     if variant is not None:
         if not _VARIANT.match(variant):
@@ -255,7 +255,7 @@ class S3MediaStore(dg.ConfigurableResource):
             with self._client_lock:
                 if self._client is None:
                     # process_config_and_initialize resolves EnvVar fields also outside a Dagster run.
-                    self._client = _build_s3_client(self.s3.process_config_and_initialize())
+                    self._client = _shared_s3_client(self.s3.process_config_and_initialize())
         return self._client
 
     def _full_key(self, key: str) -> str:
@@ -367,6 +367,24 @@ class S3MediaStore(dg.ConfigurableResource):
     def delete(self, key: str) -> None:
         """Remove the object at ``key``; absent is fine."""
         self._get_client().delete_object(Bucket=self.bucket, Key=self._full_key(key))
+
+
+_CLIENTS: dict[tuple[Any, ...], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _shared_s3_client(s3: S3Resource) -> Any:
+    """One client per distinct configuration per process.
+
+    Building a boto3 client costs ~0.1 s and Dagster builds resources anew for every run, so
+    clients are shared; they are thread-safe. The cache key holds resolved settings in memory only.
+    """
+    key = tuple(getattr(s3, name) for name in sorted(S3Resource.model_fields))
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            client = _CLIENTS[key] = _build_s3_client(s3)
+        return client
 
 
 def _build_s3_client(s3: S3Resource) -> Any:
