@@ -1,0 +1,92 @@
+"""Shared pieces of the reconcile tests: Dagster definitions wired to the test database, the
+sandbox and a temporary media folder, and a one-tick driver."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+
+from recon_dagster.definitions import build_defs
+from recon_dagster.media.store import LocalMediaStore
+from recon_dagster.once import OnceReport, reconcile_once
+from recon_dagster.providers import providers_from_env
+from recon_dagster.resources import ReconcileSettingsResource
+
+
+def make_defs(media_dir: str, **settings: Any) -> dg.Definitions:
+    """The project's definitions, with test-sized settings and a temp media folder."""
+    return build_defs(
+        {
+            "providers": providers_from_env(),
+            "media_store": LocalMediaStore(base_dir=media_dir),
+            "reconcile_settings": ReconcileSettingsResource(**settings),
+        }
+    )
+
+
+def tick(defs: dg.Definitions, instance: dg.DagsterInstance, *, sweep: bool = False) -> OnceReport:
+    """One sensor evaluation, then its run requests executed in-process (and the sweep job)."""
+    return reconcile_once(defs, instance=instance, sweep=sweep)
+
+
+def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None = None):  # noqa: ANN201
+    sensor = defs.resolve_sensor_def("stale_inflight_jobs_sensor")
+    ctx = dg.build_sensor_context(instance=instance, definitions=defs, sensor_name=sensor.name, cursor=cursor)
+    return sensor.evaluate_tick(ctx)
+
+
+def one(engine: sa.Engine, sql: str, **params: Any) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.text(sql), {k: str(v) if isinstance(v, uuid.UUID) else v for k, v in params.items()}
+        ).scalar()
+
+
+def usage_status(engine: sa.Engine, job_id: uuid.UUID) -> str | None:
+    return one(engine, "SELECT status FROM usage_logs WHERE job_id = :j", j=job_id)
+
+
+def count(engine: sa.Engine, table: str, job_id: uuid.UUID) -> int:
+    return int(one(engine, f"SELECT count(*) FROM {table} WHERE job_id = :j", j=job_id))
+
+
+# --- fixtures (imported by the reconcile test modules) -------------------------------------------
+
+import os  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Any]:
+    """The loopback provider sandbox, with the provider env vars pointing at it."""
+    from recon_dagster.sandbox import SandboxServer
+
+    with SandboxServer() as sb:
+        saved = {k: os.environ.get(k) for k in sb.env()}
+        os.environ.update(sb.env())
+        try:
+            yield sb
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+@pytest.fixture
+def media_dir(tmp_path) -> str:  # noqa: ANN001
+    d = tmp_path / "media"
+    d.mkdir()
+    return str(d)
