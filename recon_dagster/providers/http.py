@@ -1,0 +1,386 @@
+"""HTTP behaviour shared by every provider client, written once.
+
+Timeouts on every call; 429/5xx (and KIE's in-envelope throttling codes) retried with capped
+exponential backoff and jitter, honouring ``Retry-After``; connection errors retried for idempotent
+calls; a non-idempotent call (a create, a billed sync call) is re-sent only when it certainly did
+not reach the provider. Per-provider concurrency (semaphore) and rate (token bucket) limits are
+shared by every thread of the process. The API key never appears in an error, a log line or a repr.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import tenacity
+
+from recon_dagster.providers.status import AmbiguousCreateError, ProviderHTTPError, ProviderProtocolError
+
+log = logging.getLogger("recon_dagster.providers.http")
+
+# Statuses that mean "not accepted, try again later". 504 is not here for non-idempotent calls:
+# a gateway timeout says the upstream may still be working on the request (see ``_classify``).
+RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
+AMBIGUOUS_CREATE_STATUSES = frozenset({504})
+
+# Failures that happen before a single byte of the request left this process.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# Errors in our own configuration (a base URL without a scheme...): retrying cannot help.
+_CONFIG_ERRORS = (httpx.UnsupportedProtocol, httpx.InvalidURL, httpx.LocalProtocolError)
+
+
+class TokenBucket:
+    """A thread-safe token bucket: ``rate`` tokens per second, bursts up to ``burst``.
+
+    A caller reserves its token at once (the balance may go negative) and then sleeps outside the
+    lock until that token exists, so waiting threads are served in arrival order.
+    """
+
+    def __init__(self, rate_per_s: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        if rate_per_s <= 0 or burst < 1:
+            raise ValueError(f"token bucket needs rate_per_s > 0 and burst >= 1, got {rate_per_s}, {burst}")
+        self.rate = rate_per_s
+        self.burst = burst
+        self._clock = clock
+        self._tokens = float(burst)
+        self._stamp = clock()
+        self._lock = threading.Lock()
+
+    def reserve(self) -> float:
+        """Take one token; returns how many seconds the caller must wait before using it."""
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            self._tokens -= 1.0
+            return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+
+    def acquire(self, sleep: Callable[[float], None] = time.sleep) -> float:
+        """Block until a token is available; returns the seconds waited."""
+        wait = self.reserve()
+        if wait > 0:
+            sleep(wait)
+        return wait
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Concurrency and rate limits of one provider account, as configured."""
+
+    max_concurrency: int = 16
+    create_rate_per_s: float | None = None
+    create_burst: int = 1
+    read_rate_per_s: float | None = None
+    read_burst: int = 1
+
+
+@dataclass
+class _SharedLimiter:
+    semaphore: threading.BoundedSemaphore
+    create_bucket: TokenBucket | None
+    read_bucket: TokenBucket | None
+
+
+_LIMITERS: dict[tuple[Any, ...], _SharedLimiter] = {}
+_LIMITERS_LOCK = threading.Lock()
+
+
+def shared_limiter(provider: str, base_url: str, limits: Limits) -> _SharedLimiter:
+    """The process-wide limiter of one provider account: every resource copy and thread shares it."""
+    key = (provider, base_url.rstrip("/"), limits)
+    with _LIMITERS_LOCK:
+        limiter = _LIMITERS.get(key)
+        if limiter is None:
+            limiter = _SharedLimiter(
+                threading.BoundedSemaphore(limits.max_concurrency),
+                TokenBucket(limits.create_rate_per_s, limits.create_burst)
+                if limits.create_rate_per_s
+                else None,
+                TokenBucket(limits.read_rate_per_s, limits.read_burst) if limits.read_rate_per_s else None,
+            )
+            _LIMITERS[key] = limiter
+        return limiter
+
+
+class RetryableError(ProviderHTTPError):
+    """An answer that means "not accepted, try again" (429, 5xx, KIE in-envelope codes)."""
+
+    def __init__(
+        self, label: str, status_code: int | None, message: str, retry_after_s: float | None
+    ) -> None:
+        super().__init__(label, status_code, message)
+        self.retry_after_s = retry_after_s
+
+
+class _Transient(ProviderHTTPError):
+    """A transport failure that is safe to retry (the request was not sent, or is idempotent)."""
+
+    def __init__(self, label: str, detail: str) -> None:
+        super().__init__(label, None, detail)
+        self.label = label
+        self.detail = detail
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    if seconds != seconds:  # NaN
+        return None
+    return max(0.0, seconds)
+
+
+def redact(text: str, secret: str | None) -> str:
+    """``text`` with every occurrence of ``secret`` masked (providers sometimes echo a bad key)."""
+    if secret and secret in text:
+        return text.replace(secret, "[redacted]")
+    return text
+
+
+def json_body(kind: str, response: httpx.Response) -> Any:
+    """The JSON of a 2xx answer, or a ``ProviderProtocolError`` that shows what came instead."""
+    try:
+        return response.json()
+    except ValueError:
+        snippet = response.text[:120]
+        raise ProviderProtocolError(
+            kind, f"HTTP {response.status_code} answer is not JSON: {snippet!r}"
+        ) from None
+
+
+ErrorMessage = Callable[[httpx.Response], str | None]
+EnvelopeCheck = Callable[[httpx.Response], tuple[int, str] | None]
+
+
+def generic_error_message(response: httpx.Response) -> str:
+    """A short description of an error answer when the provider's own shape is not recognised."""
+    text = response.text.strip().replace("\n", " ")
+    return text[:300] or response.reason_phrase or "no body"
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """Timeouts, retry policy and limits of one provider client."""
+
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+    write_timeout_s: float = 30.0
+    pool_timeout_s: float = 30.0
+    max_attempts: int = 5
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    # A Retry-After beyond this is capped: a worker must not sleep for an hour inside one call.
+    retry_after_max_s: float = 120.0
+    limits: Limits = field(default_factory=Limits)
+
+
+class ProviderHttp:
+    """One provider's HTTP client: pooled, thread-safe, with the shared retry and limit policy."""
+
+    def __init__(
+        self,
+        provider: str,
+        base_url: str,
+        auth_headers: Mapping[str, str],
+        secret: str,
+        settings: HttpSettings,
+        error_message: ErrorMessage,
+        envelope_check: EnvelopeCheck | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.provider = provider
+        self.base_url = base_url.rstrip("/")
+        self.settings = settings
+        self._auth = dict(auth_headers)
+        self._secret = secret
+        self._error_message = error_message
+        self._envelope_check = envelope_check
+        self._sleep = sleep
+        self._limiter = shared_limiter(provider, self.base_url, settings.limits)
+        s = settings
+        self.client = httpx.Client(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(
+                connect=s.connect_timeout_s,
+                read=s.read_timeout_s,
+                write=s.write_timeout_s,
+                pool=s.pool_timeout_s,
+            ),
+            limits=httpx.Limits(
+                max_connections=s.limits.max_concurrency, max_keepalive_connections=s.limits.max_concurrency
+            ),
+            follow_redirects=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"ProviderHttp(provider={self.provider!r}, base_url={self.base_url!r})"
+
+    def close(self) -> None:
+        self.client.close()
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return dict(self._auth)
+
+    # -- the one request path ----------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        label: str,
+        idempotent: bool,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """Send one logical request under the retry policy; returns a 2xx response (body read).
+
+        ``label`` (a provider_kind, or the provider's name) names the call in errors and logs.
+        ``idempotent=False`` marks a create or a billed call: never re-sent once it may have
+        reached the provider; a lost answer raises ``AmbiguousCreateError``.
+        """
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(max(1, self.settings.max_attempts)),
+            wait=self._wait,
+            retry=tenacity.retry_if_exception_type((RetryableError, _Transient)),
+            before_sleep=lambda state: self._log_retry(method, path, label, state),
+            sleep=self._sleep,
+            reraise=True,
+        )
+        try:
+            return retrying(self._attempt, method, path, label, idempotent, json, params, headers)
+        except _Transient as exc:
+            # Exhausted: report as a plain HTTP-level failure without retry internals.
+            raise ProviderHTTPError(exc.label, None, exc.detail) from None
+
+    def _attempt(
+        self,
+        method: str,
+        path: str,
+        label: str,
+        idempotent: bool,
+        json: Any,
+        params: Mapping[str, str] | None,
+        headers: Mapping[str, str] | None,
+    ) -> httpx.Response:
+        bucket = self._limiter.read_bucket if idempotent else self._limiter.create_bucket
+        if bucket is not None:
+            bucket.acquire(self._sleep)
+        all_headers = {**self._auth, **(headers or {})}
+        started = time.perf_counter()
+        try:
+            with self._limiter.semaphore:
+                response = self.client.request(method, path, json=json, params=params, headers=all_headers)
+        except _NOT_SENT as exc:
+            raise _Transient(label, f"{method} {path}: {type(exc).__name__}: {self._clean(exc)}") from None
+        except _CONFIG_ERRORS as exc:
+            raise ProviderHTTPError(label, None, f"{method} {path}: {self._clean(exc)}") from None
+        except httpx.TransportError as exc:
+            detail = f"{method} {path}: {type(exc).__name__}: {self._clean(exc)}"
+            if not idempotent:
+                raise AmbiguousCreateError(
+                    f"{label}: the request may have reached {self.provider} but its answer was lost "
+                    f"({detail}); not re-sent, to avoid a second billed task"
+                ) from None
+            raise _Transient(label, detail) from None
+        log.debug(
+            "%s %s %s -> %s in %.1f ms",
+            label,
+            method,
+            path,
+            response.status_code,
+            (time.perf_counter() - started) * 1000,
+        )
+        return self._classify(response, method, path, label, idempotent)
+
+    def _classify(
+        self, response: httpx.Response, method: str, path: str, label: str, idempotent: bool
+    ) -> httpx.Response:
+        status = response.status_code
+        if 200 <= status < 300:
+            if self._envelope_check is not None:
+                soft = self._envelope_check(response)
+                if soft is not None:
+                    code, message = soft
+                    raise RetryableError(label, code, self._clean(message), None)
+            return response
+        message = self._clean(self._error_message(response) or generic_error_message(response))
+        if not idempotent and status in AMBIGUOUS_CREATE_STATUSES:
+            raise AmbiguousCreateError(
+                f"{label}: {method} {path} got HTTP {status} ({message}); the provider may still "
+                "have accepted it, so it is not re-sent"
+            )
+        if status in RETRYABLE_STATUSES:
+            retry_after = parse_retry_after(response.headers.get("retry-after"))
+            raise RetryableError(label, status, message, retry_after)
+        raise ProviderHTTPError(label, status, message)
+
+    # -- retry policy ------------------------------------------------------------------------
+
+    def _wait(self, state: tenacity.RetryCallState) -> float:
+        """Retry-After when the provider gave one (plus a little jitter), else capped exponential."""
+        s = self.settings
+        exc = state.outcome.exception() if state.outcome else None
+        retry_after = getattr(exc, "retry_after_s", None)
+        if retry_after is not None:
+            honoured = min(retry_after, s.retry_after_max_s)
+            return honoured + random.uniform(0, min(1.0, 0.1 * honoured))
+        ceiling = min(s.backoff_max_s, s.backoff_initial_s * (2 ** (state.attempt_number - 1)))
+        # "Equal jitter": at least half the exponential step, so retries still back off.
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+    def _log_retry(self, method: str, path: str, label: str, state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        wait = state.next_action.sleep if state.next_action else 0.0
+        log.warning(
+            "%s %s %s attempt %d failed (%s); retrying in %.2f s",
+            label,
+            method,
+            path,
+            state.attempt_number,
+            exc,
+            wait,
+        )
+
+    def _clean(self, value: object) -> str:
+        return redact(str(value), self._secret)
+
+    # -- streaming (authenticated media) -------------------------------------------------------
+
+    @contextmanager
+    def stream(self, url: str, *, label: str) -> Iterator[httpx.Response]:
+        """Open an authenticated streaming GET on this provider's own host (no retries: the
+        media downloader owns retry and size policy)."""
+        try:
+            with self._limiter.semaphore, self.client.stream("GET", url, headers=self._auth) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    message = self._clean(self._error_message(response) or generic_error_message(response))
+                    raise ProviderHTTPError(label, response.status_code, message)
+                yield response
+        except httpx.TransportError as exc:
+            raise ProviderHTTPError(
+                label, None, f"GET media: {type(exc).__name__}: {self._clean(exc)}"
+            ) from None
