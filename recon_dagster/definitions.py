@@ -1,6 +1,5 @@
 """The recon_dagster code location: every job, sensor, schedule and resource, merged here."""
 
-from __future__ import annotations
 
 from typing import Any
 

@@ -4,7 +4,6 @@ Ops are thin: they hand leased job ids to the ``Reconciler`` and report what hap
 Both jobs use the in-process executor: the default one would spawn a second process per run.
 """
 
-from __future__ import annotations
 
 import time
 from typing import Any

@@ -1,6 +1,5 @@
 """Schedules: the sync sweep every 5 minutes (spec phase 2, independent of the sensor)."""
 
-from __future__ import annotations
 
 import dagster as dg
 

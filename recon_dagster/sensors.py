@@ -1,6 +1,5 @@
 """``stale_inflight_jobs_sensor``: scan ``jobs_inflight_idx``, lease what is due, request runs."""
 
-from __future__ import annotations
 
 import time
 from datetime import timedelta
