@@ -345,7 +345,10 @@ def _replicate(task: Task, phase: str, i: int, links: Links) -> dict:
     else:
         status = fail_value(task.family, sc)
         if status == "failed":
-            error = sc.error_message or "Prediction failed: sandbox model raised an error"
+            error = (
+                sc.error_message
+                or f"{'Training' if training else 'Prediction'} failed: sandbox model raised an error"
+            )
     done = status in ("succeeded", "failed", "canceled", "aborted")
     body: dict[str, Any] = {
         "id": task.task_id,

@@ -258,7 +258,7 @@ class SandboxState:
     def create_task_ids(self, contains: str) -> list[str]:
         needle = contains.encode()
         with self._lock:
-            return [tid for _, tid, body in self.create_log if tid and needle in body]
+            return [tid for _, tid, body in self.create_log if tid and (tid == contains or needle in body)]
 
     def stats(self, task_id: str | None = None) -> dict[str, Any]:
         """All counters as JSON-ready data (optionally one task's numbers and info)."""
