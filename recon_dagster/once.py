@@ -44,6 +44,22 @@ def _instance(instance: dg.DagsterInstance | None) -> Iterator[dg.DagsterInstanc
         yield inst
 
 
+def evaluate_sensor(
+    defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None = None
+) -> dg.SensorResult:
+    """Evaluate the stale-jobs sensor once, with just the resources it requires."""
+    sensor = defs.resolve_sensor_def("stale_inflight_jobs_sensor")
+    resources = {k: defs.resources[k] for k in sensor.required_resource_keys}  # type: ignore[index]
+    with dg.build_sensor_context(
+        instance=instance,
+        resources=resources,
+        repository_def=defs.get_repository_def(),
+        sensor_name=sensor.name,
+        cursor=cursor,
+    ) as ctx:
+        return sensor.evaluate_tick(ctx)
+
+
 def reconcile_once(
     defs: dg.Definitions | None = None,
     *,
@@ -57,9 +73,7 @@ def reconcile_once(
     started = time.monotonic()
     report = OnceReport()
     with _instance(instance) as inst:
-        sensor = defs.resolve_sensor_def("stale_inflight_jobs_sensor")
-        ctx = dg.build_sensor_context(instance=inst, definitions=defs, sensor_name=sensor.name)
-        result = sensor.evaluate_tick(ctx)
+        result = evaluate_sensor(defs, inst)
         report.skip_reason = result.skip_message
         job = defs.resolve_job_def("reconcile_job")
         for rr in result.run_requests or []:

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from recon_dagster.definitions import build_defs
 from recon_dagster.media.store import LocalMediaStore
-from recon_dagster.once import OnceReport, reconcile_once
+from recon_dagster.once import OnceReport, evaluate_sensor, reconcile_once  # noqa: F401
 from recon_dagster.providers import providers_from_env
 from recon_dagster.resources import ReconcileSettingsResource
 
@@ -30,12 +30,6 @@ def make_defs(media_dir: str, **settings: Any) -> dg.Definitions:
 def tick(defs: dg.Definitions, instance: dg.DagsterInstance, *, sweep: bool = False) -> OnceReport:
     """One sensor evaluation, then its run requests executed in-process (and the sweep job)."""
     return reconcile_once(defs, instance=instance, sweep=sweep)
-
-
-def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None = None):  # noqa: ANN201
-    sensor = defs.resolve_sensor_def("stale_inflight_jobs_sensor")
-    ctx = dg.build_sensor_context(instance=instance, definitions=defs, sensor_name=sensor.name, cursor=cursor)
-    return sensor.evaluate_tick(ctx)
 
 
 def one(engine: sa.Engine, sql: str, **params: Any) -> Any:
