@@ -13,8 +13,8 @@ import httpx
 from pydantic import Field, PrivateAttr
 
 from recon_dagster.kinds import Provider, ProviderKind, get_kind
-from recon_dagster.providers.http import HttpSettings, Limits, ProviderHttp
-from recon_dagster.providers.status import MediaRef, ProviderError, UpstreamStatus
+from recon_dagster.providers.http import HttpSettings, Limits, ProviderHttp, ProviderNotFound, json_body
+from recon_dagster.providers.status import MediaRef, ProviderError, UpstreamState, UpstreamStatus
 
 ProgressCallback = Callable[[UpstreamStatus], None]
 TaskCreatedCallback = Callable[[str], None]
@@ -241,6 +241,16 @@ class AsyncProviderResource(ProviderResource):
     def poll(self, kind: str, task_id: str) -> UpstreamStatus:
         """One poll of an existing task."""
         raise NotImplementedError
+
+    def _poll_get(self, kind: str, path: str, task_id: str, params: dict[str, str] | None = None) -> Any:
+        """GET a task's status body; a provider-shaped 404 becomes a ``not_found`` status."""
+        try:
+            response = self.http.request("GET", path, label=kind, idempotent=True, params=params)
+        except ProviderNotFound as exc:
+            return UpstreamStatus(
+                provider_kind=kind, task_id=task_id, state=UpstreamState.NOT_FOUND, error=str(exc)
+            )
+        return json_body(kind, response)
 
     def run(
         self,

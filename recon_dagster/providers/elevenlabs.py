@@ -65,10 +65,10 @@ class ElevenLabsResource(AsyncProviderResource):
     def poll(self, kind: str, task_id: str) -> UpstreamStatus:
         """``GET /v1/dubbing/{id}``, parsed; media refs made absolute on this base URL."""
         self._kind(kind)
-        response = self.http.request(
-            "GET", f"/v1/dubbing/{quote(task_id, safe='')}", label=kind, idempotent=True
-        )
-        status = parse_poll_response(kind, json_body(kind, response), task_id=task_id)
+        body = self._poll_get(kind, f"/v1/dubbing/{quote(task_id, safe='')}", task_id)
+        if isinstance(body, UpstreamStatus):
+            return body
+        status = parse_poll_response(kind, body, task_id=task_id)
         if not status.media:
             return status
         base = self.resolved_base_url()

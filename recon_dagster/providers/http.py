@@ -121,6 +121,11 @@ class RetryableError(ProviderHTTPError):
         self.retry_after_s = retry_after_s
 
 
+class ProviderNotFound(ProviderHTTPError):
+    """HTTP 404 answered in the provider's own error shape: the API is reachable and says it does
+    not know the object. (A 404 page from a wrong base URL is a plain ``ProviderHTTPError``.)"""
+
+
 class _Transient(ProviderHTTPError):
     """A transport failure that is safe to retry (the request was not sent, or is idempotent)."""
 
@@ -326,7 +331,8 @@ class ProviderHttp:
                     code, message = soft
                     raise RetryableError(label, code, self._clean(message), None)
             return response
-        message = self._clean(self._error_message(response) or generic_error_message(response))
+        provider_message = self._error_message(response)
+        message = self._clean(provider_message or generic_error_message(response))
         if not idempotent and status in AMBIGUOUS_CREATE_STATUSES:
             raise AmbiguousCreateError(
                 f"{label}: {method} {path} got HTTP {status} ({message}); the provider may still "
@@ -335,6 +341,8 @@ class ProviderHttp:
         if status in RETRYABLE_STATUSES:
             retry_after = parse_retry_after(response.headers.get("retry-after"))
             raise RetryableError(label, status, message, retry_after)
+        if status == 404 and provider_message:
+            raise ProviderNotFound(label, status, message)
         raise ProviderHTTPError(label, status, message)
 
     # -- retry policy ------------------------------------------------------------------------

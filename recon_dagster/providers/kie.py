@@ -96,6 +96,8 @@ class KieResource(AsyncProviderResource):
     def poll(self, kind: str, task_id: str) -> UpstreamStatus:
         """GET the family's record-info endpoint and parse it."""
         family = self._kind(kind).family
+        # KIE answers an unknown task in its envelope (422 "recordInfo is null"), which the parser
+        # maps; an HTTP 404 from KIE means a wrong endpoint, so it stays an error.
         response = self.http.request(
             "GET", KIE_ENDPOINTS[family][1], label=kind, idempotent=True, params={"taskId": task_id}
         )

@@ -85,7 +85,7 @@ class ReplicateResource(AsyncProviderResource):
         """``GET /predictions/{id}`` or ``GET /trainings/{id}``, parsed."""
         family = self._kind(kind).family
         collection = "trainings" if family is Family.REPLICATE_TRAINING else "predictions"
-        response = self.http.request(
-            "GET", f"/{collection}/{quote(task_id, safe='')}", label=kind, idempotent=True
-        )
-        return parse_poll_response(kind, json_body(kind, response), task_id=task_id)
+        body = self._poll_get(kind, f"/{collection}/{quote(task_id, safe='')}", task_id)
+        if isinstance(body, UpstreamStatus):
+            return body
+        return parse_poll_response(kind, body, task_id=task_id)
