@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import pytest
 
+from recon_dagster.media import download
 from recon_dagster.media.download import (
     MAX_REDIRECTS,
+    Hop,
     allowed_hosts_from_env,
     check_url,
     is_public_address,
@@ -122,14 +126,17 @@ class MediaHandler(BaseHTTPRequestHandler):
 class MediaServer:
     """A ThreadingHTTPServer on 127.0.0.1 with a free port, in a daemon thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), MediaHandler)
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.httpd.daemon_threads = True
         self.httpd.requests = []  # type: ignore[attr-defined]
         self.httpd.huge_sent = []  # type: ignore[attr-defined]
         self.port = self.httpd.server_address[1]
         self.host = f"127.0.0.1:{self.port}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # A short poll interval keeps shutdown (and so fixture teardown) quick.
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
 
     def url(self, path: str) -> str:
         return f"http://{self.host}{path}"
@@ -454,3 +461,85 @@ def test_redact_url() -> None:
     )
     assert redact_url("https://cdn.example/a.mp4") == "https://cdn.example/a.mp4"
     assert redact_url("http://[::1]:80/x?y") == "http://[::1]:80/x?<redacted>"
+
+
+# --- address pinning over TLS --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MediaServer, ssl.SSLContext]]:
+    """An HTTPS server on 127.0.0.1 whose certificate names only ``media.test``."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "media.test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("media.test")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    folder = tmp_path_factory.mktemp("tls")
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert_path, key_path)
+    with MediaServer(tls=server_ctx) as srv:
+        client_ctx = ssl.create_default_context(cafile=str(cert_path))
+        yield srv, client_ctx
+
+
+def _pinned_check(port: int, sni: str) -> Callable[[str | httpx.URL], Hop]:
+    """Stands in for a public name resolving to 127.0.0.1 (loopback is refused by the real policy)."""
+
+    def check(url: str | httpx.URL) -> Hop:
+        parsed = httpx.URL(url)
+        return Hop(parsed, parsed.copy_with(host="127.0.0.1"), parsed.netloc.decode(), sni)
+
+    return check
+
+
+def test_pinned_connection_verifies_tls_against_the_name(
+    tls_server: tuple[MediaServer, ssl.SSLContext],
+) -> None:
+    srv, ctx = tls_server
+    url = f"https://media.test:{srv.port}/echo-headers"
+    with httpx.Client(verify=ctx, trust_env=False) as client:
+        response, final = download._open(client, url, 10_000, {}, 5, _pinned_check(srv.port, "media.test"))
+        try:
+            seen = json.loads(response.read())
+        finally:
+            response.close()
+    # Connected to the pinned address, yet the server saw the name, and the certificate for the
+    # name verified: the pin does not weaken TLS.
+    assert seen["host"] == f"media.test:{srv.port}"
+    assert final.host == "media.test"
+
+
+def test_pinned_connection_refuses_a_certificate_for_another_name(
+    tls_server: tuple[MediaServer, ssl.SSLContext],
+) -> None:
+    srv, ctx = tls_server
+    url = f"https://other.test:{srv.port}/bytes?n=10"
+    with (
+        httpx.Client(verify=ctx, trust_env=False) as client,
+        pytest.raises(MediaFetchError, match="ConnectError"),
+    ):
+        download._open(client, url, 10_000, {}, 5, _pinned_check(srv.port, "other.test"))

@@ -421,7 +421,11 @@ def test_other_formats_come_back_as_png() -> None:
     assert Image.open(io.BytesIO(marked)).size == (320, 240)
 
 
-@pytest.mark.parametrize("data", [b"", b"not an image at all", b"\x89PNG\r\n\x1a\n" + b"\x00" * 40])
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"not an image at all", b"\x89PNG\r\n\x1a\n" + b"\x00" * 40],
+    ids=["empty", "text", "broken-png"],
+)
 def test_watermark_refuses_non_images(data: bytes) -> None:
     with pytest.raises(MediaNotImage, match="cannot watermark"):
         watermark_image(data)

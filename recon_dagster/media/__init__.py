@@ -1,54 +1,43 @@
-"""Media: SSRF-guarded streaming download, MediaStore (local folder or S3/R2), watermark."""
+"""Media: SSRF-guarded streaming download, MediaStore (local folder or S3/R2), watermark.
 
-from recon_dagster.media.download import (
-    MediaStream,
-    allowed_hosts_from_env,
-    check_url,
-    is_public_address,
-    open_media_stream,
-)
-from recon_dagster.media.errors import (
-    MediaError,
-    MediaExpired,
-    MediaFetchError,
-    MediaNotImage,
-    MediaRefused,
-    MediaTooLarge,
-    redact_url,
-)
-from recon_dagster.media.store import (
-    LocalMediaStore,
-    MediaStore,
-    S3MediaStore,
-    StoredObject,
-    guess_ext,
-    media_key,
-    media_store_from_env,
-)
-from recon_dagster.media.transfer import fetch_bytes, fetch_to_store
-from recon_dagster.media.watermark import watermark_image
+Names are loaded on first use, so importing the download guard does not import dagster/boto3.
+"""
 
-__all__ = [
-    "LocalMediaStore",
-    "MediaError",
-    "MediaExpired",
-    "MediaFetchError",
-    "MediaNotImage",
-    "MediaRefused",
-    "MediaStore",
-    "MediaStream",
-    "MediaTooLarge",
-    "S3MediaStore",
-    "StoredObject",
-    "allowed_hosts_from_env",
-    "check_url",
-    "fetch_bytes",
-    "fetch_to_store",
-    "guess_ext",
-    "is_public_address",
-    "media_key",
-    "media_store_from_env",
-    "open_media_stream",
-    "redact_url",
-    "watermark_image",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "MediaStream": "download",
+    "allowed_hosts_from_env": "download",
+    "check_url": "download",
+    "is_public_address": "download",
+    "open_media_stream": "download",
+    "MediaError": "errors",
+    "MediaExpired": "errors",
+    "MediaFetchError": "errors",
+    "MediaNotImage": "errors",
+    "MediaRefused": "errors",
+    "MediaTooLarge": "errors",
+    "redact_url": "errors",
+    "LocalMediaStore": "store",
+    "MediaStore": "store",
+    "S3MediaStore": "store",
+    "StoredObject": "store",
+    "guess_ext": "store",
+    "media_key": "store",
+    "media_store_from_env": "store",
+    "fetch_bytes": "transfer",
+    "fetch_to_store": "transfer",
+    "watermark_image": "watermark",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
@@ -263,8 +264,10 @@ class MediaStream:
 
 
 def _describe(exc: BaseException) -> str:
-    # httpx messages rarely contain the URL, but the class name alone is always safe.
-    return type(exc).__name__
+    """Class name plus the error text, any query string in it redacted (TLS and socket reasons
+    help operators; httpx texts rarely name the URL, but a signed query must never leak)."""
+    text = re.sub(r"\?\S*", "?<redacted>", str(exc))[:300]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @contextmanager
@@ -294,7 +297,9 @@ def open_media_stream(
     http = client or httpx.Client(trust_env=False, follow_redirects=False)
     response: httpx.Response | None = None
     try:
-        response, final_url = _open(http, url, max_bytes, allowed, headers or {}, timeout_s, resolver)
+        response, final_url = _open(
+            http, url, max_bytes, headers or {}, timeout_s, lambda u: check_url(u, allowed, resolver)
+        )
         yield MediaStream(response, final_url, max_bytes)
     finally:
         if response is not None:
@@ -307,12 +312,12 @@ def _open(
     http: httpx.Client,
     url: str,
     max_bytes: int,
-    allowed: frozenset[str],
     headers: Mapping[str, str],
     timeout_s: float,
-    resolver: Resolver,
+    check: Callable[[str | httpx.URL], Hop],
 ) -> tuple[httpx.Response, httpx.URL]:
-    first = check_url(url, allowed, resolver)
+    """Send GET hop by hop, applying ``check`` (the fetch policy) to every URL before connecting."""
+    first = check(url)
     hop = first
     for _ in range(MAX_REDIRECTS + 1):
         request_headers = {"accept-encoding": "identity", "user-agent": "recon-dagster-media"}
@@ -339,7 +344,7 @@ def _open(
             except (httpx.InvalidURL, ValueError):
                 raise MediaRefused(hop.url, "redirect to an invalid URL") from None
             try:
-                hop = check_url(target, allowed, resolver)
+                hop = check(target)
             except MediaRefused as exc:
                 raise MediaRefused(hop.url, f"redirect refused: {exc}") from None
             continue
