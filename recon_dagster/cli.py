@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        # Dagster's console logger is DEBUG by default; keep the per-job outcome lines (INFO).
+        logging.getLogger("dagster").setLevel(logging.INFO)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
