@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -84,6 +85,8 @@ class MediaHandler(BaseHTTPRequestHandler):
             self.wfile.write(b"y" * 40000)
             self.wfile.flush()
             self.close_connection = True
+        elif path == "/drip":
+            self._drip()
         elif path == "/echo-headers":
             body = json.dumps({k.lower(): v for k, v in self.headers.items()}).encode()
             self._send(200, body, "application/json")
@@ -102,6 +105,22 @@ class MediaHandler(BaseHTTPRequestHandler):
         self.send_header("Location", location)
         self.send_header("Content-Length", "0")
         self.end_headers()
+
+    def _drip(self) -> None:
+        # One byte every 20 ms, bounded at 10 s: each read succeeds, so only a deadline stops it.
+        self.send_response(200)
+        self.send_header("Content-Type", "video/mp4")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for _ in range(500):
+                self.wfile.write(b"1\r\nd\r\n")
+                self.wfile.flush()
+                time.sleep(0.02)
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
 
     def _stream_huge(self, limit: int) -> None:
         # Chunked and without Content-Length, so only the running count can stop the client.
@@ -419,6 +438,16 @@ def test_declared_length_over_cap_fails_before_reading(server: MediaServer) -> N
 def test_truncated_body_is_a_fetch_error(server: MediaServer) -> None:
     with pytest.raises(MediaFetchError, match="reading body failed"):
         read_all(server.url("/truncated"), max_bytes=MIB, allowed_hosts={server.host})
+
+
+def test_deadline_stops_a_dripping_server(server: MediaServer) -> None:
+    with pytest.raises(MediaFetchError, match="deadline passed"):
+        read_all(server.url("/drip"), max_bytes=MIB, allowed_hosts={server.host}, deadline_s=0.2)
+
+
+def test_allowed_hosts_as_a_single_string(server: MediaServer) -> None:
+    body, _ = read_all(server.url("/bytes?n=10"), max_bytes=100, allowed_hosts=server.host)
+    assert body == pattern_bytes(10)
 
 
 def test_connection_refused_is_a_fetch_error() -> None:

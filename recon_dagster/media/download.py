@@ -38,6 +38,7 @@ import ipaddress
 import os
 import re
 import socket
+import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -141,8 +142,9 @@ def system_resolver(host: str, port: int) -> list[str]:
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
     seen: list[str] = []
     for _family, _type, _proto, _canon, sockaddr in infos:
-        if sockaddr[0] not in seen:
-            seen.append(sockaddr[0])
+        address = str(sockaddr[0])
+        if address not in seen:
+            seen.append(address)
     return seen
 
 
@@ -234,8 +236,11 @@ def _content_length(response: httpx.Response) -> int | None:
 class MediaStream:
     """An open media response: metadata plus a capped chunk iterator (single use)."""
 
-    def __init__(self, response: httpx.Response, url: httpx.URL, max_bytes: int) -> None:
+    def __init__(
+        self, response: httpx.Response, url: httpx.URL, max_bytes: int, deadline: float | None = None
+    ) -> None:
         self._response = response
+        self._deadline = deadline
         self._url = url
         self.max_bytes = max_bytes
         self.url = redact_url(url)
@@ -255,6 +260,10 @@ class MediaStream:
                 self.bytes_read += len(chunk)
                 if self.bytes_read > self.max_bytes:
                     raise MediaTooLarge(self._url, self.max_bytes, self.bytes_read)
+                if self._deadline is not None and time.monotonic() > self._deadline:
+                    raise MediaFetchError(
+                        self._url, f"download deadline passed after {self.bytes_read} bytes"
+                    )
                 yield chunk
         except httpx.HTTPError as exc:
             raise MediaFetchError(self._url, f"reading body failed: {_describe(exc)}") from None
@@ -279,6 +288,7 @@ def open_media_stream(
     headers: Mapping[str, str] | None = None,
     timeout_s: float = 30,
     client: httpx.Client | None = None,
+    deadline_s: float | None = None,
     resolver: Resolver = system_resolver,
 ) -> Iterator[MediaStream]:
     """Open ``url`` under the fetch policy and yield a ``MediaStream`` (closed on exit).
@@ -286,13 +296,19 @@ def open_media_stream(
     ``allowed_hosts`` defaults to ``allowed_hosts_from_env()``. ``headers`` (e.g. an API key for
     ElevenLabs byte endpoints) go only to the original origin. Raises ``MediaRefused``,
     ``MediaExpired`` (403/404/410), ``MediaTooLarge`` (declared length over the cap) or
-    ``MediaFetchError``.
+    ``MediaFetchError``. ``timeout_s`` bounds each connect/read; ``deadline_s`` (optional) bounds
+    the whole download against a server that drips bytes (checked per chunk, so the worst case
+    is ``deadline_s + timeout_s``). ``resolver`` is for tests; ``client`` must not use a proxy.
     """
     if max_bytes < 0:
         raise ValueError("max_bytes must be >= 0")
-    allowed = (
-        allowed_hosts_from_env() if allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
-    )
+    if allowed_hosts is None:
+        allowed = allowed_hosts_from_env()
+    elif isinstance(allowed_hosts, str):  # a bare "host:port" would otherwise become its letters
+        allowed = parse_allowed_hosts(allowed_hosts)
+    else:
+        allowed = parse_allowed_hosts(",".join(allowed_hosts))
+    deadline = None if deadline_s is None else time.monotonic() + deadline_s
     own_client = client is None
     http = client or httpx.Client(trust_env=False, follow_redirects=False)
     response: httpx.Response | None = None
@@ -300,7 +316,7 @@ def open_media_stream(
         response, final_url = _open(
             http, url, max_bytes, headers or {}, timeout_s, lambda u: check_url(u, allowed, resolver)
         )
-        yield MediaStream(response, final_url, max_bytes)
+        yield MediaStream(response, final_url, max_bytes, deadline)
     finally:
         if response is not None:
             response.close()

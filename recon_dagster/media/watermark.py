@@ -66,11 +66,13 @@ def _overlay(size: tuple[int, int], text: str) -> Image.Image:
     top = height - band_height - max(0, height // 20)
     draw.rectangle([(0, top), (width, top + band_height)], fill=(0, 0, 0, _BAND_ALPHA))
     if text:
-        font = ImageFont.load_default(size=max(8, int(band_height * 0.6)))
+        size = max(8, int(band_height * 0.6))
+        font = ImageFont.load_default(size=size)
         left, upper, right, lower = draw.textbbox((0, 0), text, font=font)
         # Shrink long text until it fits the width with a margin.
-        while right - left > width * 0.9 and getattr(font, "size", 0) > 8:
-            font = ImageFont.load_default(size=max(8, int(font.size * 0.8)))
+        while right - left > width * 0.9 and size > 8:
+            size = max(8, int(size * 0.8))
+            font = ImageFont.load_default(size=size)
             left, upper, right, lower = draw.textbbox((0, 0), text, font=font)
         x = (width - (right - left)) / 2 - left
         y = top + (band_height - (lower - upper)) / 2 - upper
