@@ -66,13 +66,13 @@ def _overlay(size: tuple[int, int], text: str) -> Image.Image:
     top = height - band_height - max(0, height // 20)
     draw.rectangle([(0, top), (width, top + band_height)], fill=(0, 0, 0, _BAND_ALPHA))
     if text:
-        size = max(8, int(band_height * 0.6))
-        font = ImageFont.load_default(size=size)
+        font_size = max(8, int(band_height * 0.6))
+        font = ImageFont.load_default(size=font_size)
         left, upper, right, lower = draw.textbbox((0, 0), text, font=font)
         # Shrink long text until it fits the width with a margin.
-        while right - left > width * 0.9 and size > 8:
-            size = max(8, int(size * 0.8))
-            font = ImageFont.load_default(size=size)
+        while right - left > width * 0.9 and font_size > 8:
+            font_size = max(8, int(font_size * 0.8))
+            font = ImageFont.load_default(size=font_size)
             left, upper, right, lower = draw.textbbox((0, 0), text, font=font)
         x = (width - (right - left)) / 2 - left
         y = top + (band_height - (lower - upper)) / 2 - upper
