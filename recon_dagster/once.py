@@ -89,7 +89,11 @@ def reconcile_once(
     return report
 
 
-def _execute(job: dg.JobDefinition, inst: dg.DagsterInstance, run_config, partition_key, tags, summary: Summary) -> bool:  # noqa: ANN001
+def _execute(
+    job: dg.JobDefinition, inst: dg.DagsterInstance, run_config, partition_key, tags, summary: Summary
+) -> bool:  # noqa: ANN001
+    # Outcome lines are INFO; Dagster's console logger would add every DEBUG engine event.
+    run_config = {**(run_config or {}), "loggers": {"console": {"config": {"log_level": "INFO"}}}}
     res = job.execute_in_process(
         run_config=run_config, instance=inst, partition_key=partition_key, tags=tags, raise_on_error=False
     )
