@@ -171,6 +171,12 @@ def test_round_trip(store: LocalMediaStore | S3MediaStore) -> None:
     assert leftovers(store) == []
 
 
+def test_missing_object(store: LocalMediaStore | S3MediaStore) -> None:
+    assert not store.exists("images/none/0.png")
+    with pytest.raises(FileNotFoundError):
+        store.read_bytes("images/none/0.png")
+
+
 def test_empty_object(store: LocalMediaStore | S3MediaStore) -> None:
     stored = store.put_stream("files/j/0.bin", iter(()), "application/octet-stream")
     assert stored.size == 0

@@ -360,8 +360,15 @@ class S3MediaStore(dg.ConfigurableResource):
         return True
 
     def read_bytes(self, key: str) -> bytes:
-        """The whole object (meant for tests and small objects)."""
-        answer = self._get_client().get_object(Bucket=self.bucket, Key=self._full_key(key))
+        """The whole object (meant for tests and small objects); ``FileNotFoundError`` if absent."""
+        from botocore.exceptions import ClientError
+
+        try:
+            answer = self._get_client().get_object(Bucket=self.bucket, Key=self._full_key(key))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                raise FileNotFoundError(f"no media object at {key!r}") from None
+            raise
         return answer["Body"].read()
 
     def delete(self, key: str) -> None:
