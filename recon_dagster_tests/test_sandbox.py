@@ -583,7 +583,9 @@ def test_kie_chat_completions(client: httpx.Client, sb: SandboxServer) -> None:
     assert (
         err.status_code == 200 and err.json()["code"] == 500 and err.json()["msg"] == "upstream model error"
     )
-    assert sb.create_count("kie-llm") == 2
+    slashed = client.post("/kie/anthropic/claude-sonnet-4/v1/chat/completions", headers=BEARER, json=body)
+    assert slashed.status_code == 200 and slashed.json()["model"] == "anthropic/claude-sonnet-4"
+    assert sb.create_count("kie-llm") == 3
 
 
 def test_elevenlabs_tts_returns_bytes(client: httpx.Client, sb: SandboxServer) -> None:

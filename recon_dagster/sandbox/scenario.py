@@ -76,6 +76,8 @@ class Scenario:
     media_count: int = 1
     # Serve media with chunked transfer encoding and no Content-Length (size caps must still hold).
     media_no_length: bool = False
+    # Kept with the task (admin task info) for tests to compare; no documented poll body carries a
+    # cost, so it is not rendered into provider responses.
     cost_usd: float | None = None
     error_message: str | None = None
     # A documented failure value for the family (FAMILY_FAIL_STATES); None picks the first.

@@ -274,7 +274,8 @@ _FAMILY_KIND: dict[Family, str] = {
     Family.ELEVENLABS_DUBBING: "elevenlabs-async",
 }
 
-_RE_KIE_CHAT = re.compile(r"^/kie/(?:(?P<model>[^/]+)/)?v1/chat/completions$")
+# Model names may hold a slash ("anthropic/claude-sonnet-4"); KIE puts the model in the path.
+_RE_KIE_CHAT = re.compile(r"^/kie/(?:(?P<model>.+?)/)?v1/chat/completions$")
 _RE_REP_MODEL_PRED = re.compile(r"^/replicate/v1/models/(?P<owner>[^/]+)/(?P<name>[^/]+)/predictions$")
 _RE_REP_TRAIN_CREATE = re.compile(
     r"^/replicate/v1/models/(?P<owner>[^/]+)/(?P<name>[^/]+)/versions/(?P<version>[^/]+)/trainings$"

@@ -20,6 +20,7 @@ from recon_dagster.sandbox.scenario import Scenario, create_action, injected
 
 _ALNUM_LOWER = string.ascii_lowercase + string.digits
 _ALNUM = string.ascii_letters + string.digits
+CREATE_LOG_BYTES = 16 * 1024
 
 
 def new_task_id(family: Family) -> str:
@@ -191,7 +192,8 @@ class SandboxState:
         """Count one create request (async create or sync call) of ``kind``."""
         with self._lock:
             self.creates[kind] += 1
-            self.create_log.append((kind, task_id, raw_body))
+            # Only the head is kept: enough to find a job id, not a whole uploaded file.
+            self.create_log.append((kind, task_id, raw_body[:CREATE_LOG_BYTES]))
 
     def count_request(self) -> None:
         with self._lock:
