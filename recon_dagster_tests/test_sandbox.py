@@ -833,6 +833,20 @@ def test_keep_alive_connection_serves_many_requests(sb: SandboxServer) -> None:
     assert sb.poll_count(tid) == 20
 
 
+def test_busy_port_is_a_clear_error_and_restart_works(sb: SandboxServer) -> None:
+    with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{sb.port}"):
+        SandboxServer(port=sb.port).start()
+    other = SandboxServer(latency_s=0.01).start()
+    other.stop()
+    other.start()
+    try:
+        tid = other.add_task("kie-standard", Scenario(polls_before_done=0))
+        r = httpx.get(f"{other.kie_base_url}/api/v1/jobs/recordInfo?taskId={tid}", headers=BEARER)
+        assert r.json()["data"]["state"] == "success"
+    finally:
+        other.stop()
+
+
 # -- pure decisions ----------------------------------------------------------------------------------
 
 

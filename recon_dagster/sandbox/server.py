@@ -1003,7 +1003,14 @@ class SandboxServer:
         """Bind and serve in a background thread; returns self."""
         if self._httpd is not None:
             return self
-        self._httpd = _HTTPServer((self.host, self.port), self.sandbox)
+        if self.sandbox.release.is_set():  # stopped before: held calls must hold again
+            self.sandbox.release = threading.Event()
+        try:
+            self._httpd = _HTTPServer((self.host, self.port), self.sandbox)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"the sandbox cannot listen on {self.host}:{self.port}: {exc.strerror}"
+            ) from None
         self.port = self._httpd.server_address[1]
         self.sandbox.base_url = f"http://{self.host}:{self.port}"
         self._thread = threading.Thread(
