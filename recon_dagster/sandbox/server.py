@@ -209,8 +209,9 @@ def _form_body(req: Request, provider: str) -> dict[str, str | bytes]:
             name = part.get_param("name", header="content-disposition")
             if not name:
                 continue
-            payload = part.get_payload(decode=True) or b""
-            out[str(name)] = payload if part.get_filename() else payload.decode("utf-8", "replace")
+            payload = part.get_payload(decode=True)
+            data = payload if isinstance(payload, bytes) else b""
+            out[str(name)] = data if part.get_filename() else data.decode("utf-8", "replace")
         return out
     if ctype.startswith("application/x-www-form-urlencoded"):
         parsed = parse_qs(req.body.decode("utf-8", "replace"))
@@ -735,8 +736,8 @@ class Sandbox:
             return _json(
                 400, shapes.anthropic_error("invalid_request_error", message), delay_s=self._latency(sc)
             )
-        message = shapes.anthropic_message(body["model"], "Sandbox reply.", len(req.body) // 4)
-        return _json(200, message, {"request-id": "req_" + secrets.token_hex(12)}, delay_s=self._latency(sc))
+        reply = shapes.anthropic_message(body["model"], "Sandbox reply.", len(req.body) // 4)
+        return _json(200, reply, {"request-id": "req_" + secrets.token_hex(12)}, delay_s=self._latency(sc))
 
     # -- media --------------------------------------------------------------------------------
 
@@ -791,22 +792,22 @@ class Sandbox:
                 kind = body.get("kind")
                 get_kind(kind)
                 scenario = Scenario.from_dict(body.get("scenario"))
-                task = self.state.add_task(kind, scenario, body.get("task_id"))
+                task = self.state.add_task(str(kind), scenario, body.get("task_id"))
                 return _json(
                     201, {"task_id": task.task_id, "kind": kind, "media_urls": self.media_urls(task)}
                 )
             match = _RE_ADMIN_TASK.match(path)
             if match and method == "GET":
-                task = self.state.get(match["id"])
-                if task is None:
+                found = self.state.get(match["id"])
+                if found is None:
                     return _json(404, {"error": f"no sandbox task {match['id']!r}"})
-                return _json(200, {**task.info(), "media_urls": self.media_urls(task)})
+                return _json(200, {**found.info(), "media_urls": self.media_urls(found)})
             if path == "/_sandbox/default_scenario" and method == "POST":
                 body = self._admin_body(req)
                 kind = body.get("kind")
                 get_kind(kind)
                 raw = body.get("scenario")
-                self.state.set_default(kind, None if raw is None else Scenario.from_dict(raw))
+                self.state.set_default(str(kind), None if raw is None else Scenario.from_dict(raw))
                 return _json(200, {"ok": True})
             if path == "/_sandbox/creates" and method == "GET":
                 contains = req.q("contains")
@@ -878,7 +879,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _read_body(self) -> bytes | None:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            parts, total = [], 0
+            parts: list[bytes] = []
+            total = 0
             while True:
                 size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
                 if size == 0:
