@@ -102,6 +102,14 @@ def commit(job_id: uuid.UUID) -> Callable[[sa.Connection], uuid.UUID | None]:
     return lambda conn: credits.commit_job_credits(conn, job_id, 0.5)
 
 
+def claim_by(owner: str, claims: Sequence[Claim]) -> Callable[[sa.Connection], list[Claim]]:
+    return lambda conn: jobs_db.claim_jobs(conn, claims, owner, timedelta(minutes=10))
+
+
+def record_task(job_id: uuid.UUID, task_id: str) -> Callable[[sa.Connection], str | None]:
+    return lambda conn: jobs_db.record_task_created(conn, job_id, "kie-standard", task_id)
+
+
 def usage_statuses(bind: sa.Engine, job_id: uuid.UUID) -> list[str]:
     with bind.begin() as conn:
         return list(
@@ -216,11 +224,8 @@ def test_concurrent_claims_give_each_job_exactly_one_owner(
         scanned = [Claim(r.id, r.reconcile_attempts) for r in jobs_db.scan_stale(conn)]
     assert {c.job_id for c in scanned} == set(jobs)
 
-    def claim_as(owner: str) -> Callable[[sa.Connection], list[Claim]]:
-        return lambda conn: jobs_db.claim_jobs(conn, scanned, owner, timedelta(minutes=10))
-
     owners = [f"run-{round_}-{i}" for i in range(N)]
-    results = race(race_engine, [claim_as(o) for o in owners])
+    results = race(race_engine, [claim_by(o, scanned) for o in owners])
 
     no_errors(results)
     won_by: dict[uuid.UUID, list[str]] = {j: [] for j in jobs}
@@ -282,3 +287,99 @@ def test_concurrent_reservations_never_overdraw(db: sa.Engine, race_engine: sa.E
     refused = [r for r in results if isinstance(r, Raised) and isinstance(r.exc, credits.InsufficientCredits)]
     assert (len(ok), len(refused)) == (7, N - 7), results
     assert balances(db, user) == (Decimal(0), Decimal(1))
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+def test_takeover_of_an_expired_lease_counts_the_dead_attempt_once(
+    db: sa.Engine, race_engine: sa.Engine, round_: int
+) -> None:
+    job = make_job(
+        db, make_user(db), provider_kind="kie-standard", provider_task_id="t", started_minutes_ago=20
+    )
+    with db.begin() as conn:
+        assert jobs_db.claim_jobs(conn, [Claim(job, 0)], "dead-run", timedelta(minutes=10))
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET reconcile_lease_expires_at = now() - interval '1 second' WHERE id = :id"
+            ),
+            {"id": str(job)},
+        )
+    owners = [f"run-{i}" for i in range(N)]
+
+    results = race(
+        race_engine,
+        [claim_by(o, [Claim(job, 0)]) for o in owners],
+    )
+
+    no_errors(results)
+    winners = [o for o, won in zip(owners, results, strict=True) if won]
+    assert len(winners) == 1
+    r = job_row(db, job)
+    assert (r["reconcile_lease_owner"], r["reconcile_attempts"]) == (winners[0], 1)
+    assert "dead-run" in r["reconcile_last_error"]
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+def test_many_bumps_of_one_attempt_count_it_once(db: sa.Engine, race_engine: sa.Engine, round_: int) -> None:
+    job = make_job(
+        db,
+        make_user(db),
+        provider_kind="kie-standard",
+        provider_task_id="t",
+        started_minutes_ago=20,
+        reconcile_attempts=3,
+    )
+
+    results = race(
+        race_engine,
+        [
+            lambda conn: jobs_db.bump_attempts(
+                conn, job, expected_attempts=3, last_error="still running", next_in=timedelta(minutes=5)
+            )
+        ]
+        * N,
+    )
+
+    no_errors(results)
+    assert sorted(results, key=lambda r: r is None) == [4] + [None] * (N - 1)
+    assert job_row(db, job)["reconcile_attempts"] == 4
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+def test_workers_recording_different_tasks_at_once_keep_exactly_one(
+    db: sa.Engine, race_engine: sa.Engine, round_: int
+) -> None:
+    job = make_job(db, make_user(db), status="processing")
+    tasks = [f"task-{round_}-{i}" for i in range(N)]
+
+    results = race(
+        race_engine,
+        [record_task(job, t) for t in tasks],
+    )
+
+    no_errors(results)
+    persisted = job_row(db, job)["provider_task_id"]
+    assert persisted in tasks
+    # Every recorder, winner or not, is told the one persisted id (losers resume it).
+    assert results == [persisted] * N
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+def test_claims_racing_a_completion_leave_no_lease_on_the_finished_row(
+    db: sa.Engine, race_engine: sa.Engine, round_: int
+) -> None:
+    job = make_job(
+        db, make_user(db), provider_kind="kie-standard", provider_task_id="t", started_minutes_ago=20
+    )
+    writers: list[Callable[[sa.Connection], object]] = [complete(job)] * (N // 2) + [
+        claim_by(f"run-{i}", [Claim(job, 0)]) for i in range(N // 2)
+    ]
+    random.Random(round_).shuffle(writers)
+
+    results = race(race_engine, writers)
+
+    no_errors(results)
+    assert results.count(True) == 1
+    r = job_row(db, job)
+    assert r["status"] == "completed"
+    assert (r["reconcile_lease_owner"], r["reconcile_lease_expires_at"]) == (None, None)
