@@ -4,7 +4,9 @@ environment. Provider clients live in ``recon_dagster.providers``; media stores 
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
+from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
@@ -28,20 +30,58 @@ class DatabaseResource(dg.ConfigurableResource):
         return get_engine()
 
 
-class ReconcileSettingsResource(dg.ConfigurableResource):
-    """Knobs of the reconcile controller and the sensor's dispatch."""
+def _env_number(name: str, fallback: float, cast: type) -> Any:
+    """A default from the environment, so run workers the daemon starts see the same settings as
+    the process that configured it; a malformed value is an error naming the variable."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return cast(fallback)
+    try:
+        value = cast(raw)
+    except ValueError:
+        raise ValueError(
+            f"{name} must be {'an integer' if cast is int else 'a number'}, got {raw!r}"
+        ) from None
+    if value < 0:
+        raise ValueError(f"{name} must not be negative, got {raw!r}")
+    return value
 
-    max_attempts: int = Field(default=MAX_ATTEMPTS, description="Attempts before force-fail + refund.")
+
+class ReconcileSettingsResource(dg.ConfigurableResource):
+    """Knobs of the reconcile controller and the sensor's dispatch.
+
+    Defaults come from ``RECON_MAX_ATTEMPTS``, ``RECON_RECONCILE_CADENCE_S``, ``RECON_LEASE_S``,
+    ``RECON_RECONCILE_CONCURRENCY``, ``RECON_BATCH_SIZE``, ``RECON_SINGLE_RUN_BELOW`` and
+    ``RECON_SCAN_LIMIT`` when set (read when the code location is imported).
+    """
+
+    max_attempts: int = Field(
+        default=_env_number("RECON_MAX_ATTEMPTS", MAX_ATTEMPTS, int),
+        description="Attempts before force-fail + refund.",
+    )
     cadence_seconds: float = Field(
-        default=RECONCILE_CADENCE.total_seconds(), description="Minimum spacing of attempts on one job."
+        default=_env_number("RECON_RECONCILE_CADENCE_S", RECONCILE_CADENCE.total_seconds(), float),
+        description="Minimum spacing of attempts on one job.",
     )
-    lease_seconds: float = Field(default=900, description="Reconcile lease on a dispatched job.")
-    concurrency: int = Field(default=16, description="Jobs worked at once inside one run.")
-    batch_size: int = Field(default=200, description="Jobs of one kind packed into one run in a backlog.")
+    lease_seconds: float = Field(
+        default=_env_number("RECON_LEASE_S", 900, float), description="Reconcile lease on a dispatched job."
+    )
+    concurrency: int = Field(
+        default=_env_number("RECON_RECONCILE_CONCURRENCY", 16, int),
+        description="Jobs worked at once inside one run.",
+    )
+    batch_size: int = Field(
+        default=_env_number("RECON_BATCH_SIZE", 200, int),
+        description="Jobs of one kind packed into one run in a backlog.",
+    )
     single_run_below: int = Field(
-        default=10, description="Fewer due jobs of a kind than this: one run per job."
+        default=_env_number("RECON_SINGLE_RUN_BELOW", 10, int),
+        description="Fewer due jobs of a kind than this: one run per job.",
     )
-    scan_limit: int = Field(default=5000, description="Most stale rows dispatched per sensor tick.")
+    scan_limit: int = Field(
+        default=_env_number("RECON_SCAN_LIMIT", 5000, int),
+        description="Most stale rows dispatched per sensor tick.",
+    )
     max_media_bytes: int = Field(default=DEFAULT_MAX_MEDIA_BYTES, description="Download cap per object.")
 
     def settings(self) -> ReconcileSettings:
