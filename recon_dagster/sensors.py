@@ -1,6 +1,6 @@
 """``stale_inflight_jobs_sensor``: scan ``jobs_inflight_idx``, lease what is due, request runs."""
 
-
+import os
 import time
 from datetime import timedelta
 
@@ -12,6 +12,19 @@ from recon_dagster.jobs import reconcile_job
 from recon_dagster.reconcile.dispatch import Batch, dispatch, plan_batches
 from recon_dagster.reconcile.reconciler import Summary, outcomes_since
 from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource
+
+
+def _sensor_interval_s() -> int:
+    """``RECON_SENSOR_INTERVAL_S`` (default 30): seconds between ticks; tests and benchmarks
+    shorten it (the daemon's sensor loop itself wakes every 5 s at most)."""
+    raw = os.environ.get("RECON_SENSOR_INTERVAL_S", "").strip()
+    try:
+        value = int(raw) if raw else 30
+    except ValueError:
+        raise ValueError(f"RECON_SENSOR_INTERVAL_S must be a whole number of seconds, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"RECON_SENSOR_INTERVAL_S must be at least 1, got {raw!r}")
+    return value
 
 
 def run_request_for(batch: Batch) -> dg.RunRequest:
@@ -40,7 +53,7 @@ def run_request_for(batch: Batch) -> dg.RunRequest:
 
 @dg.sensor(
     job=reconcile_job,
-    minimum_interval_seconds=30,
+    minimum_interval_seconds=_sensor_interval_s(),
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Finds in-flight jobs past their provider kind's stale threshold and requests "
     "reconcile runs for them, one per job or packed per kind in a backlog.",
