@@ -63,6 +63,25 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(serve=args.serve, port=args.port)
 
 
+def _cmd_dev(args: argparse.Namespace) -> int:
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from recon_dagster.db.engine import get_engine, resolve_database_url
+    from recon_dagster.db.migrate import migrate
+    from recon_dagster.instance import prepare_dagster_home
+
+    url = resolve_database_url()
+    migrate(get_engine(url))
+    env = dict(os.environ)
+    if not env.get("DAGSTER_HOME"):
+        env.update(prepare_dagster_home(Path.cwd() / ".recon" / "dagster_home", url))
+    extra = args.dagster_args[1:] if args.dagster_args[:1] == ["--"] else args.dagster_args
+    cmd = [sys.executable, "-m", "dagster", "dev", "-m", "recon_dagster.definitions", *extra]
+    return subprocess.call(cmd, env=env)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="recon-dagster",
@@ -88,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="in-flight and stale counts per provider kind")
     st.set_defaults(func=_cmd_status)
+
+    dv = sub.add_parser(
+        "dev", help="`dagster dev` on this code location, with instance storage on the app's PostgreSQL"
+    )
+    dv.add_argument("dagster_args", nargs=argparse.REMAINDER, help="passed on to `dagster dev`")
+    dv.set_defaults(func=_cmd_dev)
 
     d = sub.add_parser("demo", help="embedded PostgreSQL + sandbox + the incident, reconciled")
     d.add_argument("--serve", action="store_true", help="then keep the sandbox up and start `dagster dev`")

@@ -1,10 +1,16 @@
 """The recon_dagster code location: every job, sensor, schedule and resource, merged here."""
 
-
 from typing import Any
 
 import dagster as dg
 
+from recon_dagster.assets import (
+    inflight_backlog,
+    no_credit_leak,
+    no_stuck_jobs,
+    reconcile_health_job,
+    reconcile_health_schedule,
+)
 from recon_dagster.jobs import reconcile_job, sync_sweep_job
 from recon_dagster.media.store import media_store_from_env
 from recon_dagster.providers import providers_from_env
@@ -26,9 +32,11 @@ def default_resources() -> dict[str, Any]:
 def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
     """The definitions with the default resources, some of them replaced (tests, the demo)."""
     return dg.Definitions(
-        jobs=[reconcile_job, sync_sweep_job],
+        assets=[inflight_backlog],
+        asset_checks=[no_credit_leak, no_stuck_jobs],
+        jobs=[reconcile_job, sync_sweep_job, reconcile_health_job],
         sensors=[stale_inflight_jobs_sensor],
-        schedules=[sync_sweep_schedule],
+        schedules=[sync_sweep_schedule, reconcile_health_schedule],
         resources={**default_resources(), **(resources or {})},
     )
 

@@ -19,8 +19,9 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from recon_dagster.db import credits
-from recon_dagster.db.engine import dagster_storage_url, get_engine, redact, resolve_database_url
+from recon_dagster.db.engine import get_engine, redact, resolve_database_url
 from recon_dagster.db.migrate import migrate
+from recon_dagster.instance import prepare_dagster_home
 
 
 @dataclass(frozen=True)
@@ -144,21 +145,11 @@ def _seed(engine: sa.Engine, sandbox) -> tuple[uuid.UUID, list[tuple[DemoJob, uu
     return user, seeded
 
 
-def _dagster_home(database_url: str) -> Path:
-    """A project-local DAGSTER_HOME whose run storage is the same PostgreSQL (dagster-postgres)."""
-    home = Path(os.environ.get("DAGSTER_HOME") or Path.cwd() / ".recon" / "dagster_home")
-    home.mkdir(parents=True, exist_ok=True)
-    config = home / "dagster.yaml"
-    if not config.exists():
-        storage = dagster_storage_url(database_url)
-        config.write_text(
-            "# written by `recon-dagster demo`: the demo's Dagster instance\n"
-            f'storage:\n  postgres:\n    postgres_url: "{storage}"\n'
-            "run_queue:\n  max_concurrent_runs: 4\n  dequeue_use_threads: true\n  dequeue_interval_seconds: 1\n"
-            "run_monitoring:\n  enabled: true\n  max_resume_run_attempts: 0\n"
-            "telemetry:\n  enabled: false\n"
-        )
-    return home
+def _dagster_env(database_url: str) -> dict[str, str]:
+    """DAGSTER_HOME as the user set it, else a project-local one with dagster-postgres storage."""
+    if os.environ.get("DAGSTER_HOME"):
+        return {}
+    return prepare_dagster_home(Path.cwd() / ".recon" / "dagster_home", database_url)
 
 
 def run_demo(*, serve: bool = False, port: int = 0) -> int:
@@ -182,8 +173,8 @@ def run_demo(*, serve: bool = False, port: int = 0) -> int:
 
         from recon_dagster.definitions import build_defs
 
-        home = _dagster_home(url)
-        os.environ["DAGSTER_HOME"] = str(home)
+        os.environ.update(_dagster_env(url))
+        home = os.environ["DAGSTER_HOME"]
         with dg.DagsterInstance.get() as instance:
             report = reconcile_once(build_defs(), instance=instance)
         print(report.line())
