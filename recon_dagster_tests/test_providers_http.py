@@ -511,3 +511,19 @@ def test_provider_http_repr_hides_headers():
                         HttpSettings(), lambda r: None)  # fmt: skip
     assert WRONG_KEY not in repr(http)
     http.close()
+
+
+def test_kie_in_envelope_429_honours_retry_after_header(sb, caplog):
+    caplog.set_level(logging.WARNING, logger="recon_dagster.providers")
+    scenario = Scenario(polls_before_done=0, kie_http200_errors=True, rate_limit_first=1, retry_after_s=1)
+    task_id = sb.add_task("kie-standard", scenario)
+    assert make(sb).poll("kie-standard", task_id).state is UpstreamState.SUCCEEDED
+    assert _retry_waits(caplog)[0] >= 1.0
+
+
+def test_media_headers_withhold_the_key_from_other_paths_on_the_same_host(sb):
+    p = make(sb)
+    ref = p.poll("elevenlabs-async", sb.add_task("elevenlabs-async", Scenario(polls_before_done=0))).media[0]
+    sibling = ref.model_copy(update={"url": f"{sb.base_url}/media/x/0.mp3"})
+    with pytest.raises(ProviderConfigError, match="key withheld"):
+        p.media_headers("elevenlabs-async", sibling)

@@ -207,8 +207,12 @@ class ProviderResource(dg.ConfigurableResource):
 
     def _owns(self, url: str) -> bool:
         base = httpx.URL(self.resolved_base_url())
-        target = httpx.URL(url)
-        return (target.scheme, target.host, target.port) == (base.scheme, base.host, base.port)
+        try:
+            target = httpx.URL(url)
+        except httpx.InvalidURL:
+            return False
+        same_origin = (target.scheme, target.host, target.port) == (base.scheme, base.host, base.port)
+        return same_origin and target.path.startswith(base.path.rstrip("/") + "/")
 
     def media_headers(self, ref: MediaRef) -> dict[str, str]:
         """Headers the media downloader adds to fetch ``ref``: the API key for this provider's own

@@ -329,7 +329,8 @@ class ProviderHttp:
                 soft = self._envelope_check(response)
                 if soft is not None:
                     code, message = soft
-                    raise RetryableError(label, code, self._clean(message), None)
+                    retry_after = parse_retry_after(response.headers.get("retry-after"))
+                    raise RetryableError(label, code, self._clean(message), retry_after)
             return response
         provider_message = self._error_message(response)
         message = self._clean(provider_message or generic_error_message(response))
