@@ -189,3 +189,22 @@ def test_stop_embedded_stops_it_for_everyone(pgdata: Path) -> None:
     finally:
         holder.communicate("")
     assert holder.returncode == 0  # its exit found nothing left to stop, and said nothing about it
+
+
+def test_a_forked_child_gets_its_own_connections(engine: sa.Engine) -> None:
+    with engine.connect() as conn:
+        parent_backend = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report the backend it talks to, then leave without cleanup
+        try:
+            with get_engine(engine.url.render_as_string(hide_password=False)).connect() as conn:
+                os.write(write_end, str(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar()).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    child_backend = int(os.read(read_end, 100).decode())
+    os.waitpid(pid, 0)
+    assert child_backend != parent_backend
+    with engine.connect() as conn:  # and the parent's pooled connection still works
+        assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar() == parent_backend

@@ -156,6 +156,16 @@ def _create_engine(url: str) -> sa.Engine:
     return engine
 
 
+def _after_fork_in_child() -> None:
+    # A forked child must not use the parent's pooled connections (they share one socket with
+    # the parent); drop them without closing, and let the child open its own.
+    for engine in list(_engines.values()):
+        engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def dispose_engines() -> None:
     """Close every cached engine's pool (tests between databases, forked children)."""
     with _engines_lock:
