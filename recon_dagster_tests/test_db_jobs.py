@@ -582,11 +582,6 @@ def test_record_task_created_for_a_missing_row_is_none(db: sa.Engine) -> None:
     assert record(db, uuid.uuid4(), "kie-standard", "t") is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG recon_dagster/db/jobs.py record_task_created: `provider_kind = :kind` is unconditional, "
-    "so a losing recorder relabels the persisted task with its own kind",
-)
 def test_a_losing_racer_does_not_relabel_the_persisted_task(db: sa.Engine, user: uuid.UUID) -> None:
     # The persisted task id belongs to the persisted kind; a second recorder must not change the
     # kind under it, or a resume would poll the first task at the second kind's endpoint.

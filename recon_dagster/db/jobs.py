@@ -110,6 +110,7 @@ WITH timed AS (
     AND COALESCE(started_at, created_at) < now() - {_threshold_case("provider_kind")}
     AND (reconcile_lease_expires_at IS NULL OR reconcile_lease_expires_at < now())
     AND (reconcile_next_at IS NULL OR reconcile_next_at <= now())
+  ORDER BY COALESCE(started_at, created_at)
   LIMIT :limit
 )
 SELECT * FROM (SELECT * FROM timed UNION ALL SELECT * FROM untimed) due
@@ -192,8 +193,23 @@ def claim_jobs(
     """
     if not claims:
         return []
+    # Rows are locked in id order and a row another claimer holds right now is skipped, not
+    # waited for: two claimers meeting on overlapping jobs in different orders (the sensor's
+    # batches, the sweep) never deadlock, and the skipped job is simply theirs.
     stmt = sa.text(
         """
+        WITH wanted AS (
+          SELECT * FROM unnest(:ids, :attempts) AS c(id, attempts)
+        ), lockable AS (
+          SELECT j.id FROM jobs j JOIN wanted c ON c.id = j.id
+          WHERE j.reconcile_attempts = c.attempts
+            AND j.status IN ('pending', 'processing')
+            AND (j.reconcile_lease_owner IS NULL
+                 OR j.reconcile_lease_owner = :owner
+                 OR j.reconcile_lease_expires_at < now())
+          ORDER BY j.id
+          FOR UPDATE OF j SKIP LOCKED
+        )
         UPDATE jobs j SET
           reconcile_attempts = j.reconcile_attempts
             + CASE WHEN j.reconcile_lease_owner IS NULL OR j.reconcile_lease_owner = :owner
@@ -205,13 +221,8 @@ def claim_jobs(
           reconcile_lease_owner = :owner,
           reconcile_lease_expires_at = now() + make_interval(secs => :ttl_s),
           updated_at = now()
-        FROM unnest(:ids, :attempts) AS c(id, attempts)
-        WHERE j.id = c.id
-          AND j.reconcile_attempts = c.attempts
-          AND j.status IN ('pending', 'processing')
-          AND (j.reconcile_lease_owner IS NULL
-               OR j.reconcile_lease_owner = :owner
-               OR j.reconcile_lease_expires_at < now())
+        FROM lockable
+        WHERE j.id = lockable.id
         RETURNING j.id, j.reconcile_attempts
         """
     ).bindparams(
@@ -413,7 +424,9 @@ def record_task_created(conn: sa.Connection, job_id: uuid.UUID, kind: str, task_
     r = conn.execute(
         sa.text(
             """
-            UPDATE jobs SET provider_kind = :kind,
+            UPDATE jobs SET
+              provider_kind = CASE WHEN provider_task_id IS NULL OR provider_task_id = :task_id
+                                   THEN :kind ELSE provider_kind END,
               provider_task_id = COALESCE(provider_task_id, :task_id),
               provider_call_started_at = COALESCE(provider_call_started_at, now()),
               updated_at = now()
