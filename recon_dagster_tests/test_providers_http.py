@@ -527,3 +527,27 @@ def test_media_headers_withhold_the_key_from_other_paths_on_the_same_host(sb):
     sibling = ref.model_copy(update={"url": f"{sb.base_url}/media/x/0.mp3"})
     with pytest.raises(ProviderConfigError, match="key withheld"):
         p.media_headers("elevenlabs-async", sibling)
+
+
+@pytest.mark.parametrize(
+    ("resource", "window_s", "limit", "which"),
+    [
+        (KieResource, 10, 20, "create"),
+        (ReplicateResource, 60, 600, "create"),
+        (ReplicateResource, 60, 3000, "read"),
+    ],
+)
+def test_default_rate_limits_never_exceed_the_documented_window(resource, window_s, limit, which):
+    r = resource(api_key=KEY)
+    rate, burst = getattr(r, f"{which}_rate_per_s"), getattr(r, f"{which}_burst")
+    now = [0.0]
+    bucket = TokenBucket(rate, burst, clock=lambda: now[0])
+    admitted = 0
+    # Greedy client: takes every token as soon as it exists, for one window.
+    while True:
+        wait = bucket.reserve()
+        if now[0] + wait > window_s:
+            break
+        now[0] += wait
+        admitted += 1
+    assert limit * 0.8 <= admitted <= limit

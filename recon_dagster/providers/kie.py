@@ -50,8 +50,9 @@ class KieResource(AsyncProviderResource):
 
     base_url: str = Field(default=KIE_BASE_URL, description="KIE API base URL.")
     # KIE: about 20 new generation requests per 10 s per account; excess is rejected, not queued.
-    create_rate_per_s: float | None = 2.0
-    create_burst: int = 20
+    # A bucket admits at most burst + rate * 10 s in any 10 s window: 5 + 15 = 20.
+    create_rate_per_s: float | None = 1.5
+    create_burst: int = 5
     llm_chat_path: str = Field(
         default="/{model}/v1/chat/completions",
         description="Chat-completions path of KIE's LLM proxy; {model} is replaced by the model name.",

@@ -43,10 +43,11 @@ class ReplicateResource(AsyncProviderResource):
     PROVIDER: ClassVar[Provider] = Provider.REPLICATE
 
     base_url: str = Field(default=REPLICATE_BASE_URL, description="Replicate API base URL.")
-    # Replicate: create 600/min, other calls 3000/min.
-    create_rate_per_s: float | None = 10.0
+    # Replicate: create 600/min, other calls 3000/min. A bucket admits at most burst + rate * 60 s
+    # in any minute: 60 + 540 = 600 creates, 300 + 2700 = 3000 reads.
+    create_rate_per_s: float | None = 9.0
     create_burst: int = 60
-    read_rate_per_s: float | None = 50.0
+    read_rate_per_s: float | None = 45.0
     read_burst: int = 300
 
     def _error_message(self, response: httpx.Response) -> str | None:
