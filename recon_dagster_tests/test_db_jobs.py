@@ -162,11 +162,6 @@ def test_scan_respects_limit_and_keeps_the_oldest_timed_rows(db: sa.Engine, user
     assert len(scanned_ids(db, limit=500)) == 5
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG recon_dagster/db/jobs.py STALE_SCAN_SQL: the `untimed` CTE has LIMIT without ORDER BY, "
-    "so with more legacy rows than `limit` it returns arbitrary (here the newest) ones",
-)
 def test_scan_respects_limit_and_keeps_the_oldest_legacy_rows(db: sa.Engine, user: uuid.UUID) -> None:
     # Inserted newest first, so physical (and index-tie) order disagrees with age: the scan must
     # still hand the reconciler the oldest rows, not whichever it met first.

@@ -239,12 +239,6 @@ def test_concurrent_claims_give_each_job_exactly_one_owner(
         assert (r["reconcile_attempts"], r["reconcile_last_error"]) == (0, None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG recon_dagster/db/jobs.py claim_jobs: rows are locked in the caller's claim order and a "
-    "claimer waits on rows another claimer holds, so two transactions claiming overlapping jobs in "
-    "different orders deadlock (dispatch() claims batch after batch in one transaction)",
-)
 def test_claims_of_overlapping_jobs_in_opposite_orders_do_not_deadlock(
     db: sa.Engine, race_engine: sa.Engine
 ) -> None:
