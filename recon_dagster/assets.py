@@ -6,6 +6,7 @@ import sqlalchemy as sa
 
 from recon_dagster.db.jobs import inflight_counts
 from recon_dagster.kinds import KINDS, LEGACY_STALE_THRESHOLD, MAX_ATTEMPTS, RECONCILE_CADENCE
+from recon_dagster.providers import ProvidersResource
 from recon_dagster.resources import DatabaseResource
 
 BACKLOG = dg.AssetKey("inflight_backlog")
@@ -92,8 +93,8 @@ def no_stuck_jobs(database: DatabaseResource) -> dg.AssetCheckResult:
                 SELECT id, provider_kind, reconcile_attempts, reconcile_last_error FROM jobs
                 WHERE status IN ('pending', 'processing')
                   AND COALESCE(provider_call_started_at, started_at, created_at)
-                      < now() - make_interval(mins => CASE provider_kind {arms}
-                                                    ELSE {_give_up_after_minutes(None)} END)
+                      < now() - (CASE provider_kind {arms}
+                                 ELSE {_give_up_after_minutes(None)} END) * interval '1 minute'
                 LIMIT 50
                 """
             )
@@ -129,5 +130,89 @@ reconcile_health_schedule = dg.ScheduleDefinition(
     name="reconcile_health_schedule",
     job=reconcile_health_job,
     cron_schedule="*/5 * * * *",
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+)
+
+
+# --- the LoRA-training migration cohort (spec D3) -----------------------------------------------
+
+LORA_COHORT = dg.AssetKey("lora_training_cohort")
+
+
+@dg.asset(
+    key=LORA_COHORT,
+    group_name="reconciliation",
+    description="Legacy character trainings adopted onto the reconcile path "
+    "(provider_kind = replicate-training), and what is left for the legacy cron.",
+)
+def lora_training_cohort(
+    context: dg.AssetExecutionContext, database: DatabaseResource
+) -> dg.MaterializeResult:
+    from recon_dagster import lora
+
+    with database.get_engine().begin() as conn:
+        adopted = lora.adopt_legacy_trainings(conn)
+        orphans = lora.orphan_trainings(conn)
+    for a in adopted:
+        context.log.info(f"adopted training {a.training_id} of character {a.character_id} (job {a.job_id})")
+    return dg.MaterializeResult(
+        metadata={
+            "adopted_now": len(adopted),
+            "orphans_without_job_row": orphans,
+            "adopted": dg.MetadataValue.json(
+                [{"job_id": str(a.job_id), "character_id": str(a.character_id)} for a in adopted[:50]]
+            ),
+        }
+    )
+
+
+@dg.asset_check(
+    asset=LORA_COHORT,
+    description="Shadow compare: every training the new path settled ends where the legacy "
+    "reconcileOrphanedTrainings cron would have put it. A passing check over a cohort is the "
+    "signal to retire the legacy cron.",
+)
+def lora_cohort_matches_legacy(
+    database: DatabaseResource, providers: ProvidersResource
+) -> dg.AssetCheckResult:
+    from recon_dagster import lora
+
+    comparisons = lora.shadow_compare(database.get_engine(), providers)
+    mismatches = [c for c in comparisons if not c.matches]
+    compared = [c for c in comparisons if c.legacy_status is not None]
+    return dg.AssetCheckResult(
+        passed=not mismatches,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "settled_in_cohort": len(comparisons),
+            "compared": len(compared),
+            "mismatches": len(mismatches),
+            "legacy_cron_can_be_retired": bool(compared) and not mismatches,
+            "sample": dg.MetadataValue.json(
+                [
+                    {
+                        "character_id": str(c.character_id),
+                        "new": c.new_status,
+                        "legacy": c.legacy_status,
+                        "note": c.note,
+                    }
+                    for c in (mismatches or comparisons)[:10]
+                ]
+            ),
+        },
+    )
+
+
+lora_training_migration_job = dg.define_asset_job(
+    "lora_training_migration_job",
+    selection=dg.AssetSelection.assets(LORA_COHORT),
+    executor_def=dg.in_process_executor,
+    description="Adopt legacy LoRA trainings onto the reconcile path and shadow-compare the cohort.",
+)
+
+lora_training_migration_schedule = dg.ScheduleDefinition(
+    name="lora_training_migration_schedule",
+    job=lora_training_migration_job,
+    cron_schedule="*/15 * * * *",
     default_status=dg.DefaultScheduleStatus.RUNNING,
 )

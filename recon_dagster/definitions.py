@@ -6,6 +6,10 @@ import dagster as dg
 
 from recon_dagster.assets import (
     inflight_backlog,
+    lora_cohort_matches_legacy,
+    lora_training_cohort,
+    lora_training_migration_job,
+    lora_training_migration_schedule,
     no_credit_leak,
     no_stuck_jobs,
     reconcile_health_job,
@@ -32,11 +36,11 @@ def default_resources() -> dict[str, Any]:
 def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
     """The definitions with the default resources, some of them replaced (tests, the demo)."""
     return dg.Definitions(
-        assets=[inflight_backlog],
-        asset_checks=[no_credit_leak, no_stuck_jobs],
-        jobs=[reconcile_job, sync_sweep_job, reconcile_health_job],
+        assets=[inflight_backlog, lora_training_cohort],
+        asset_checks=[no_credit_leak, no_stuck_jobs, lora_cohort_matches_legacy],
+        jobs=[reconcile_job, sync_sweep_job, reconcile_health_job, lora_training_migration_job],
         sensors=[stale_inflight_jobs_sensor],
-        schedules=[sync_sweep_schedule, reconcile_health_schedule],
+        schedules=[sync_sweep_schedule, reconcile_health_schedule, lora_training_migration_schedule],
         resources={**default_resources(), **(resources or {})},
     )
 

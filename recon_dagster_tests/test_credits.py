@@ -247,16 +247,7 @@ def test_refund_without_a_reservation_is_none(db: sa.Engine) -> None:
         pytest.param('"20/10"', id="string"),
         pytest.param("null", id="json-null"),
         pytest.param('{"from_sub": "Infinity", "from_topup": "-Infinity"}', id="infinities"),
-        pytest.param(
-            '{"from_sub": "NaN", "from_topup": "10"}',
-            id="nan",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=ArithmeticError,
-                reason="BUG recon_dagster/db/credits.py _split: the `from_sub < 0` comparison sits outside "
-                "the try, and Decimal('NaN') < 0 raises InvalidOperation, so the refund crashes",
-            ),
-        ),
+        pytest.param('{"from_sub": "NaN", "from_topup": "10"}', id="nan"),
     ],
 )
 def test_refund_with_a_garbled_split_goes_to_topup_and_logs_an_anomaly(
@@ -360,12 +351,6 @@ def test_reserving_a_nonsense_amount_raises_and_changes_nothing(db: sa.Engine, a
     assert usage_logs(db, job) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG recon_dagster/db/credits.py reserve_credits_for_job does not quantize the amount to the "
-    "ledger's 4 decimals: the pools and usage_logs.amount are rounded by PostgreSQL but the split in "
-    "metadata is not, so the refund no longer matches the split and everything goes to top-up",
-)
 def test_reserve_with_more_precision_than_the_ledger_refunds_to_the_same_pools(db: sa.Engine) -> None:
     user = make_user(db, sub=100, topup=50)
     job = make_job(db, user)

@@ -14,9 +14,18 @@ from recon_dagster.kinds import KIND_NAMES
 
 def test_definitions_load_with_every_job_sensor_and_schedule():
     repo = defs.get_repository_def()
-    assert {j.name for j in repo.get_all_jobs()} >= {"reconcile_job", "sync_sweep_job", "reconcile_health_job"}
+    assert {j.name for j in repo.get_all_jobs()} >= {
+        "reconcile_job",
+        "sync_sweep_job",
+        "reconcile_health_job",
+        "lora_training_migration_job",
+    }
     assert [s.name for s in repo.sensor_defs] == ["stale_inflight_jobs_sensor"]
-    assert {s.name for s in repo.schedule_defs} == {"sync_sweep_schedule", "reconcile_health_schedule"}
+    assert {s.name for s in repo.schedule_defs} == {
+        "sync_sweep_schedule",
+        "reconcile_health_schedule",
+        "lora_training_migration_schedule",
+    }
     assert set(defs.resources) == {"database", "providers", "media_store", "reconcile_settings"}
 
 

@@ -120,12 +120,6 @@ def test_on_task_created_with_an_unknown_kind_fails_when_built(db: sa.Engine, us
         worker.make_on_task_created(job, "weird-kind", engine=db)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG recon_dagster/db/jobs.py record_task_created accepts an empty/None task id: '' is "
-    "persisted (the row can then never be resumed), and None comes back as the string 'None', which "
-    "the worker callback reports as a duplicate upstream task",
-)
 @pytest.mark.parametrize("bad", ["", None], ids=["empty", "none"])
 def test_on_task_created_refuses_a_missing_task_id_and_changes_nothing(
     db: sa.Engine, user: uuid.UUID, bad: str | None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import sqlalchemy as sa
@@ -41,11 +41,29 @@ class Refund:
     to_topup: Decimal
 
 
+_LEDGER_QUANTUM = Decimal("0.0001")  # numeric(14, 4) in usage_logs and user_credits
+
+
+def ledger_amount(value: Decimal | float | int | str) -> Decimal:
+    """A credit amount as the ledger stores it (4 decimals); ValueError for NaN, infinite, negative."""
+    try:
+        amount = Decimal(str(value))
+    except ArithmeticError:
+        raise ValueError(f"credit amount {value!r} is not a number") from None
+    if not amount.is_finite() or amount < 0:
+        raise ValueError(f"credit amount must be a finite non-negative number, got {value!r}")
+    return amount.quantize(_LEDGER_QUANTUM, rounding=ROUND_HALF_UP)
+
+
 def reserve_credits_for_job(
     conn: sa.Connection, job_id: uuid.UUID, user_id: uuid.UUID, amount: Decimal | float | int
 ) -> uuid.UUID:
-    """What the app does when it accepts a job: take credits, subscription pool first."""
-    amount = Decimal(str(amount))
+    """What the app does when it accepts a job: take credits, subscription pool first.
+
+    The amount is rounded to the ledger's 4 decimals first, so the recorded split always adds up
+    to the stored amount (and a refund can put it back exactly).
+    """
+    amount = ledger_amount(amount)
     bal = conn.execute(
         sa.text("SELECT subscription_credits, topup_credits FROM user_credits WHERE user_id = :u FOR UPDATE"),
         {"u": str(user_id)},
@@ -171,9 +189,16 @@ def _split(amount: Decimal, metadata: dict[str, Any]) -> tuple[Decimal, Decimal,
     try:
         from_sub = Decimal(str(metadata["from_sub"]))
         from_topup = Decimal(str(metadata["from_topup"]))
+        usable = (
+            from_sub.is_finite()
+            and from_topup.is_finite()
+            and from_sub >= 0
+            and from_topup >= 0
+            and from_sub + from_topup == amount
+        )
     except (KeyError, ArithmeticError, ValueError, TypeError):
-        return Decimal(0), amount, False
-    if from_sub < 0 or from_topup < 0 or from_sub + from_topup != amount:
+        usable = False
+    if not usable:
         return Decimal(0), amount, False
     return from_sub, from_topup, True
 

@@ -420,7 +420,11 @@ def record_task_created(conn: sa.Connection, job_id: uuid.UUID, kind: str, task_
     If a different task id is already persisted (two workers raced on create), nothing is
     overwritten; the persisted id is returned so the caller can resume it instead.
     Returns the task id now on the row, or None when the row does not exist.
+    Raises ValueError (changing nothing) for an empty or non-string task id: such a row could
+    never be resumed.
     """
+    if not isinstance(task_id, str) or not task_id.strip():
+        raise ValueError(f"provider task id must be a non-empty string, got {task_id!r}")
     r = conn.execute(
         sa.text(
             """
