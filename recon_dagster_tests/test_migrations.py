@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from recon_dagster.db.engine import DatabaseUnavailable, get_engine, project_root, with_database
+from recon_dagster.db.engine import DatabaseUnavailable, get_engine, project_root
 from recon_dagster.db.migrate import (
     BOOKKEEPING_TABLE,
     MigrationError,
@@ -30,20 +30,23 @@ from recon_dagster.db.migrate import (
 
 
 @pytest.fixture
-def fresh_engine(database_url: str) -> Iterator[sa.Engine]:
-    """An empty database of its own on the session's server, dropped afterwards."""
-    name = f"recon_mig_{secrets.token_hex(5)}"
-    admin = sa.create_engine(database_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    engine = get_engine(with_database(database_url, name))
+def fresh_engine(engine: sa.Engine) -> Iterator[sa.Engine]:
+    """An engine whose connections see only an empty schema of their own (first in search_path).
+
+    A schema, not a database: CREATE/DROP DATABASE cost a checkpoint each, seconds on a busy
+    embedded server, while the runner behaves the same in any schema.
+    """
+    schema = f"recon_mig_{secrets.token_hex(5)}"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    # libpq's options parameter in the URL, so the URL alone (migrate_command) reaches the schema.
+    scoped = sa.create_engine(engine.url.update_query_dict({"options": f"-c search_path={schema}"}))
     try:
-        yield engine
+        yield scoped
     finally:
-        engine.dispose()
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+        scoped.dispose()
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def schema_snapshot(engine: sa.Engine) -> dict[str, list[tuple]]:
@@ -53,21 +56,21 @@ def schema_snapshot(engine: sa.Engine) -> dict[str, list[tuple]]:
             sa.text(
                 """
                 SELECT table_name, column_name, data_type, is_nullable, column_default
-                FROM information_schema.columns WHERE table_schema = 'public'
+                FROM information_schema.columns WHERE table_schema = current_schema()
                 ORDER BY table_name, column_name
                 """
             )
         ).all()
         indexes = conn.execute(
             sa.text(
-                "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY 2"
+                "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() ORDER BY 2"
             )
         ).all()
         constraints = conn.execute(
             sa.text(
                 """
                 SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)
-                FROM pg_constraint WHERE connamespace = 'public'::regnamespace ORDER BY 1, 2
+                FROM pg_constraint WHERE connamespace = current_schema()::regnamespace ORDER BY 1, 2
                 """
             )
         ).all()
@@ -110,7 +113,9 @@ def test_all_migrations_apply_to_a_fresh_database(fresh_engine: sa.Engine) -> No
             sa.text(f"SELECT version, name, checksum FROM {BOOKKEEPING_TABLE} ORDER BY 1")
         ).all()
         tables = set(
-            conn.execute(sa.text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")).scalars()
+            conn.execute(
+                sa.text("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+            ).scalars()
         )
     assert [(r.version, r.name, r.checksum) for r in rows] == [(m.version, m.name, m.checksum) for m in files]
     assert {
@@ -233,7 +238,7 @@ def test_unreachable_database_gives_a_clear_error(capsys: pytest.CaptureFixture[
 def test_migrate_command_reports_and_succeeds(
     fresh_engine: sa.Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = fresh_engine.url.render_as_string(hide_password=False)
+    url = fresh_engine.url.render_as_string(hide_password=False)  # carries the schema (options=)
     assert migrate_command(url) == 0
     assert "135_external_call_reconciliation" in capsys.readouterr().out
     assert migrate_command(url) == 0
