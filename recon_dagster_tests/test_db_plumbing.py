@@ -208,3 +208,23 @@ def test_a_forked_child_gets_its_own_connections(engine: sa.Engine) -> None:
     assert child_backend != parent_backend
     with engine.connect() as conn:  # and the parent's pooled connection still works
         assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar() == parent_backend
+
+
+def test_a_server_that_never_answers_fails_within_the_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    from recon_dagster.db import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "CONNECT_TIMEOUT_S", 2)  # libpq's minimum
+    with socket.socket() as silent:  # the kernel completes the handshake; nobody ever speaks
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        url = f"postgresql://recon:hunter2@127.0.0.1:{port}/recon"
+        with pytest.raises(DatabaseUnavailable) as err, get_engine(url).connect():
+            pass
+    assert f"host=127.0.0.1 port={port} db=recon" in str(err.value)
+    assert "timeout" in str(err.value).lower()
+    assert "hunter2" not in str(err.value)
