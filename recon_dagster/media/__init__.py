@@ -1,6 +1,8 @@
 """Media: SSRF-guarded streaming download, MediaStore (local folder or S3/R2), watermark.
 
 Names are loaded on first use, so importing the download guard does not import dagster/boto3.
+Only ``LocalMediaStore``, ``S3MediaStore`` and ``media_store_from_env`` (the Dagster resources)
+import dagster; the writers ``FolderWriter`` and ``S3Writer`` and the keys do not.
 """
 
 from __future__ import annotations
@@ -21,12 +23,17 @@ _EXPORTS = {
     "MediaRefused": "errors",
     "MediaTooLarge": "errors",
     "redact_url": "errors",
+    "MediaStore": "base",
+    "StoredObject": "base",
+    "guess_ext": "base",
+    "media_key": "base",
+    "FolderWriter": "folder",
+    "S3ClientSettings": "s3",
+    "S3Writer": "s3",
+    "build_s3_client": "s3",
+    "shared_s3_client": "s3",
     "LocalMediaStore": "store",
-    "MediaStore": "store",
     "S3MediaStore": "store",
-    "StoredObject": "store",
-    "guess_ext": "store",
-    "media_key": "store",
     "media_store_from_env": "store",
     "fetch_bytes": "transfer",
     "fetch_to_store": "transfer",

@@ -6,8 +6,8 @@ from collections.abc import Callable, Collection, Mapping
 
 import httpx
 
+from recon_dagster.media.base import MediaStore, StoredObject
 from recon_dagster.media.download import MediaStream, open_media_stream
-from recon_dagster.media.store import MediaStore, StoredObject
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 
