@@ -178,13 +178,15 @@ def job_row(bind: Bind, job_id: uuid.UUID) -> dict[str, Any]:
     )
 
 
-def bulk_jobs(bind: Bind, count: int, *, inflight_fraction: float = 0.01) -> None:
-    """Insert ``count`` jobs in one statement, shaped like a production table.
+def bulk_jobs(bind: Bind, count: int, *, inflight_fraction: float = 0.01, legacy_inflight: int = 0) -> None:
+    """Insert ``count`` jobs (plus ``legacy_inflight``) in bulk, shaped like a production table.
 
-    About ``inflight_fraction`` of them pending/processing with provider calls started 0-3 hours
-    ago; the rest finished over the last 30 days. Kinds are mixed over the whole registry, and one
-    row in 15 is a legacy row with no ``provider_kind`` (and, if finished or every other in-flight
-    one, no ``provider_call_started_at`` either). Pseudo-random but deterministic per row number.
+    About ``inflight_fraction`` of the ``count`` rows are pending/processing, of every kind in the
+    registry, with provider calls started 0-3 hours ago; the rest finished over the last 30 days,
+    one in 15 of them a legacy row written before Phase 1 (no ``provider_kind``, no
+    ``provider_call_started_at``). ``legacy_inflight`` adds that many in-flight legacy rows
+    (stuck since before Phase 1, aged 0-3 hours by ``created_at``): a cohort that does not grow
+    with the table. Pseudo-random but deterministic per row number.
     """
     from recon_dagster.kinds import KIND_NAMES
 
@@ -194,33 +196,42 @@ def bulk_jobs(bind: Bind, count: int, *, inflight_fraction: float = 0.01) -> Non
         else "false"
     )
     kinds = "(ARRAY[" + ", ".join(f"'{k}'" for k in KIND_NAMES) + "]::text[])"
-    slots = len(KIND_NAMES) + 1  # the extra slot indexes past the array: NULL, a legacy row
+    pick_kind = f"{kinds}[1 + abs(hashtext(g::text || 'kind')) % {len(KIND_NAMES)}]"
+    age = "make_interval(secs => abs(hashtext(g::text || 'age')) % {span})"
     user_id = str(uuid.uuid4())
-    sql = f"""
+    rows = f"""
     INSERT INTO jobs (user_id, job_type, status, provider_kind, provider_task_id,
                       provider_call_started_at, created_at, completed_at)
-    SELECT CAST(:user_id AS uuid), 'image', r.status, r.kind,
-           CASE WHEN r.kind IS NOT NULL THEN 'task-' || r.g END,
-           CASE WHEN r.kind IS NULL AND (r.status NOT IN ('pending', 'processing') OR r.g % 2 = 0)
-                THEN NULL ELSE r.started END,
-           r.started - interval '5 seconds',
-           CASE WHEN r.status IN ('pending', 'processing') THEN NULL ELSE r.started + interval '2 minutes' END
+    SELECT CAST(:user_id AS uuid), 'image', status, kind,
+           CASE WHEN kind IS NOT NULL THEN 'task-' || g END,
+           CASE WHEN kind IS NOT NULL THEN started END,
+           started - interval '5 seconds',
+           CASE WHEN status IN ('pending', 'processing') THEN NULL ELSE started + interval '2 minutes' END
     FROM (
-      SELECT g,
-             {kinds}[1 + abs(hashtext(g::text || 'kind')) % {slots}] AS kind,
-             CASE WHEN {inflight}
-                  THEN (ARRAY['pending', 'processing', 'processing'])[1 + g % 3]
-                  ELSE (ARRAY['completed', 'completed', 'completed', 'failed', 'cancelled'])[1 + g % 5]
-             END AS status,
-             g AS seq
-      FROM generate_series(1, :count) AS g
-    ) s
-    CROSS JOIN LATERAL (
-      SELECT s.g, s.kind, s.status,
-             now() - CASE WHEN s.status IN ('pending', 'processing')
-                          THEN make_interval(secs => abs(hashtext(s.g::text || 'age')) % (180 * 60))
-                          ELSE make_interval(secs => abs(hashtext(s.g::text || 'age')) % (30 * 86400))
-                     END AS started
-    ) r
+      SELECT g, status,
+             CASE WHEN status IN ('pending', 'processing') OR abs(hashtext(g::text || 'legacy')) % 15 <> 0
+                  THEN {pick_kind} END AS kind,
+             now() - CASE WHEN status IN ('pending', 'processing') THEN {age.format(span=180 * 60)}
+                          ELSE {age.format(span=30 * 86400)} END AS started
+      FROM (
+        SELECT g, CASE WHEN {inflight}
+                       THEN (ARRAY['pending', 'processing', 'processing'])[1 + g % 3]
+                       ELSE (ARRAY['completed', 'completed', 'completed', 'failed', 'cancelled'])[1 + g % 5]
+                  END AS status
+        FROM generate_series(1, :count) AS g
+      ) numbered
+    ) shaped
     """
-    _run(bind, lambda conn: conn.execute(sa.text(sql), {"user_id": user_id, "count": count}))
+    legacy = f"""
+    INSERT INTO jobs (user_id, job_type, status, created_at)
+    SELECT CAST(:user_id AS uuid), 'image', (ARRAY['pending', 'processing'])[1 + g % 2],
+           now() - {age.format(span=180 * 60)}
+    FROM generate_series(1, :count) AS g
+    """
+
+    def insert(conn: sa.Connection) -> None:
+        conn.execute(sa.text(rows), {"user_id": user_id, "count": count})
+        if legacy_inflight:
+            conn.execute(sa.text(legacy), {"user_id": user_id, "count": legacy_inflight})
+
+    _run(bind, insert)
