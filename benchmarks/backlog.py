@@ -1,0 +1,488 @@
+"""Backlog recovery through the real dagster-daemon: 10,000 stale jobs, then one run per job.
+
+Everything is real and on loopback: the provider sandbox as its own process (every provider
+answer delayed by ``--latency``), a temporary DAGSTER_HOME on dagster-postgres, ``dagster-daemon``
+with its sensor, queued run coordinator and run workers, all on a fresh PostgreSQL database.
+
+Phase 1 (backlog): ``--jobs`` stale rows across kinds (async kinds whose upstream task already
+succeeded, about 10% that failed upstream, about 5% sync kinds that can only be swept), each with
+its credits reserved. Measures the time from the daemon's start until every row is terminal,
+packed into batched runs by the sensor.
+
+Phase 2 (one run per job): ``--sample`` succeeded async jobs with batching disabled
+(``RECON_BATCH_SIZE=1``, ``RECON_SINGLE_RUN_BELOW`` huge), i.e. one Dagster run per job.
+
+Prints jobs/minute for both, their ratio, CPU seconds per reconciled job (the daemon and every
+process under it: code server and run workers, reaped ones included), and verifies that nothing
+was settled twice: every usage_log settled exactly once, committed for completed jobs and refunded
+for failed ones, credits conserved per user, one reconcile outcome per job, no upstream create.
+Targets (2 cores): phase 1 >= 2,000 jobs/min, >= 40x phase 2.
+
+    .venv/bin/python benchmarks/backlog.py [--jobs 10000] [--latency 0.1] [--sample 60]
+        [--database-url URL] [--max-concurrent-runs 10] [--batch-size 200] [--concurrency 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from decimal import Decimal
+
+import psutil
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+from recon_dagster.db.engine import (
+    DATABASE_URL_ENV,
+    dispose_engines,
+    get_engine,
+    normalize_url,
+    redact,
+    resolve_database_url,
+    with_database,
+)
+from recon_dagster.db.migrate import migrate
+from recon_dagster.kinds import ASYNC_KINDS, SYNC_KINDS, get_kind
+from recon_dagster.testing import (
+    DaemonProcess,
+    DagsterHome,
+    daemon_process,
+    dagster_home,
+    drop_database,
+    ensure_database,
+    sandbox_process,
+)
+
+TARGET_JOBS_PER_MIN = 2000
+TARGET_RATIO = 40
+USER_CREDITS = Decimal(1_000_000)
+JOB_COST = Decimal(2)
+
+
+@dataclass
+class Seeded:
+    job_ids: list[str]
+    users: list[str]
+    expected: Counter[str]  # expected terminal status -> count
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def seed(
+    engine: sa.Engine,
+    sandbox,
+    count: int,
+    *,
+    prefix: str,
+    fail_share: float,
+    sync_share: float,
+    media_bytes: int,
+    rng: random.Random,
+) -> Seeded:
+    """Stale rows with reserved credits (bulk SQL) and their upstream tasks in the sandbox."""
+    users = [str(uuid.uuid4()) for _ in range(max(1, min(100, count // 20)))]
+    job_ids, kinds, task_ids, user_of = [], [], [], []
+    specs = []
+    expected: Counter[str] = Counter()
+    for i in range(count):
+        job_id = str(uuid.uuid4())
+        roll = rng.random()
+        if roll < sync_share:
+            kind, task_id = rng.choice(SYNC_KINDS), None
+            expected["failed"] += 1
+        else:
+            kind = rng.choice(ASYNC_KINDS)
+            task_id = f"{prefix}-{i}"
+            outcome = "fail" if roll < sync_share + fail_share else "succeed"
+            expected["failed" if outcome == "fail" else "completed"] += 1
+            specs.append(
+                (kind, {"outcome": outcome, "polls_before_done": 0, "media_size": media_bytes}, task_id)
+            )
+        job_ids.append(job_id)
+        kinds.append(kind)
+        task_ids.append(task_id)
+        user_of.append(users[i % len(users)])
+
+    started = time.monotonic()
+    sandbox.add_tasks(specs)
+    log(f"  seeded {len(specs):,} sandbox tasks in {time.monotonic() - started:.1f} s")
+
+    started = time.monotonic()
+    # Every row's provider call started well past its kind's threshold (the longest is 75 min).
+    age_s = max(get_kind(k).stale_threshold.total_seconds() for k in set(kinds)) + 600
+    per_user = Counter(user_of)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO user_credits (user_id, subscription_credits, topup_credits) "
+                "SELECT u, :credits - CAST(n AS numeric) * :cost, 0 FROM unnest(:users, :counts) AS t(u, n)"
+            ).bindparams(
+                sa.bindparam("users", type_=pg.ARRAY(pg.UUID)),
+                sa.bindparam("counts", type_=pg.ARRAY(sa.Integer)),
+            ),
+            {
+                "users": list(per_user),
+                "counts": list(per_user.values()),
+                "credits": USER_CREDITS,
+                "cost": JOB_COST,
+            },
+        )
+        conn.execute(
+            sa.text(
+                """
+                INSERT INTO jobs (id, user_id, job_type, status, provider_kind, provider_task_id,
+                                  provider_call_started_at, created_at)
+                SELECT id, u, 'image', 'processing', k, t,
+                       now() - make_interval(secs => :age), now() - make_interval(secs => :age + 5)
+                FROM unnest(:ids, :users, :kinds, :tasks) AS s(id, u, k, t)
+                """
+            ).bindparams(
+                sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)),
+                sa.bindparam("users", type_=pg.ARRAY(pg.UUID)),
+                sa.bindparam("kinds", type_=pg.ARRAY(sa.Text)),
+                sa.bindparam("tasks", type_=pg.ARRAY(sa.Text)),
+            ),
+            {"ids": job_ids, "users": user_of, "kinds": kinds, "tasks": task_ids, "age": age_s},
+        )
+        conn.execute(
+            sa.text(
+                """
+                INSERT INTO usage_logs (job_id, user_id, status, amount, metadata)
+                SELECT id, u, 'reserved', :cost,
+                       jsonb_build_object('from_sub', CAST(:cost AS text), 'from_topup', '0')
+                FROM unnest(:ids, :users) AS s(id, u)
+                """
+            ).bindparams(
+                sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)), sa.bindparam("users", type_=pg.ARRAY(pg.UUID))
+            ),
+            {"ids": job_ids, "users": user_of, "cost": JOB_COST},
+        )
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("ANALYZE jobs")
+        conn.exec_driver_sql("ANALYZE usage_logs")
+    log(f"  seeded {count:,} jobs with reserved credits in {time.monotonic() - started:.1f} s")
+    return Seeded(job_ids, users, expected)
+
+
+def inflight(engine: sa.Engine, ids: list[str]) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM jobs WHERE id = ANY(CAST(:ids AS uuid[])) AND status IN ('pending', 'processing')"
+                ),
+                {"ids": ids},
+            ).scalar_one()
+        )
+
+
+@dataclass
+class PhaseResult:
+    jobs: int
+    wall_s: float  # daemon start -> last job terminal
+    runs_s: float  # first run started -> last run ended (Dagster's records)
+    runs: int
+    runs_failed: int
+    cpu_s: float
+    sandbox_cpu_s: float
+    machine_cpu_s: float
+
+    @property
+    def per_min_wall(self) -> float:
+        return self.jobs / self.wall_s * 60
+
+    @property
+    def per_min_runs(self) -> float:
+        return self.jobs / self.runs_s * 60 if self.runs_s > 0 else float("nan")
+
+
+def run_phase(
+    name: str,
+    engine: sa.Engine,
+    home: DagsterHome,
+    sandbox,
+    seeded: Seeded,
+    env: dict[str, str],
+    *,
+    timeout_s: float,
+) -> PhaseResult:
+    """Start a daemon, wait until every seeded job is terminal, stop it; returns the figures."""
+    ids = seeded.job_ids
+    with home.instance() as inst:
+        runs_before = {r.run_id for r in inst.get_runs()}
+    machine_before = psutil.cpu_times()
+    sandbox_before = sandbox.cpu_seconds()
+    started = time.monotonic()
+    daemon: DaemonProcess
+    with daemon_process(home, env) as daemon:
+        last_print = 0.0
+        left = len(ids)
+        while True:
+            left = inflight(engine, ids)
+            now = time.monotonic()
+            if left == 0:
+                break
+            if not daemon.alive():
+                raise SystemExit(f"{name}: the daemon died:\n{daemon.log_tail()}")
+            if now - started > timeout_s:
+                raise SystemExit(
+                    f"{name}: {left:,} jobs still in flight after {timeout_s:g} s\n{daemon.log_tail()}"
+                )
+            if now - last_print >= 10:
+                log(f"  [{name}] {now - started:6.1f} s: {len(ids) - left:,}/{len(ids):,} terminal")
+                last_print = now
+            time.sleep(0.5)
+        wall_s = time.monotonic() - started
+        log(f"  [{name}] all {len(ids):,} terminal after {wall_s:.1f} s; waiting for runs to finish")
+        with home.instance() as inst:
+            deadline = time.monotonic() + 120
+            while True:
+                runs = [r for r in inst.get_runs() if r.run_id not in runs_before]
+                if all(r.is_finished for r in runs) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            records = [
+                rec
+                for rec in inst.get_run_records()
+                if rec.dagster_run.run_id not in runs_before and rec.dagster_run.job_name == "reconcile_job"
+            ]
+        cpu_s = daemon.cpu_seconds()
+    machine_after = psutil.cpu_times()
+    machine_cpu_s = sum(machine_after) - sum(machine_before) - (machine_after.idle - machine_before.idle)
+    machine_cpu_s -= getattr(machine_after, "iowait", 0) - getattr(machine_before, "iowait", 0)
+    starts = [r.start_time for r in records if r.start_time]
+    ends = [r.end_time for r in records if r.end_time]
+    runs_s = (max(ends) - min(starts)) if starts and ends else float("nan")
+    failed = sum(1 for r in records if r.dagster_run.status.value != "SUCCESS")
+    return PhaseResult(
+        len(ids),
+        wall_s,
+        runs_s,
+        len(records),
+        failed,
+        cpu_s,
+        sandbox.cpu_seconds() - sandbox_before,
+        machine_cpu_s,
+    )
+
+
+def verify(engine: sa.Engine, seeded: Seeded) -> list[str]:
+    """Every way the backlog could have been settled wrongly; empty when all is right."""
+    problems = []
+    ids = seeded.job_ids
+    with engine.connect() as conn:
+        statuses = Counter(
+            dict(
+                conn.execute(
+                    sa.text(
+                        "SELECT status, count(*) FROM jobs WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"
+                    ),
+                    {"ids": ids},
+                ).all()
+            )
+        )
+        if statuses != seeded.expected:
+            problems.append(f"job statuses {dict(statuses)} != expected {dict(seeded.expected)}")
+        bad = conn.execute(
+            sa.text(
+                """
+                SELECT count(*) FILTER (WHERE n <> 1) AS not_one,
+                       count(*) FILTER (WHERE j.status = 'completed' AND u.status <> 'committed') AS completed_unpaid,
+                       count(*) FILTER (WHERE j.status = 'failed' AND u.status <> 'refunded') AS failed_unrefunded
+                FROM jobs j
+                JOIN LATERAL (SELECT count(*) AS n, min(status) AS status FROM usage_logs WHERE job_id = j.id) u ON true
+                WHERE j.id = ANY(CAST(:ids AS uuid[]))
+                """
+            ),
+            {"ids": ids},
+        ).one()
+        if any(bad):
+            problems.append(
+                f"usage_logs: {bad.not_one} jobs without exactly one log, {bad.completed_unpaid} completed "
+                f"but not committed, {bad.failed_unrefunded} failed but not refunded"
+            )
+        leaks = conn.execute(
+            sa.text(
+                """
+                SELECT count(*) FROM user_credits c
+                WHERE c.user_id = ANY(CAST(:users AS uuid[]))
+                  AND c.subscription_credits + c.topup_credits
+                      + COALESCE((SELECT sum(amount) FROM usage_logs u
+                                  WHERE u.user_id = c.user_id AND u.status = 'committed'), 0) <> :credits
+                """
+            ),
+            {"users": seeded.users, "credits": USER_CREDITS},
+        ).scalar_one()
+        if leaks:
+            problems.append(f"{leaks} users whose balance + committed credits != {USER_CREDITS}")
+        multi = conn.execute(
+            sa.text(
+                """
+                SELECT count(*) FROM (
+                  SELECT job_id FROM reconcile_events
+                  WHERE job_id = ANY(CAST(:ids AS uuid[])) AND outcome IN ('recovered', 'failed', 'swept', 'exhausted')
+                  GROUP BY job_id HAVING count(*) > 1) d
+                """
+            ),
+            {"ids": ids},
+        ).scalar_one()
+        if multi:
+            problems.append(f"{multi} jobs with more than one terminal reconcile outcome")
+        assets = conn.execute(
+            sa.text("SELECT count(*) FROM assets WHERE job_id = ANY(CAST(:ids AS uuid[]))"), {"ids": ids}
+        ).scalar_one()
+        if assets != seeded.expected["completed"]:
+            problems.append(f"{assets} assets for {seeded.expected['completed']} completed jobs")
+    return problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--latency", type=float, default=0.1, help="seconds per sandbox answer")
+    parser.add_argument("--sample", type=int, default=60, help="jobs for the one-run-per-job rate (0: skip)")
+    parser.add_argument(
+        "--database-url", default=None, help="server to use (default RECON_DATABASE_URL, else embedded)"
+    )
+    parser.add_argument("--max-concurrent-runs", type=int, default=10)
+    parser.add_argument(
+        "--kind-run-limit", type=int, default=3, help="queued runs per provider_kind (0: none)"
+    )
+    parser.add_argument("--batch-size", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=16, help="jobs worked at once inside a run")
+    parser.add_argument("--scan-limit", type=int, default=5000)
+    parser.add_argument("--sensor-interval", type=int, default=5, help="RECON_SENSOR_INTERVAL_S")
+    parser.add_argument("--media-bytes", type=int, default=16 * 1024)
+    parser.add_argument("--timeout", type=float, default=1200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep", action="store_true", help="keep the benchmark database")
+    args = parser.parse_args()
+    for name in ("jobs", "max_concurrent_runs", "batch_size", "concurrency", "scan_limit", "sensor_interval"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.latency < 0 or args.sample < 0 or args.media_bytes < 0:
+        parser.error("--latency, --sample and --media-bytes must not be negative")
+
+    server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url()
+    name = f"recon_bench_{secrets.token_hex(4)}"
+    ensure_database(server_url, name)
+    url = with_database(server_url, name)
+    os.environ[DATABASE_URL_ENV] = url
+    rng = random.Random(args.seed)
+    print(
+        f"database {redact(url)}; {args.jobs:,} jobs, latency {args.latency * 1000:g} ms, "
+        f"{args.max_concurrent_runs} concurrent runs (<= {args.kind_run_limit or 'any'} per kind), "
+        f"batch {args.batch_size}, {args.concurrency} jobs at once per run, {os.cpu_count()} cores",
+        flush=True,
+    )
+    media_dir = tempfile.mkdtemp(prefix="recon-bench-media-")
+    problems: list[str] = []
+    try:
+        engine = get_engine(url)
+        migrate(engine)
+        base_env = {
+            DATABASE_URL_ENV: url,
+            "RECON_MEDIA_DIR": media_dir,
+            "RECON_SENSOR_INTERVAL_S": str(args.sensor_interval),
+            "RECON_RECONCILE_CONCURRENCY": str(args.concurrency),
+            "RECON_SCAN_LIMIT": str(args.scan_limit),
+        }
+        with (
+            sandbox_process(latency_s=args.latency) as sandbox,
+            dagster_home(
+                url, max_concurrent_runs=args.max_concurrent_runs, kind_run_limit=args.kind_run_limit or None
+            ) as home,
+        ):
+            env = {**base_env, **sandbox.env}
+            log("phase 1: backlog")
+            backlog = seed(
+                engine, sandbox, args.jobs, prefix="bl", fail_share=0.10, sync_share=0.05,
+                media_bytes=args.media_bytes, rng=rng,
+            )  # fmt: skip
+            batched = run_phase(
+                "batched",
+                engine,
+                home,
+                sandbox,
+                backlog,
+                {**env, "RECON_BATCH_SIZE": str(args.batch_size)},
+                timeout_s=args.timeout,
+            )
+            problems += [f"backlog: {p}" for p in verify(engine, backlog)]
+            single = None
+            if args.sample:
+                log("phase 2: one run per job")
+                sample = seed(
+                    engine, sandbox, args.sample, prefix="one", fail_share=0.0, sync_share=0.0,
+                    media_bytes=args.media_bytes, rng=rng,
+                )  # fmt: skip
+                single = run_phase(
+                    "one-per-job",
+                    engine,
+                    home,
+                    sandbox,
+                    sample,
+                    {**env, "RECON_BATCH_SIZE": "1", "RECON_SINGLE_RUN_BELOW": str(10**9)},
+                    timeout_s=args.timeout,
+                )
+                problems += [f"sample: {p}" for p in verify(engine, sample)]
+            creates = sandbox.creates_total()
+            if creates:
+                problems.append(f"the sandbox saw {creates} creates; reconciliation must never create")
+    finally:
+        dispose_engines()
+        if not args.keep:
+            drop_database(server_url, name)
+        import shutil
+
+        shutil.rmtree(media_dir, ignore_errors=True)
+
+    def show(label: str, r: PhaseResult) -> None:
+        print(
+            f"{label}: {r.jobs:,} jobs terminal in {r.wall_s:.1f} s from daemon start = {r.per_min_wall:,.0f} jobs/min; "
+            f"{r.runs} runs ({r.runs_failed} not successful) over {r.runs_s:.1f} s = {r.per_min_runs:,.0f} jobs/min; "
+            f"CPU {r.cpu_s:.1f} s daemon tree = {r.cpu_s / r.jobs * 1000:.1f} ms/job "
+            f"(sandbox {r.sandbox_cpu_s:.1f} s, whole machine {r.machine_cpu_s:.1f} s = "
+            f"{r.machine_cpu_s / r.jobs * 1000:.1f} ms/job)"
+        )
+
+    show("batched", batched)
+    met = batched.per_min_wall >= TARGET_JOBS_PER_MIN
+    if single is not None:
+        show("one run per job", single)
+        ratio_wall = batched.per_min_wall / single.per_min_wall
+        ratio_runs = batched.per_min_runs / single.per_min_runs
+        print(
+            f"ratio batched / one-per-job: {ratio_wall:.1f}x (wall from daemon start), {ratio_runs:.1f}x (run spans)"
+        )
+        met = met and ratio_wall >= TARGET_RATIO
+    print(
+        f"verification: {'OK, nothing settled twice, credits conserved, 0 creates' if not problems else 'FAILED'}"
+    )
+    for p in problems:
+        print(f"  - {p}")
+    print(
+        f"targets: >= {TARGET_JOBS_PER_MIN:,} jobs/min batched, >= {TARGET_RATIO}x one-per-job: "
+        f"{'met' if met else 'NOT met'}"
+    )
+    print(
+        json.dumps({"batched": batched.__dict__, "single": single.__dict__ if single else None}, default=str)
+    )
+    return 0 if met and not problems else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
