@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import socket
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -16,6 +20,8 @@ from dagster_aws.s3 import S3Resource
 from moto.server import ThreadedMotoServer
 
 from recon_dagster.media.errors import MediaError, MediaExpired, MediaNotImage, MediaTooLarge
+from recon_dagster.media.folder import FolderWriter
+from recon_dagster.media.s3 import S3ClientSettings, S3Writer, build_s3_client, shared_s3_client
 from recon_dagster.media.store import (
     LocalMediaStore,
     MediaStore,
@@ -436,3 +442,160 @@ def test_watermark_refuses_non_images(data: bytes) -> None:
     with pytest.raises(MediaNotImage, match="cannot watermark"):
         watermark_image(data)
     assert issubclass(MediaNotImage, MediaError)
+
+
+# --- the Dagster-free writers ------------------------------------------------------------------
+
+# Runs in a fresh interpreter: moves one object through the production path (open_media_stream ->
+# fetch_to_store -> plain writer) into a folder and into S3, then reports which heavy packages
+# were imported along the way.
+_DAGSTER_FREE_MOVE = """
+import json, sys
+from recon_dagster.media import FolderWriter, S3Writer, fetch_to_store, media_key
+from recon_dagster.media.s3 import S3ClientSettings, shared_s3_client
+imported_before_move = sorted(m for m in sys.modules if m.split(".")[0] in ("boto3", "dagster"))
+url, host, endpoint, bucket, base_dir = sys.argv[1:6]
+settings = S3ClientSettings(endpoint_url=endpoint, region_name="us-east-1",
+                            aws_access_key_id="test", aws_secret_access_key="test")
+writers = {
+    "folder": FolderWriter(base_dir),
+    "s3": S3Writer(bucket, client_factory=lambda: shared_s3_client(settings), prefix="plain-sub/",
+                   part_size=5 * 1024 * 1024),
+}
+sizes = {}
+for name, writer in writers.items():
+    key = media_key("job-sub", "video-ai", 0, "mp4")
+    stored = fetch_to_store(url, writer, key, max_bytes=1 << 30, allowed_hosts={host})
+    sizes[name] = [stored.size, stored.sha256, len(writer.read_bytes(key))]
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"dagster", "dagster_aws", "pydantic"})
+print(json.dumps({"before": imported_before_move, "heavy": heavy, "sizes": sizes}))
+"""
+
+
+def test_production_move_path_imports_no_dagster(
+    media_server: MediaServer, moto_endpoint: str, tmp_path: Path
+) -> None:
+    n = 11 * MIB + 5  # more than two 5 MiB parts: the multipart path runs in S3
+    answer = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _DAGSTER_FREE_MOVE,
+            media_server.url(f"/bytes?n={n}&type=video/mp4"),
+            media_server.host,
+            moto_endpoint,
+            BUCKET,
+            str(tmp_path / "media"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert answer.returncode == 0, answer.stderr[-3000:]
+    report = json.loads(answer.stdout.strip().splitlines()[-1])
+    expected = [n, hashlib.sha256(pattern_bytes(n)).hexdigest(), n]
+    assert report["sizes"] == {"folder": expected, "s3": expected}
+    # Importing the writers costs neither boto3 (built lazily) nor dagster; moving costs no dagster.
+    assert report["before"] == []
+    assert report["heavy"] == []
+
+
+def test_wrappers_delegate_to_the_plain_writers(moto_endpoint: str, tmp_path: Path) -> None:
+    local = LocalMediaStore(base_dir=str(tmp_path / "m"))
+    local.put_stream("images/j/0.png", [b"abc"], "image/png")
+    # What one wrote the other reads: same layout, same keys.
+    assert FolderWriter(tmp_path / "m").read_bytes("images/j/0.png") == b"abc"
+    s3_store = make_store("s3", tmp_path, moto_endpoint)
+    plain = S3Writer(BUCKET, client=s3_store._get_client(), prefix=s3_store.prefix)
+    plain.put_stream("images/j/1.png", [b"from plain"], "image/png")
+    assert s3_store.read_bytes("images/j/1.png") == b"from plain"
+    assert s3_store.writer() is s3_store.writer()
+
+
+def test_s3_writer_with_public_url_and_client(moto_endpoint: str) -> None:
+    client = shared_s3_client(
+        S3ClientSettings(
+            endpoint_url=moto_endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="test",
+            aws_secret_access_key="test",
+        )
+    )
+    writer = S3Writer(BUCKET, client=client, prefix="/pub/", public_base_url="https://cdn.example/m/")
+    stored = writer.put_stream("images/p/0.png", [b"x" * 10], "image/png")
+    assert stored.url == "https://cdn.example/m/pub/images/p/0.png"
+    assert client.get_object(Bucket=BUCKET, Key="pub/images/p/0.png")["Body"].read() == b"x" * 10
+    assert isinstance(writer, MediaStore) and isinstance(FolderWriter("x"), MediaStore)
+
+
+def test_s3_writer_builds_its_client_once_across_threads(moto_endpoint: str) -> None:
+    settings = S3ClientSettings(
+        endpoint_url=moto_endpoint, region_name="us-east-1", aws_access_key_id="t", aws_secret_access_key="t"
+    )
+    calls: list[int] = []
+    gate = threading.Barrier(6)
+
+    def factory() -> object:
+        calls.append(1)
+        return build_s3_client(settings)
+
+    writer = S3Writer(BUCKET, client_factory=factory, prefix=f"once-{uuid.uuid4().hex[:6]}/")
+    clients: list[object] = []
+
+    def use() -> None:
+        gate.wait()
+        clients.append(writer.client)
+
+    threads = [threading.Thread(target=use) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1
+    assert len({id(c) for c in clients}) == 1
+    assert not writer.exists("images/none/0.png")
+
+
+def test_shared_client_per_distinct_settings() -> None:
+    a = S3ClientSettings(endpoint_url="http://127.0.0.1:1", region_name="us-east-1")
+    same = S3ClientSettings(endpoint_url="http://127.0.0.1:1", region_name="us-east-1")
+    other = S3ClientSettings(endpoint_url="http://127.0.0.1:2", region_name="us-east-1")
+    assert shared_s3_client(a) is shared_s3_client(same)
+    assert shared_s3_client(a) is not shared_s3_client(other)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"bucket": ""}, "bucket"),
+        ({"bucket": "b", "client": None}, "exactly one"),
+        ({"bucket": "b", "client": object(), "client_factory": object}, "exactly one"),
+        ({"bucket": "b", "client": object(), "part_size": MIB}, "5242880"),
+        ({"bucket": "b", "client": object(), "part_size": "8MB"}, "part_size"),
+    ],
+)
+def test_s3_writer_refuses_bad_settings(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        S3Writer(**kwargs)
+
+
+def test_folder_writer_refuses_an_empty_base_dir() -> None:
+    with pytest.raises(ValueError, match="base_dir"):
+        FolderWriter("")
+
+
+def test_plain_classes_never_show_secrets(moto_endpoint: str) -> None:
+    secret = "plain-s3cr3t-never-shown"
+    settings = S3ClientSettings(
+        endpoint_url=moto_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="AKIDNEVERSHOWN",
+        aws_secret_access_key=secret,
+        aws_session_token=secret + "-token",
+    )
+    writer = S3Writer(BUCKET, client_factory=lambda: shared_s3_client(settings))
+    writer.client  # noqa: B018 (build it, so a repr could reach resolved credentials)
+    for text in (repr(settings), str(settings), repr(writer), str(writer)):
+        assert secret not in text
+        assert "AKIDNEVERSHOWN" not in text
