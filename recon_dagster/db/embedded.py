@@ -52,6 +52,13 @@ def embedded_pgdata() -> Path:
     return (base / ".recon" / "pgdata").resolve()
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _is_our_postmaster(pid: int, pgdata: Path) -> bool:
     """Whether ``pid`` is a live postgres serving ``pgdata`` (not a zombie, not a reused pid)."""
     try:
@@ -94,7 +101,7 @@ def _clear_stale_state(pgdata: Path) -> None:
         pids = json.loads(handles.read_text() or "[]")
     except (FileNotFoundError, ValueError):
         return
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    alive = [p for p in pids if _alive(p)]
     if alive != pids:
         handles.write_text(json.dumps(alive))
 
