@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import random
 import socket
 import subprocess
 import sys
@@ -227,6 +228,32 @@ def test_large_object_uses_multipart(moto_endpoint: str, tmp_path: Path) -> None
     # A multipart object's ETag is "<md5-of-md5s>-<part count>": 20 MB in 5 MiB parts is 4 parts.
     assert head["ETag"].strip('"').endswith("-4")
     assert head["ContentType"] == "video/mp4"
+    assert store.read_bytes(key) == data
+
+
+@pytest.mark.parametrize(
+    ("size", "chunk", "parts"),
+    [
+        (3 * 5 * MIB, 5 * MIB, 3),  # chunks aligned with parts, last part exactly full
+        (5 * MIB + 1, 5 * MIB + 1, 2),  # one chunk just over a part
+        (12 * MIB + 3, 12 * MIB + 3, 3),  # one chunk spanning several parts
+        (10 * MIB + 9, 64 * 1024, 3),  # socket-sized chunks, a 9-byte last part
+    ],
+    ids=["aligned", "one-over", "one-huge-chunk", "small-chunks"],
+)
+def test_multipart_part_boundaries(
+    moto_endpoint: str, tmp_path: Path, size: int, chunk: int, parts: int
+) -> None:
+    # The part buffer is reused between parts: every byte must land once, in order. Random
+    # bytes, because a periodic pattern would hide a part filled from the wrong offset.
+    store = make_store("s3", tmp_path, moto_endpoint)
+    data = random.Random(size).randbytes(size)
+    key = media_key("job-parts", "video-ai", 0, "mp4")
+    stored = store.put_stream(key, chunks_of(data, chunk), "video/mp4")
+    assert (stored.size, stored.sha256) == (size, hashlib.sha256(data).hexdigest())
+    head = store._get_client().head_object(Bucket=BUCKET, Key=store.prefix + key)
+    assert head["ETag"].strip('"').endswith(f"-{parts}")
+    assert head["ContentLength"] == size
     assert store.read_bytes(key) == data
 
 

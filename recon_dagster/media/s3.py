@@ -1,7 +1,7 @@
 """``S3Writer``: a ``MediaStore`` in an S3-compatible bucket (S3, R2, moto), with no Dagster import.
 
 Objects up to ``part_size`` go in one PutObject; larger ones stream as a multipart upload one part
-at a time (memory ~ two parts), aborted if anything fails so no partial object appears.
+at a time (memory ~ one part), aborted if anything fails so no partial object appears.
 boto3 is imported only when a client is built, so importing this module is cheap.
 """
 
@@ -188,31 +188,45 @@ class S3Writer:
         )["UploadId"]
         parts: list[dict[str, Any]] = []
 
-        def send(body: bytes) -> None:
+        def send(body: bytes | bytearray) -> None:
             number = len(parts) + 1
             answer = client.upload_part(
                 Bucket=self.bucket, Key=full_key, UploadId=upload_id, PartNumber=number, Body=body
             )
             parts.append({"ETag": answer["ETag"], "PartNumber": number})
 
+        part_size = self.part_size
         try:
-            while True:
-                while len(buffer) >= self.part_size:
-                    # One copy of a part, not three: slice through a view, then drop it.
-                    with memoryview(buffer) as view:
-                        body = bytes(view[: self.part_size])
-                    del buffer[: self.part_size]
-                    send(body)
-                    del body
-                chunk = next(rest, None)
-                if chunk is None:
-                    break
-                buffer += chunk
+            # ``buffer`` holds a little more than one part. It becomes the part buffer: filled in
+            # place, sent as is (botocore takes a bytearray body) and refilled once the synchronous
+            # upload returns, so memory stays at one part instead of a part plus its copy.
+            tail = bytes(buffer[part_size:])  # at most one chunk
+            del buffer[part_size:]
+            send(buffer)
+            filled = 0
+
+            def add(data: bytes) -> None:
+                nonlocal filled
+                view = memoryview(data)
+                offset = 0
+                while offset < len(view):
+                    take = min(part_size - filled, len(view) - offset)
+                    buffer[filled : filled + take] = view[offset : offset + take]
+                    filled += take
+                    offset += take
+                    if filled == part_size:
+                        send(buffer)
+                        filled = 0
+
+            add(tail)
+            del tail
+            for chunk in rest:
                 digest.update(chunk)
                 size += len(chunk)
-            if buffer:
-                send(bytes(buffer))
-                buffer.clear()
+                add(chunk)
+            if filled:
+                del buffer[filled:]
+                send(buffer)
             client.complete_multipart_upload(
                 Bucket=self.bucket, Key=full_key, UploadId=upload_id, MultipartUpload={"Parts": parts}
             )
