@@ -4,7 +4,7 @@ Ops are thin: they hand leased job ids to the ``Reconciler`` and report what hap
 Both jobs use the in-process executor: the default one would spawn a second process per run.
 """
 
-
+import threading
 import time
 from typing import Any
 
@@ -26,19 +26,51 @@ class ReconcileBatchConfig(dg.Config):
     lease_owner: str
 
 
+class _OutcomeLog:
+    """Per-job outcome lines for the run's log, sent to Dagster in groups.
+
+    Every ``context.log`` call is one event in Dagster's storage, and dagster-postgres opens a new
+    database connection for each: a 200-job batch logged 200 events. Lines are grouped (up to
+    ``GROUP`` per event, or whatever arrived within ``MAX_DELAY_S``); a one-job run still gets its
+    one line. Called from the reconcile threads, hence the lock.
+    """
+
+    GROUP = 50
+    MAX_DELAY_S = 5.0
+
+    def __init__(self, context: dg.OpExecutionContext) -> None:
+        self._context = context
+        self._lock = threading.Lock()
+        self._lines: list[str] = []
+        self._since = time.monotonic()
+
+    def __call__(self, o: JobOutcome) -> None:
+        line = (
+            f"job {o.job_id} [{o.provider_kind or 'no kind'}] attempt {o.attempt}: "
+            f"{o.outcome.value} - {o.detail} ({o.duration_ms}ms)"
+        )
+        with self._lock:
+            self._lines.append(line)
+            if len(self._lines) < self.GROUP and time.monotonic() - self._since < self.MAX_DELAY_S:
+                return
+            lines, self._lines, self._since = self._lines, [], time.monotonic()
+        self._context.log.info("\n".join(lines))
+
+    def flush(self) -> None:
+        with self._lock:
+            lines, self._lines = self._lines, []
+        if lines:
+            self._context.log.info("\n".join(lines))
+
+
 def _reconciler(
     context: dg.OpExecutionContext,
     database: DatabaseResource,
     providers: ProvidersResource | None,
     media_store: MediaStore,
     reconcile_settings: ReconcileSettingsResource,
+    on_outcome: _OutcomeLog,
 ) -> Reconciler:
-    def log_outcome(o: JobOutcome) -> None:
-        context.log.info(
-            f"job {o.job_id} [{o.provider_kind or 'no kind'}] attempt {o.attempt}: "
-            f"{o.outcome.value} - {o.detail} ({o.duration_ms}ms)"
-        )
-
     upstream: Any = providers if providers is not None else _NoUpstream()
     return Reconciler(
         database.get_engine(),
@@ -46,7 +78,7 @@ def _reconciler(
         media_store,
         settings=reconcile_settings.settings(),
         media_policy=reconcile_settings.media_policy(upstream.media_headers),
-        on_outcome=log_outcome,
+        on_outcome=on_outcome,
     )
 
 
@@ -98,8 +130,12 @@ def reconcile_leased_jobs(
     started = time.monotonic()
     if context.has_partition_key:
         context.log.info(f"{len(config.job_ids)} job(s) of kind {context.partition_key}")
-    rec = _reconciler(context, database, providers, media_store, reconcile_settings)
-    outcomes = rec.reconcile_many(config.job_ids, config.lease_owner)
+    outcome_log = _OutcomeLog(context)
+    rec = _reconciler(context, database, providers, media_store, reconcile_settings, outcome_log)
+    try:
+        outcomes = rec.reconcile_many(config.job_ids, config.lease_owner)
+    finally:
+        outcome_log.flush()
     summary = Summary(scanned=len(config.job_ids)).add(outcomes)
     summary.elapsed_ms = int((time.monotonic() - started) * 1000)
     return _report(context, outcomes, summary)
@@ -114,8 +150,12 @@ def sweep_unrecoverable_jobs(
 ) -> dg.Output:
     """Spec 5.6: fail + refund stale sync, task-less, legacy and unknown-kind rows."""
     started = time.monotonic()
-    rec = _reconciler(context, database, None, media_store, reconcile_settings)
-    scanned, outcomes = rec.sweep_stale(f"sweep:{context.run_id}", limit=reconcile_settings.scan_limit)
+    outcome_log = _OutcomeLog(context)
+    rec = _reconciler(context, database, None, media_store, reconcile_settings, outcome_log)
+    try:
+        scanned, outcomes = rec.sweep_stale(f"sweep:{context.run_id}", limit=reconcile_settings.scan_limit)
+    finally:
+        outcome_log.flush()
     summary = Summary(scanned=scanned).add(outcomes)
     summary.elapsed_ms = int((time.monotonic() - started) * 1000)
     return _report(context, outcomes, summary)
