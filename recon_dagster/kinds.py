@@ -124,6 +124,11 @@ SYNC_KINDS: tuple[str, ...] = tuple(k.name for k in _KINDS if not k.is_async)
 # Rows written before Phase 1 have no provider_kind; the sweep takes them after this long.
 LEGACY_STALE_THRESHOLD = timedelta(minutes=5)
 
+# Job types that never call a provider themselves (spec 9.1: pipeline wrapper jobs deliberately
+# carry no provider_kind). A row of these types with no provider_kind is not a legacy stuck call,
+# so the sweep leaves it alone.
+NON_PROVIDER_JOB_TYPES: tuple[str, ...] = ("pipeline",)
+
 # 18 attempts x the 5-minute cadence ~= 90 minutes: covers kie-lip-sync's 75-minute threshold
 # with 15 minutes of headroom before a job is presumed stuck rather than slow (spec 5.5).
 MAX_ATTEMPTS = 18

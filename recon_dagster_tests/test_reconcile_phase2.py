@@ -108,3 +108,15 @@ def test_sync_sweep_schedule_runs_the_sweep_every_five_minutes():
     assert schedule.cron_schedule == "*/5 * * * *"
     assert schedule.job_name == "sync_sweep_job"
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+
+
+def test_pipeline_wrapper_jobs_without_provider_kind_are_not_swept(db, instance, media_dir, sandbox):
+    """Spec 9.1: pipeline wrappers never call a provider, so no provider_kind is expected."""
+    user = make_user(db)
+    wrapper = make_job(db, user, job_type="pipeline", created_minutes_ago=60)
+    legacy = make_job(db, user, job_type="image", created_minutes_ago=60)
+
+    assert _sweep(make_defs(media_dir), instance).success
+
+    assert job_row(db, wrapper)["status"] == "processing"
+    assert job_row(db, legacy)["status"] == "failed"

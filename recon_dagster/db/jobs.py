@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from recon_dagster.kinds import KINDS, LEGACY_STALE_THRESHOLD
+from recon_dagster.kinds import KINDS, LEGACY_STALE_THRESHOLD, NON_PROVIDER_JOB_TYPES
 
 INFLIGHT_STATUSES = ("pending", "processing")
 TERMINAL_STATUSES = ("completed", "failed", "cancelled")
@@ -85,11 +85,14 @@ _MIN_THRESHOLD_S = int(
     min([k.stale_threshold for k in KINDS.values()] + [LEGACY_STALE_THRESHOLD]).total_seconds()
 )
 
+_NON_PROVIDER_TYPES = ", ".join(f"'{t}'" for t in NON_PROVIDER_JOB_TYPES)
+
 # Two branches, both served by jobs_inflight_idx (its predicate is status IN (pending, processing)):
 #  a) rows with provider_call_started_at: a range scan up to the smallest threshold, refined per
 #     kind, walked oldest first so LIMIT stops early;
 #  b) rows with no provider_call_started_at (legacy rows, or an app bug): an IS NULL probe of the
-#     same index, aged by started_at / created_at instead.
+#     same index, aged by started_at / created_at instead. Pipeline wrapper jobs, which never
+#     call a provider and so never get a provider_kind (spec 9.1), are not legacy rows.
 # Rows leased by a live reconcile run, or waiting out the reconcile cadence, are not due.
 STALE_SCAN_SQL = f"""
 WITH timed AS (
@@ -107,6 +110,7 @@ WITH timed AS (
   FROM jobs
   WHERE status IN ('pending', 'processing')
     AND provider_call_started_at IS NULL
+    AND NOT (provider_kind IS NULL AND job_type IN ({_NON_PROVIDER_TYPES}))
     AND COALESCE(started_at, created_at) < now() - {_threshold_case("provider_kind")}
     AND (reconcile_lease_expires_at IS NULL OR reconcile_lease_expires_at < now())
     AND (reconcile_next_at IS NULL OR reconcile_next_at <= now())
