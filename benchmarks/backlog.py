@@ -175,6 +175,11 @@ def seed(
     return Seeded(job_ids, users, expected)
 
 
+def connections(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM pg_stat_activity")).scalar_one())
+
+
 def inflight(engine: sa.Engine, ids: list[str]) -> int:
     with engine.connect() as conn:
         return int(
@@ -197,6 +202,7 @@ class PhaseResult:
     cpu_s: float
     sandbox_cpu_s: float
     machine_cpu_s: float
+    peak_connections: int  # pg_stat_activity on the whole server, sampled every 0.5 s
 
     @property
     def per_min_wall(self) -> float:
@@ -228,8 +234,10 @@ def run_phase(
     with daemon_process(home, env) as daemon:
         last_print = 0.0
         left = len(ids)
+        peak = 0
         while True:
             left = inflight(engine, ids)
+            peak = max(peak, connections(engine))
             now = time.monotonic()
             if left == 0:
                 break
@@ -274,6 +282,7 @@ def run_phase(
         cpu_s,
         sandbox.cpu_seconds() - sandbox_before,
         machine_cpu_s,
+        peak,
     )
 
 
@@ -456,7 +465,8 @@ def main() -> int:
             f"{r.runs} runs ({r.runs_failed} not successful) over {r.runs_s:.1f} s = {r.per_min_runs:,.0f} jobs/min; "
             f"CPU {r.cpu_s:.1f} s daemon tree = {r.cpu_s / r.jobs * 1000:.1f} ms/job "
             f"(sandbox {r.sandbox_cpu_s:.1f} s, whole machine {r.machine_cpu_s:.1f} s = "
-            f"{r.machine_cpu_s / r.jobs * 1000:.1f} ms/job)"
+            f"{r.machine_cpu_s / r.jobs * 1000:.1f} ms/job); "
+            f"peak {r.peak_connections} PostgreSQL connections"
         )
 
     show("batched", batched)
