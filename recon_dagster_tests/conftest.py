@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
+import dagster as dg
 import pytest
 import sqlalchemy as sa
 
@@ -25,6 +27,7 @@ from recon_dagster.db.engine import (
     with_database,
 )
 from recon_dagster.db.migrate import migrate
+from recon_dagster.sandbox import SandboxServer
 
 # The host app's tables (migration 001). ``db`` empties these and every table a later migration
 # adds (e.g. reconcile_events), all but the migrations bookkeeping.
@@ -114,3 +117,36 @@ def db(engine: sa.Engine) -> sa.Engine:
         names = sorted(set(APP_TABLES) | set(tables))
         conn.exec_driver_sql(f"TRUNCATE {', '.join(names)} RESTART IDENTITY CASCADE")
     return engine
+
+
+# --- the provider sandbox, a Dagster instance, a media folder ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[SandboxServer]:
+    """The loopback provider sandbox, with the provider env vars pointing at it."""
+    with SandboxServer() as sb:
+        saved = {k: os.environ.get(k) for k in sb.env()}
+        os.environ.update(sb.env())
+        try:
+            yield sb
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    """A throwaway persistent Dagster instance (sensor contexts need a persistent one)."""
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+@pytest.fixture
+def media_dir(tmp_path: Path) -> str:
+    d = tmp_path / "media"
+    d.mkdir()
+    return str(d)

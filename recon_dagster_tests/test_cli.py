@@ -12,7 +12,7 @@ import dagster as dg
 from recon_dagster.db import engine as engine_mod
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.factories import job_row, make_job, make_user, reserve
-from recon_dagster_tests.reconcile_support import evaluate_sensor, instance, make_defs, media_dir, sandbox  # noqa: F401
+from recon_dagster_tests.reconcile_support import evaluate_sensor, make_defs
 
 
 def _cli(

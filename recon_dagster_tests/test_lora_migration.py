@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.factories import job_row, make_job, make_user, reserve
-from recon_dagster_tests.reconcile_support import instance, make_defs, media_dir, one, sandbox, tick  # noqa: F401
+from recon_dagster_tests.reconcile_support import make_defs, one, tick
 
 
 def _legacy_training(db, sandbox, scenario=None, *, character_status="training", job_status="processing"):  # noqa: ANN001, ANN202

@@ -17,7 +17,7 @@ from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile.finalize import MediaPolicy, ProviderResult, finalize_job_with_media
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.factories import balances, job_row, make_job, make_user, reserve
-from recon_dagster_tests.reconcile_support import count, media_dir, one, sandbox, usage_status  # noqa: F401
+from recon_dagster_tests.reconcile_support import count, one, usage_status
 
 
 def _finished_job(db, sandbox, kind="kie-standard"):  # noqa: ANN001, ANN202

@@ -8,14 +8,7 @@ import dagster as dg
 
 from recon_dagster.definitions import defs as project_defs
 from recon_dagster_tests.factories import balances, job_row, make_job, make_user, reserve
-from recon_dagster_tests.reconcile_support import (  # noqa: F401  (fixtures)
-    instance,
-    make_defs,
-    media_dir,
-    sandbox,
-    tick,
-    usage_status,
-)
+from recon_dagster_tests.reconcile_support import make_defs, tick, usage_status
 
 
 def _sweep(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:

@@ -15,17 +15,7 @@ from recon_dagster.db.engine import libpq_url
 from recon_dagster.kinds import MAX_ATTEMPTS
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.factories import balances, job_row, make_job, make_user, reserve
-from recon_dagster_tests.reconcile_support import (  # noqa: F401  (fixtures)
-    count,
-    evaluate_sensor,
-    instance,
-    make_defs,
-    media_dir,
-    one,
-    sandbox,
-    tick,
-    usage_status,
-)
+from recon_dagster_tests.reconcile_support import count, evaluate_sensor, make_defs, one, tick, usage_status
 
 
 def _stuck(db, sandbox, kind, scenario=None, *, minutes=None, job_type="image", attempts=0, **kw):  # noqa: ANN001, ANN003

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,22 +18,6 @@ from recon_dagster_tests.factories import job_row, make_job, make_user
 
 KIE_PAYLOAD = {"model": "flux-test", "input": {"prompt": "a lighthouse"}}
 FAST = 0.01  # poll interval for runs against the sandbox
-
-
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[SandboxServer]:
-    """The loopback provider sandbox, with the provider env vars pointing at it."""
-    with SandboxServer() as sb:
-        saved = {k: os.environ.get(k) for k in sb.env()}
-        os.environ.update(sb.env())
-        try:
-            yield sb
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 @pytest.fixture
