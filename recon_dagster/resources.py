@@ -71,7 +71,7 @@ class ReconcileSettingsResource(dg.ConfigurableResource):
         description="Jobs worked at once inside one run.",
     )
     batch_size: int = Field(
-        default=_env_number("RECON_BATCH_SIZE", 200, int),
+        default=_env_number("RECON_BATCH_SIZE", 500, int),
         description="Jobs of one kind packed into one run in a backlog.",
     )
     single_run_below: int = Field(

@@ -132,13 +132,29 @@ def get_engine(url: str | None = None) -> sa.Engine:
         return engine
 
 
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {raw!r}")
+    return value
+
+
 def _create_engine(url: str) -> sa.Engine:
     parsed = _parse(url)
     engine = sa.create_engine(
         parsed,
         pool_pre_ping=True,
-        pool_size=10,
-        max_overflow=20,
+        # Every Dagster run worker is a process with its own pool, all on one server: keep each
+        # pool small (a run's threads hold a connection only for short transactions) so ten
+        # concurrent runs stay well inside max_connections = 100.
+        pool_size=_env_int("RECON_DB_POOL_SIZE", 5),
+        max_overflow=_env_int("RECON_DB_MAX_OVERFLOW", 5),
         pool_timeout=30,
         connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
     )
