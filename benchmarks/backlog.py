@@ -19,7 +19,7 @@ for failed ones, credits conserved per user, one reconcile outcome per job, no u
 Targets (2 cores): phase 1 >= 2,000 jobs/min, >= 40x phase 2.
 
     .venv/bin/python benchmarks/backlog.py [--jobs 10000] [--latency 0.1] [--sample 60]
-        [--database-url URL] [--max-concurrent-runs 10] [--batch-size 200] [--concurrency 16]
+        [--database-url URL] [--max-concurrent-runs 10] [--batch-size 500] [--concurrency 16]
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from recon_dagster.db.engine import (
 )
 from recon_dagster.db.migrate import migrate
 from recon_dagster.kinds import ASYNC_KINDS, SYNC_KINDS, get_kind
+from recon_dagster.resources import ReconcileSettingsResource
 from recon_dagster.testing import (
     DaemonProcess,
     DagsterHome,
@@ -370,7 +371,8 @@ def main() -> int:
     parser.add_argument(
         "--kind-run-limit", type=int, default=3, help="queued runs per provider_kind (0: none)"
     )
-    parser.add_argument("--batch-size", type=int, default=200)
+    # The project default (RECON_BATCH_SIZE), so the figures describe what ships.
+    parser.add_argument("--batch-size", type=int, default=ReconcileSettingsResource().batch_size)
     parser.add_argument("--concurrency", type=int, default=16, help="jobs worked at once inside a run")
     parser.add_argument("--scan-limit", type=int, default=5000)
     parser.add_argument("--sensor-interval", type=int, default=5, help="RECON_SENSOR_INTERVAL_S")
