@@ -219,6 +219,13 @@ def store_result_media(
     return out
 
 
+@dataclass(frozen=True)
+class Failed:
+    """A guarded fail that won, and the refund it made (None: nothing was reserved any more)."""
+
+    refund: credits.Refund | None
+
+
 def fail_and_refund(engine: sa.Engine, job_id: uuid.UUID | str, error_message: str) -> bool:
     """Guarded fail, then the reservation back to its pools, in one transaction.
 
@@ -235,10 +242,10 @@ def force_fail_and_refund(
     """Attempts exhausted: fail, refund, and leave a ``reconcile_exhausted`` credit anomaly."""
     job_id = uuid.UUID(str(job_id))
     with engine.begin() as conn:
-        refund = _fail_and_refund(
+        failed = _fail_and_refund(
             conn, job_id, f"reconcile_exhausted: {attempts} attempts; last error: {last_error or '-'}"
         )
-        if refund is None:
+        if failed is None:
             return False
         row = jobs_db.load_job(conn, job_id)
         credits.log_credit_anomaly(
@@ -246,13 +253,13 @@ def force_fail_and_refund(
             job_id=job_id,
             user_id=row.user_id if row else None,
             reason="reconcile_exhausted",
-            amount=refund.amount if refund is not _NO_REFUND else None,
+            amount=failed.refund.amount if failed.refund else None,
             details={
                 "attempts": attempts,
                 "last_error": last_error,
                 "provider_kind": row.provider_kind if row else None,
                 "provider_task_id": row.provider_task_id if row else None,
-                "refunded": refund is not _NO_REFUND,
+                "refunded": failed.refund is not None,
             },
         )
         return True
@@ -263,21 +270,14 @@ def sweep_no_recovery(engine: sa.Engine, job_id: uuid.UUID | str) -> bool:
     return fail_and_refund(engine, job_id, "reconcile_no_recovery")
 
 
-class _NoRefund:
-    amount = None
-
-
-_NO_REFUND: Any = _NoRefund()
-
-
-def _fail_and_refund(conn: sa.Connection, job_id: uuid.UUID, error_message: str) -> Any:
-    """Returns the Refund, _NO_REFUND when nothing was reserved, or None when the fail lost."""
+def _fail_and_refund(conn: sa.Connection, job_id: uuid.UUID, error_message: str) -> Failed | None:
+    """None when the guarded fail lost (the row was already terminal): nothing else happens."""
     if not jobs_db.fail_job(conn, job_id, error_message):
         return None
     refund = credits.refund_reserved_credits_for_job(conn, job_id)
     jobs_db.notify_job_event(conn, job_id, "failed", "reconcile")
     _character_failed(conn, job_id, error_message)
-    return refund if refund is not None else _NO_REFUND
+    return Failed(refund)
 
 
 def _reopen_sole_cause_workflow(conn: sa.Connection, workflow_execution_id: uuid.UUID, node_id: str) -> bool:
