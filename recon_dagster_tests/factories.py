@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from recon_dagster.db.credits import reserve_credits_for_job
+from recon_dagster.db.credits import record_reservation, reserve_credits_for_job
 
 Bind = sa.Engine | sa.Connection
 T = TypeVar("T")
@@ -126,34 +126,7 @@ def reserve(
     if sub + topup != total:
         raise ValueError(f"from_sub {sub} + from_topup {topup} != amount {total}")
 
-    def insert(conn: sa.Connection) -> uuid.UUID:
-        conn.execute(
-            sa.text(
-                """
-                UPDATE user_credits SET subscription_credits = subscription_credits - :s,
-                  topup_credits = topup_credits - :t, updated_at = now()
-                WHERE user_id = :u
-                """
-            ),
-            {"u": str(user_id), "s": sub, "t": topup},
-        )
-        row = conn.execute(
-            sa.text(
-                """
-                INSERT INTO usage_logs (job_id, user_id, status, amount, metadata)
-                VALUES (:j, :u, 'reserved', :a, CAST(:m AS jsonb)) RETURNING id
-                """
-            ),
-            {
-                "j": str(job_id),
-                "u": str(user_id),
-                "a": total,
-                "m": json.dumps({"from_sub": str(sub), "from_topup": str(topup)}),
-            },
-        ).one()
-        return uuid.UUID(str(row.id))
-
-    return _run(bind, insert)
+    return _run(bind, lambda conn: record_reservation(conn, job_id, user_id, total, sub, topup))
 
 
 def balances(bind: Bind, user_id: uuid.UUID) -> tuple[Decimal, Decimal]:

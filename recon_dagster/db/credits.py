@@ -71,7 +71,18 @@ def reserve_credits_for_job(
     if bal is None or bal.subscription_credits + bal.topup_credits < amount:
         raise InsufficientCredits(f"user {user_id} cannot cover {amount} credits")
     from_sub = min(bal.subscription_credits, amount)
-    from_topup = amount - from_sub
+    return record_reservation(conn, job_id, user_id, amount, from_sub, amount - from_sub)
+
+
+def record_reservation(
+    conn: sa.Connection,
+    job_id: uuid.UUID,
+    user_id: uuid.UUID,
+    amount: Decimal,
+    from_sub: Decimal,
+    from_topup: Decimal,
+) -> uuid.UUID:
+    """Take a decided split from the pools and write the ``reserved`` usage log that records it."""
     conn.execute(
         sa.text(
             """
