@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import dagster as dg
 
@@ -46,8 +47,11 @@ def _instance(instance: dg.DagsterInstance | None) -> Iterator[dg.DagsterInstanc
 
 def evaluate_sensor(
     defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None = None
-) -> dg.SensorResult:
-    """Evaluate the stale-jobs sensor once, with just the resources it requires."""
+) -> Any:
+    """Evaluate the stale-jobs sensor once, with just the resources it requires.
+
+    Returns Dagster's tick data: ``run_requests``, ``skip_message``, ``cursor``.
+    """
     sensor = defs.resolve_sensor_def("stale_inflight_jobs_sensor")
     resources = {k: defs.resources[k] for k in sensor.required_resource_keys}  # type: ignore[index]
     with dg.build_sensor_context(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import quote, urlsplit
 
 from recon_dagster.kinds import Family, get_kind
@@ -68,7 +68,7 @@ def _one_of(value: object, states: frozenset[str]) -> bool:
     return isinstance(value, str) and value in states
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
