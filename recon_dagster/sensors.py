@@ -77,7 +77,8 @@ def stale_inflight_jobs_sensor(
     batches = plan_batches(
         rows, batch_size=reconcile_settings.batch_size, single_below=reconcile_settings.single_run_below
     )
-    unroutable = [r for r in rows if not any(r.id == c.job_id for b in batches for c in b.claims)]
+    planned = {c.job_id for b in batches for c in b.claims}
+    unroutable = [r for r in rows if r.id not in planned]
     for row in unroutable:
         context.log.warning(
             f"job {row.id}: provider_kind {row.provider_kind!r} has no reconcile partition; "
