@@ -4,6 +4,7 @@ PostgreSQL and the loopback provider sandbox over real HTTP."""
 from __future__ import annotations
 
 import json
+import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -325,3 +326,18 @@ def test_an_unexpected_poll_error_is_recorded_as_an_attempt(db, instance, media_
     assert row["reconcile_attempts"] == 1
     assert "ProviderProtocolError" in row["reconcile_last_error"]
     assert one(db, "SELECT outcome FROM reconcile_events WHERE job_id = :j", j=job) == "error"
+
+
+def test_sensor_tick_reports_the_outcomes_of_runs_since_its_previous_tick(db, instance, media_dir, sandbox):
+    _stuck(db, sandbox, "kie-standard")
+    _stuck(db, sandbox, "kie-veo", Scenario(outcome="fail", polls_before_done=0), job_type="video")
+    _stuck(db, sandbox, "kie-suno", Scenario(outcome="run_forever"), job_type="audio")
+    defs = make_defs(media_dir)
+    before = str(time.time() - 1)
+
+    tick(defs, instance)
+    result = evaluate_sensor(defs, instance, cursor=before)
+
+    assert result.run_requests == []
+    assert "[reconcile] scanned=0 recovered=1 failed=1 stillRunning=1 errors=0" in result.skip_message
+    assert float(result.cursor) > float(before)
