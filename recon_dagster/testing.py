@@ -36,7 +36,7 @@ import psutil
 import psycopg
 from psycopg import sql
 
-from recon_dagster.db.engine import _parse, dagster_storage_url, libpq_url, redact, with_database
+from recon_dagster.db.engine import dagster_storage_url, libpq_url, parse_url, redact, with_database
 from recon_dagster.sandbox import DEFAULT_API_KEY, Scenario
 
 _LISTENING = re.compile(r"sandbox listening on (http://\S+)")
@@ -440,7 +440,7 @@ def dagster_home(
     The storage database is created if missing (and dropped at exit when created here, unless
     ``keep_storage``); its schema is created before this yields, so daemon and test never race to.
     """
-    app_db = _parse(database_url).database
+    app_db = parse_url(database_url).database
     if not app_db:
         raise ValueError(f"database URL names no database: {redact(database_url)}")
     name = storage_database or f"{app_db}_dagster"

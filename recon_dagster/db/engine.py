@@ -42,7 +42,8 @@ def project_root() -> Path | None:
     return None
 
 
-def _parse(url: str) -> URL:
+def parse_url(url: str) -> URL:
+    """A PostgreSQL URL as SQLAlchemy parses it; InvalidDatabaseUrl (never echoing it) otherwise."""
     scheme = url.split("://", 1)[0] if "://" in url else ""
     if scheme not in _ACCEPTED_SCHEMES:
         # Never echo the URL itself: it may carry a password.
@@ -60,7 +61,7 @@ def _parse(url: str) -> URL:
 
 
 def _with_driver(url: str, driver: str) -> str:
-    return _parse(url).set(drivername=f"postgresql+{driver}").render_as_string(hide_password=False)
+    return parse_url(url).set(drivername=f"postgresql+{driver}").render_as_string(hide_password=False)
 
 
 def normalize_url(url: str) -> str:
@@ -75,25 +76,25 @@ def dagster_storage_url(url: str) -> str:
 
 def libpq_url(url: str) -> str:
     """The driver-neutral ``postgresql://`` form (psql, psycopg.connect)."""
-    return _parse(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    return parse_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def with_database(url: str, database: str) -> str:
     """The same server's URL with another database name (keeps scheme and query, e.g. a socket host)."""
-    return _parse(url).set(database=database).render_as_string(hide_password=False)
+    return parse_url(url).set(database=database).render_as_string(hide_password=False)
 
 
 def redact(url: str) -> str:
     """The URL with its password replaced by ``***``, fit for messages and logs."""
     try:
-        return _parse(url).render_as_string(hide_password=True)
+        return parse_url(url).render_as_string(hide_password=True)
     except InvalidDatabaseUrl:
         return "<invalid database URL>"
 
 
 def describe(url: str) -> str:
     """Host, port and database of a URL in words, for error messages (socket URLs name the socket dir)."""
-    u = _parse(url)
+    u = parse_url(url)
     host = u.host or u.query.get("host") or "localhost"
     return f"host={host} port={u.port or 5432} db={u.database}"
 
@@ -146,7 +147,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _create_engine(url: str) -> sa.Engine:
-    parsed = _parse(url)
+    parsed = parse_url(url)
     engine = sa.create_engine(
         parsed,
         pool_pre_ping=True,
