@@ -31,8 +31,9 @@ import sqlalchemy as sa
 
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
-from recon_dagster.media.download import open_media_stream
+from recon_dagster.media.download import MediaStream
 from recon_dagster.media.store import MediaStore, StoredObject, guess_ext, media_key
+from recon_dagster.media.transfer import DEFAULT_CONTENT_TYPE, fetch_bytes, fetch_to_store
 from recon_dagster.media.watermark import watermark_image
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
 
@@ -195,23 +196,31 @@ def store_result_media(
             if ref.needs_auth and policy.headers_for
             else None
         )
-        watermark = should_watermark and ref.kind == "image"
-        cap = policy.max_image_bytes if watermark else policy.max_bytes
-        with open_media_stream(
-            ref.url,
-            max_bytes=cap,
-            allowed_hosts=policy.allowed_hosts,
-            headers=headers,
-            client=shared_media_client(),
-        ) as media:
-            content_type = media.content_type or "application/octet-stream"
-            ext = _ext(content_type, ref)
-            key = media_key(row.id, row.job_type, index, ext)
-            if not watermark:
-                out.append(store.put_stream(key, media.iter_chunks(), content_type))
-                continue
-            # Images are small and must be decoded to be watermarked: buffer this one (capped).
-            data = b"".join(media.iter_chunks())
+        client = shared_media_client()
+        if not (should_watermark and ref.kind == "image"):
+
+            def key_for(media: MediaStream, i: int = index, r: MediaRef = ref) -> str:
+                return media_key(row.id, row.job_type, i, _ext(media.content_type or DEFAULT_CONTENT_TYPE, r))
+
+            out.append(
+                fetch_to_store(
+                    ref.url,
+                    store,
+                    key_for,
+                    max_bytes=policy.max_bytes,
+                    allowed_hosts=policy.allowed_hosts,
+                    headers=headers,
+                    client=client,
+                )  # fmt: skip
+            )
+            continue
+        # Images are small and must be decoded to be watermarked: buffer this one (capped).
+        data, content_type = fetch_bytes(
+            ref.url, max_bytes=policy.max_image_bytes,
+            allowed_hosts=policy.allowed_hosts, headers=headers, client=client,
+        )  # fmt: skip
+        content_type = content_type or DEFAULT_CONTENT_TYPE
+        key = media_key(row.id, row.job_type, index, _ext(content_type, ref))
         out.append(store.put_stream(key, iter([data]), content_type))
         marked, marked_type = watermark_image(data, policy.watermark_text)
         marked_key = media_key(row.id, row.job_type, index, _ext(marked_type, ref), variant="watermarked")
