@@ -54,17 +54,15 @@ __all__ = [
 # --- local folder -----------------------------------------------------------------------------
 
 
-class LocalMediaStore(dg.ConfigurableResource):
-    """Media in a local folder (the default; ``RECON_MEDIA_DIR``); writes are temp file + rename."""
+class _DelegatesToWriter:
+    """The ``MediaStore`` protocol for a resource whose ``writer()`` does the work."""
 
-    base_dir: str = Field(description="Folder that holds the media tree.")
-
-    def writer(self) -> FolderWriter:
-        """The Dagster-free writer this resource delegates to."""
-        return FolderWriter(self.base_dir)
+    def writer(self) -> MediaStore:
+        raise NotImplementedError
 
     def put_stream(self, key: str, chunks: Iterable[bytes], content_type: str) -> StoredObject:
-        """Write ``chunks`` to ``key``; a failing iterator leaves nothing behind (and any old object intact)."""
+        """Write ``chunks`` to ``key``, all-or-nothing (folder: temp file + rename; S3: single
+        PutObject when small, else a multipart upload aborted on error)."""
         return self.writer().put_stream(key, chunks, content_type)
 
     def exists(self, key: str) -> bool:
@@ -78,6 +76,16 @@ class LocalMediaStore(dg.ConfigurableResource):
     def delete(self, key: str) -> None:
         """Remove the object at ``key``; absent is fine."""
         self.writer().delete(key)
+
+
+class LocalMediaStore(_DelegatesToWriter, dg.ConfigurableResource):
+    """Media in a local folder (the default; ``RECON_MEDIA_DIR``); writes are temp file + rename."""
+
+    base_dir: str = Field(description="Folder that holds the media tree.")
+
+    def writer(self) -> FolderWriter:
+        """The Dagster-free writer this resource delegates to."""
+        return FolderWriter(self.base_dir)
 
 
 # --- S3 / R2 ----------------------------------------------------------------------------------
@@ -101,7 +109,7 @@ def s3_client_settings(s3: S3Resource) -> S3ClientSettings:
     )
 
 
-class S3MediaStore(dg.ConfigurableResource):
+class S3MediaStore(_DelegatesToWriter, dg.ConfigurableResource):
     """Media in an S3-compatible bucket (R2 via ``S3Resource(endpoint_url=...)``).
 
     Objects up to ``part_size`` go in one PutObject; larger ones stream as a multipart upload one
@@ -144,22 +152,6 @@ class S3MediaStore(dg.ConfigurableResource):
 
     def _get_client(self) -> Any:
         return self.writer().client
-
-    def put_stream(self, key: str, chunks: Iterable[bytes], content_type: str) -> StoredObject:
-        """Upload ``chunks`` to ``key``: one PutObject if small, else a multipart upload aborted on error."""
-        return self.writer().put_stream(key, chunks, content_type)
-
-    def exists(self, key: str) -> bool:
-        """True when an object is stored at ``key``."""
-        return self.writer().exists(key)
-
-    def read_bytes(self, key: str) -> bytes:
-        """The whole object (meant for tests and small objects); ``FileNotFoundError`` if absent."""
-        return self.writer().read_bytes(key)
-
-    def delete(self, key: str) -> None:
-        """Remove the object at ``key``; absent is fine."""
-        self.writer().delete(key)
 
 
 # --- configuration ----------------------------------------------------------------------------
