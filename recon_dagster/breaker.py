@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -37,6 +39,10 @@ log = logging.getLogger("recon_dagster.breaker")
 BURST_ENV = "RECON_NOT_FOUND_BURST"
 SHARE_ENV = "RECON_NOT_FOUND_SHARE"
 WINDOW_ENV = "RECON_NOT_FOUND_WINDOW_S"
+
+# One ERROR line per provider per process this often while its breaker is open; every held job
+# still says why in its own reconcile_last_error and reconcile event.
+LOUD_EVERY_S = 60.0
 
 # Old rows deleted per recorded answer: enough to keep up with any poll rate, small enough that a
 # record stays one short transaction.
@@ -141,6 +147,8 @@ class NotFoundBreaker:
     def __init__(self, engine: sa.Engine, policy: BreakerPolicy | None = None) -> None:
         self.engine = engine
         self.policy = policy or policy_from_env()
+        self._loud_at: dict[str, float] = {}
+        self._lock = threading.Lock()
 
     def judge(self, status: UpstreamStatus) -> Decision:
         """Record the answer, then decide on it; a not-found is weighed against the window."""
@@ -154,14 +162,23 @@ class NotFoundBreaker:
         with self.engine.connect() as conn:
             nf, n = window_counts(conn, self.policy.window_s, provider).get(provider, (1, 1))
         is_open = not_found_breaker_open(nf, n, self.policy)
-        if is_open:
+        if is_open and self._time_to_be_loud(provider):
             log.error(
                 "%s answered not-found %d times in %d answers within %gs: a burst like this is a wrong "
                 "token, account or base path, not lost tasks; %s task %s is NOT failed, an attempt is "
-                "counted instead (check the %s configuration)",
+                "counted instead (check the %s configuration; repeated at most every %gs)",
                 provider, nf, n, self.policy.window_s, status.provider_kind, status.task_id, provider,
+                LOUD_EVERY_S,
             )  # fmt: skip
         return decide_on_status(status, breaker_open=is_open)
+
+    def _time_to_be_loud(self, provider: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._loud_at.get(provider, -LOUD_EVERY_S) < LOUD_EVERY_S:
+                return False
+            self._loud_at[provider] = now
+            return True
 
     def record_error(self, provider_kind: str, exc: BaseException) -> None:
         """A failed poll that still got an answer counts among the provider's answers."""
