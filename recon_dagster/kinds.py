@@ -129,6 +129,11 @@ LEGACY_STALE_THRESHOLD = timedelta(minutes=5)
 # so the sweep leaves it alone.
 NON_PROVIDER_JOB_TYPES: tuple[str, ...] = ("pipeline",)
 
+# Async kinds whose provider may finish with a text result instead of media (KIE market text models
+# answer ``resultObject``; Replicate runs language models too). For these the job's own job_type
+# says whether media was promised; every other async kind always promises media.
+TEXT_RESULT_KINDS: frozenset[str] = frozenset({"kie-standard", "replicate-prediction"})
+
 # 18 attempts x the 5-minute cadence ~= 90 minutes: covers kie-lip-sync's 75-minute threshold
 # with 15 minutes of headroom before a job is presumed stuck rather than slow (spec 5.5).
 MAX_ATTEMPTS = 18

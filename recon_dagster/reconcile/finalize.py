@@ -36,6 +36,7 @@ from recon_dagster.media.store import MediaStore, StoredObject, guess_ext, media
 from recon_dagster.media.transfer import DEFAULT_CONTENT_TYPE, fetch_bytes, fetch_to_store
 from recon_dagster.media.watermark import watermark_image
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
+from recon_dagster.reconcile.decide import promised_media, unusable_result
 
 DEFAULT_MAX_MEDIA_BYTES = 2 * 1024**3
 DEFAULT_MAX_IMAGE_BYTES = 64 * 1024**2
@@ -105,6 +106,24 @@ class MediaPolicy:
     watermark_text: str = "recon"
 
 
+class UnusableResult(ValueError):
+    """A success that does not carry what the job promised (media for a media job, or anything at
+    all). Nothing is completed or charged; the caller counts a failed attempt, so the attempt cap
+    still ends the job with a refund."""
+
+    def __init__(self, job_id: uuid.UUID, provider_kind: str, problem: str) -> None:
+        super().__init__(f"{provider_kind} job {job_id}: {problem}; not completed, nothing charged")
+        self.problem = problem
+
+
+def _require_usable(row: jobs_db.JobRow, result: ProviderResult, media: int) -> None:
+    problem = unusable_result(
+        media=media, result=result.result, promised=promised_media(result.provider_kind, row.job_type)
+    )
+    if problem is not None:
+        raise UnusableResult(row.id, result.provider_kind, problem)
+
+
 @dataclass
 class FinalizeResult:
     ok: bool
@@ -131,6 +150,8 @@ def finalize_job_with_media(
     Returns ``ok=False`` without side effects on the row when it is already terminal or another
     writer wins the guarded completion; media errors (an expired signed URL, a refused host)
     propagate so the caller counts a failed attempt instead of completing the row without media.
+    A success without the media the job promised (or without anything) raises ``UnusableResult``
+    the same way: a success is charged only with the media it promised, stored.
     """
     policy = policy or MediaPolicy()
     started = time.monotonic()
@@ -144,11 +165,13 @@ def finalize_job_with_media(
         if not row.inflight:
             return FinalizeResult(False, f"already {row.status}")
         reservation = credits.find_reserved_usage_log(conn, job_id)
+    _require_usable(row, result, len(result.media))
 
     # Phase 2: media (the row's own should_watermark, never the user's current tier).
     stored = store_result_media(
         store, row, result, should_watermark=bool(row.should_watermark), policy=policy
     )
+    _require_usable(row, result, len(stored))
 
     # Phase 3: settle.
     out = FinalizeResult(False, "", stored=stored)

@@ -18,17 +18,17 @@ from typing import Protocol
 
 import sqlalchemy as sa
 
+from recon_dagster.breaker import NotFoundBreaker
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import JobRow
 from recon_dagster.kinds import KINDS, MAX_ATTEMPTS, RECONCILE_CADENCE
 from recon_dagster.media.store import MediaStore
-from recon_dagster.providers.status import MediaRef, UpstreamStatus
+from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
 from recon_dagster.reconcile.decide import (
     Action,
     Outcome,
     Route,
     decide_after_attempt,
-    decide_on_status,
     failure_message,
     route,
 )
@@ -127,11 +127,14 @@ class Reconciler:
         settings: ReconcileSettings | None = None,
         media_policy: MediaPolicy | None = None,
         on_outcome: Callable[[JobOutcome], None] | None = None,
+        breaker: NotFoundBreaker | None = None,
     ) -> None:
         self.engine = engine
         self.upstream = upstream
         self.store = store
         self.settings = settings or ReconcileSettings()
+        # Poll answers are recorded per provider in the database: every run process shares them.
+        self.breaker = breaker or NotFoundBreaker(engine)
         self.media_policy = media_policy or MediaPolicy(headers_for=upstream.media_headers)
         self.on_outcome = on_outcome
 
@@ -174,11 +177,12 @@ class Reconciler:
         try:
             status = self.upstream.poll(row.provider_kind, row.provider_task_id)
         except Exception as exc:
+            self.breaker.record_error(row.provider_kind, exc)
             return self._attempt_failed(
                 row, owner, f"poll failed: {type(exc).__name__}: {exc}", Outcome.ERROR, started
             )
 
-        decision = decide_on_status(status)
+        decision = self.breaker.judge(status)
         if decision.action is Action.FINALIZE:
             try:
                 result = finalize_job_with_media(
@@ -219,9 +223,8 @@ class Reconciler:
             )
 
         progress = f" ({status.progress}%)" if status.progress is not None else ""
-        return self._attempt_failed(
-            row, owner, f"{decision.reason}{progress}", Outcome.STILL_RUNNING, started
-        )
+        kind = Outcome.STILL_RUNNING if status.state is UpstreamState.RUNNING else Outcome.ERROR
+        return self._attempt_failed(row, owner, f"{decision.reason}{progress}", kind, started)
 
     def _attempt_failed(self, row: JobRow, owner: str, why: str, kind: Outcome, started: float) -> JobOutcome:
         with self.engine.begin() as conn:
