@@ -174,6 +174,31 @@ def test_a_nan_reservation_never_moves_a_balance_on_commit(db, instance, media_d
     assert anomaly_reasons(db, job) == ["invalid_credit_amount"]
 
 
+def test_a_user_whose_balance_is_already_nan_gets_no_balance_move_and_an_anomaly(
+    db, instance, media_dir, sandbox
+):
+    user = make_user(db, sub=100, topup=50)
+    job = make_job(db, user, provider_kind="anthropic-sync", started_minutes_ago=6)
+    reserve(db, job, user, 30, from_sub=20, from_topup=10)
+    with db.begin() as conn:  # a NaN written before migration 138 (its CHECK is NOT VALID)
+        conn.exec_driver_sql("ALTER TABLE user_credits DROP CONSTRAINT user_credits_topup_not_nan")
+        conn.execute(
+            sa.text("UPDATE user_credits SET topup_credits = 'NaN' WHERE user_id = :u"), {"u": str(user)}
+        )
+        conn.exec_driver_sql(
+            "ALTER TABLE user_credits ADD CONSTRAINT user_credits_topup_not_nan "
+            "CHECK (topup_credits <> 'NaN'::numeric) NOT VALID"
+        )
+
+    report = tick(make_defs(media_dir), instance, sweep=True)
+
+    assert report.failed_runs == 0
+    assert job_row(db, job)["status"] == "failed"
+    assert usage_status(db, job) == "reserved"
+    assert balances(db, user)[0] == D(80)
+    assert anomaly_reasons(db, job) == ["invalid_user_balance"]
+
+
 @pytest.mark.parametrize(
     ("table", "column"),
     [("usage_logs", "amount"), ("user_credits", "subscription_credits"), ("user_credits", "topup_credits")],

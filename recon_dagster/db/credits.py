@@ -273,7 +273,9 @@ def refund_reserved_credits_for_job(conn: sa.Connection, job_id: uuid.UUID) -> R
 def _refund_log(conn: sa.Connection, job_id: uuid.UUID, r: sa.Row[Any]) -> Refund | None:
     """Refund one reserved usage log to its pools (CAS on ``reserved``)."""
     amount = valid_amount(r.amount)
-    if amount is None or not _settle(conn, r.id, "refunded"):
+    if amount is None or not _balances_usable(conn, job_id, r.user_id):
+        return None
+    if not _settle(conn, r.id, "refunded"):
         return None
     to_sub, to_topup, ok = split_refund(amount, r.metadata or {})
     if not ok:
@@ -299,6 +301,25 @@ def _refund_log(conn: sa.Connection, job_id: uuid.UUID, r: sa.Row[Any]) -> Refun
         {"u": str(r.user_id), "s": to_sub, "t": to_topup},
     )
     return Refund(uuid.UUID(str(r.id)), uuid.UUID(str(r.user_id)), amount, to_sub, to_topup)
+
+
+def _balances_usable(conn: sa.Connection, job_id: uuid.UUID, user_id: uuid.UUID) -> bool:
+    """False (and a credit anomaly) when the user's balance already holds a NaN: adding to it
+    would keep it NaN, and the ledger's NaN guard refuses that write, so nothing moves."""
+    bal = conn.execute(
+        sa.text("SELECT subscription_credits, topup_credits FROM user_credits WHERE user_id = :u FOR UPDATE"),
+        {"u": str(user_id)},
+    ).first()
+    if bal is None or all(valid_amount(v) is not None for v in bal):
+        return True
+    log_credit_anomaly(
+        conn,
+        job_id=job_id,
+        user_id=user_id,
+        reason="invalid_user_balance",
+        details={"subscription_credits": str(bal.subscription_credits), "topup_credits": str(bal.topup_credits)},
+    )
+    return False
 
 
 def _metadata_number(value: object) -> Decimal:
