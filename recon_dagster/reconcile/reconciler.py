@@ -18,7 +18,9 @@ from typing import Protocol
 
 import sqlalchemy as sa
 
+from recon_dagster import lora
 from recon_dagster.breaker import NotFoundBreaker
+from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import JobRow
 from recon_dagster.kinds import KINDS, MAX_ATTEMPTS, RECONCILE_CADENCE
@@ -161,6 +163,13 @@ class Reconciler:
         return outcome
 
     def _reconcile_row(self, row: JobRow, owner: str, started: float) -> JobOutcome:
+        if row.nonfinite:
+            self._flag_nonfinite(row)
+            if route(row) is Route.SWEEP:
+                # Its age is unknowable: no sweep on it. Counted attempts still end it (the cap
+                # fails and refunds it with an anomaly), so it never sits in flight forever.
+                why = f"non-finite {', '.join(row.nonfinite)}: not swept on an unknowable age"
+                return self._attempt_failed(row, owner, why, Outcome.ERROR, started)
         if route(row) is Route.SWEEP:
             won = sweep_no_recovery(self.engine, row.id)
             why = _sweep_reason(row)
@@ -257,6 +266,21 @@ class Reconciler:
             )
         return self._outcome(row.id, row.provider_kind, kind, attempts, why, started)
 
+    def _flag_nonfinite(self, row: JobRow) -> None:
+        """A timestamp at +/-infinity: logged with the job id and kept as a credit anomaly (once)."""
+        log.warning("job %s has non-finite %s", row.id, ", ".join(row.nonfinite))
+        try:
+            with self.engine.begin() as conn:
+                credits.log_credit_anomaly(
+                    conn,
+                    job_id=row.id,
+                    user_id=row.user_id,
+                    reason="nonfinite_timestamp",
+                    details={"columns": list(row.nonfinite), "provider_kind": row.provider_kind},
+                )
+        except Exception:  # the flag is bookkeeping; the attempt goes on without it
+            log.exception("could not record the non-finite timestamp anomaly of job %s", row.id)
+
     # -- many jobs -----------------------------------------------------------------------------
 
     def reconcile_many(self, job_ids: Sequence[uuid.UUID | str], owner: str) -> list[JobOutcome]:
@@ -271,7 +295,13 @@ class Reconciler:
     def sweep_stale(self, owner: str, *, limit: int = 500) -> tuple[int, list[JobOutcome]]:
         """Phase 2 on its own: lease and sweep every stale row that cannot be recovered.
 
+        Legacy LoRA trainings are adopted first (the scan leaves them alone until then): adopted,
+        they carry their Replicate training id and are polled like any other job, never swept.
+
         Returns (rows scanned, outcomes)."""
+        with self.engine.begin() as conn:
+            for adopted in lora.adopt_legacy_trainings(conn):
+                log.info("adopted legacy training %s of job %s before sweeping", adopted.training_id, adopted.job_id)
         with self.engine.begin() as conn:
             rows = jobs_db.scan_stale(conn, limit)
             claims = [jobs_db.Claim(r.id, r.reconcile_attempts) for r in rows if route(r) is Route.SWEEP]
