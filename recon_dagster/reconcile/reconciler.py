@@ -18,6 +18,7 @@ from typing import Protocol
 
 import sqlalchemy as sa
 
+from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import JobRow
 from recon_dagster.kinds import KINDS, MAX_ATTEMPTS, RECONCILE_CADENCE
@@ -138,8 +139,19 @@ class Reconciler:
     # -- one job -------------------------------------------------------------------------------
 
     def reconcile(self, job_id: uuid.UUID | str, owner: str) -> JobOutcome:
+        """Work one leased job; never raises (an error is an ERROR outcome, so a batch keeps every
+        outcome)."""
         started = time.monotonic()
         job_id = uuid.UUID(str(job_id))
+        try:
+            outcome = self._reconcile_leased(job_id, owner, started)
+        except Exception as exc:  # last resort: the database itself failed us for this job
+            log.exception("reconcile of job %s failed and could not be counted", job_id)
+            outcome = self._outcome(job_id, None, Outcome.ERROR, -1, f"{type(exc).__name__}: {exc}", started)
+        self._record(outcome, owner)
+        return outcome
+
+    def _reconcile_leased(self, job_id: uuid.UUID, owner: str, started: float) -> JobOutcome:
         with self.engine.begin() as conn:
             row = jobs_db.renew_lease(conn, job_id, owner, self.settings.lease_ttl)
         if row is None:
@@ -154,12 +166,14 @@ class Reconciler:
                 outcome = self._attempt_failed(
                     row, owner, f"{type(exc).__name__}: {exc}", Outcome.ERROR, started
                 )
-        self._record(outcome, owner)
         return outcome
 
     def _reconcile_row(self, row: JobRow, owner: str, started: float) -> JobOutcome:
         if route(row) is Route.SWEEP:
-            won = sweep_no_recovery(self.engine, row.id)
+            try:
+                won = sweep_no_recovery(self.engine, row.id)
+            except Exception as exc:
+                return self._settle_failed(row, owner, "sweep", exc, started)
             why = _sweep_reason(row)
             return self._outcome(
                 row.id,
@@ -208,7 +222,10 @@ class Reconciler:
             )
 
         if decision.action is Action.FAIL:
-            won = fail_and_refund(self.engine, row.id, failure_message(decision.reason))
+            try:
+                won = fail_and_refund(self.engine, row.id, failure_message(decision.reason))
+            except Exception as exc:
+                return self._settle_failed(row, owner, "fail_and_refund", exc, started)
             return self._outcome(
                 row.id,
                 row.provider_kind,
@@ -232,6 +249,7 @@ class Reconciler:
                 last_error=why[:2000],
                 next_in=self.settings.cadence,
                 owner=owner,
+                cap=self.settings.max_attempts,
             )
         if attempts is None:
             return self._outcome(
@@ -243,7 +261,15 @@ class Reconciler:
                 started,
             )
         if decide_after_attempt(attempts, self.settings.max_attempts) is Action.FORCE_FAIL:
-            won = force_fail_and_refund(self.engine, row.id, attempts=attempts, last_error=why)
+            try:
+                won = force_fail_and_refund(self.engine, row.id, attempts=attempts, last_error=why)
+            except Exception as exc:
+                # Left in flight at the cap (bump_attempts never climbs past it): retried next cadence.
+                self._settle_anomaly(row, "force_fail", exc, attempts)
+                return self._outcome(
+                    row.id, row.provider_kind, Outcome.ERROR, attempts,
+                    f"{attempts} attempts: force_fail raised {type(exc).__name__}: {exc} ({why})", started,
+                )  # fmt: skip
             return self._outcome(
                 row.id,
                 row.provider_kind,
@@ -253,6 +279,36 @@ class Reconciler:
                 started,
             )
         return self._outcome(row.id, row.provider_kind, kind, attempts, why, started)
+
+    def _settle_failed(
+        self, row: JobRow, owner: str, step: str, exc: Exception, started: float
+    ) -> JobOutcome:
+        """A fail/refund/sweep that raised: an anomaly, and the attempt counted (capped)."""
+        self._settle_anomaly(row, step, exc, row.reconcile_attempts + 1)
+        return self._attempt_failed(
+            row, owner, f"settle step {step} raised {type(exc).__name__}: {exc}", Outcome.ERROR, started
+        )
+
+    def _settle_anomaly(self, row: JobRow, step: str, exc: Exception, attempts: int) -> None:
+        """One ``reconcile_settle_error`` anomaly per job, so the stuck reservation is seen."""
+        log.error("job %s: settle step %s raised", row.id, step, exc_info=exc)
+        try:
+            with self.engine.begin() as conn:
+                credits.log_credit_anomaly(
+                    conn,
+                    job_id=row.id,
+                    user_id=row.user_id,
+                    reason="reconcile_settle_error",
+                    details={
+                        "step": step,
+                        "error": f"{type(exc).__name__}: {exc}"[:2000],
+                        "attempts": attempts,
+                        "provider_kind": row.provider_kind,
+                        "provider_task_id": row.provider_task_id,
+                    },
+                )
+        except Exception:
+            log.exception("could not record the settle anomaly of job %s", row.id)
 
     # -- many jobs -----------------------------------------------------------------------------
 
