@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from recon_dagster.kinds import KINDS, LEGACY_STALE_THRESHOLD, NON_PROVIDER_JOB_TYPES
+from recon_dagster.redaction import redact_secrets
 
 INFLIGHT_STATUSES = ("pending", "processing")
 TERMINAL_STATUSES = ("completed", "failed", "cancelled")
@@ -331,7 +332,7 @@ def fail_job(conn: sa.Connection, job_id: uuid.UUID, error_message: str) -> bool
             RETURNING id
             """
         ),
-        {"id": str(job_id), "err": error_message},
+        {"id": str(job_id), "err": redact_secrets(error_message)},
     ).first()
     return r is not None
 
@@ -373,7 +374,7 @@ def bump_attempts(
         {
             "id": str(job_id),
             "expected": expected_attempts,
-            "err": last_error,
+            "err": None if last_error is None else redact_secrets(last_error),
             "next_s": next_in.total_seconds(),
             "owner": owner,
             "cap": cap,

@@ -41,6 +41,7 @@ from recon_dagster.reconcile.finalize import (
     force_fail_and_refund,
     sweep_no_recovery,
 )
+from recon_dagster.redaction import redact_secrets
 
 log = logging.getLogger("recon_dagster.reconcile")
 
@@ -241,6 +242,7 @@ class Reconciler:
         )
 
     def _attempt_failed(self, row: JobRow, owner: str, why: str, kind: Outcome, started: float) -> JobOutcome:
+        why = redact_secrets(why)  # before it is cut to length, so no half key survives
         with self.engine.begin() as conn:
             attempts = jobs_db.bump_attempts(
                 conn,
@@ -301,7 +303,7 @@ class Reconciler:
                     reason="reconcile_settle_error",
                     details={
                         "step": step,
-                        "error": f"{type(exc).__name__}: {exc}"[:2000],
+                        "error": redact_secrets(f"{type(exc).__name__}: {exc}")[:2000],
                         "attempts": attempts,
                         "provider_kind": row.provider_kind,
                         "provider_task_id": row.provider_task_id,
@@ -336,6 +338,8 @@ class Reconciler:
     def _outcome(
         self, job_id: uuid.UUID, kind: str | None, outcome: Outcome, attempt: int, detail: str, started: float
     ) -> JobOutcome:
+        # Every outcome detail (reconcile_events, Dagster logs and metadata) passes here.
+        detail = redact_secrets(detail)
         return JobOutcome(job_id, kind, outcome, attempt, detail, int((time.monotonic() - started) * 1000))
 
     def _record(self, o: JobOutcome, owner: str) -> None:
