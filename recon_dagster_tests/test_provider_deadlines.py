@@ -17,7 +17,7 @@ from recon_dagster.sandbox import Scenario
 pytestmark = pytest.mark.timeout(60)
 
 # A poll body is a few hundred bytes: at one byte per 0.5 s it would take minutes in full.
-DRIP = Scenario(outcome="run_forever", drip_s=0.5)
+DRIP = Scenario(outcome="run_forever", poll_drip_s=0.5)
 
 
 @pytest.mark.parametrize("kind", ["kie-standard", "replicate-prediction", "elevenlabs-async"])

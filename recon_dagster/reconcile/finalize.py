@@ -31,6 +31,7 @@ import sqlalchemy as sa
 
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
+from recon_dagster.deadlines import media_deadline_s, media_min_bytes_per_s
 from recon_dagster.media.download import MediaStream
 from recon_dagster.media.store import MediaStore, StoredObject, guess_ext, media_key
 from recon_dagster.media.transfer import DEFAULT_CONTENT_TYPE, fetch_bytes, fetch_to_store
@@ -103,6 +104,11 @@ class MediaPolicy:
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     headers_for: HeadersFor | None = None
     watermark_text: str = "recon"
+    # All media of one finalize together (None: RECON_MEDIA_DEADLINE_S, 600 s: inside the lease);
+    # an object that declares its size gets its share at min_bytes_per_s
+    # (None: RECON_MEDIA_MIN_BYTES_PER_S, 1 MiB/s).
+    deadline_s: float | None = None
+    min_bytes_per_s: float | None = None
 
 
 @dataclass
@@ -188,9 +194,14 @@ def store_result_media(
     should_watermark: bool,
     policy: MediaPolicy,
 ) -> list[StoredObject]:
-    """Stream every media reference into the store under the job's deterministic keys."""
+    """Stream every media reference into the store under the job's deterministic keys, all of
+    them within the policy's overall deadline."""
     out: list[StoredObject] = []
+    budget_s = policy.deadline_s if policy.deadline_s is not None else media_deadline_s()
+    rate = policy.min_bytes_per_s if policy.min_bytes_per_s is not None else media_min_bytes_per_s()
+    deadline = time.monotonic() + budget_s
     for index, ref in enumerate(result.media):
+        left = max(0.0, deadline - time.monotonic())
         headers = (
             dict(policy.headers_for(result.provider_kind, ref))
             if ref.needs_auth and policy.headers_for
@@ -211,6 +222,8 @@ def store_result_media(
                     allowed_hosts=policy.allowed_hosts,
                     headers=headers,
                     client=client,
+                    deadline_s=left,
+                    min_bytes_per_s=rate,
                 )  # fmt: skip
             )
             continue
@@ -218,6 +231,7 @@ def store_result_media(
         data, content_type = fetch_bytes(
             ref.url, max_bytes=policy.max_image_bytes,
             allowed_hosts=policy.allowed_hosts, headers=headers, client=client,
+            deadline_s=left, min_bytes_per_s=rate,
         )  # fmt: skip
         content_type = content_type or DEFAULT_CONTENT_TYPE
         key = media_key(row.id, row.job_type, index, _ext(content_type, ref))

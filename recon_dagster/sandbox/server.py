@@ -401,9 +401,9 @@ class Sandbox:
             raw = shapes.malformed_body(task.family, body, sc.malformed_kind)
             ctype = "text/html" if sc.malformed_kind == "not_json" else "application/json"
             return Response(200, raw, ctype, delay_s=delay)
-        if sc.drip_s:
+        if sc.poll_drip_s:
             data = json.dumps(body).encode()
-            return Response(200, self._drip([data], sc.drip_s), length=len(data), delay_s=delay)
+            return Response(200, self._drip([data], sc.poll_drip_s), length=len(data), delay_s=delay)
         return _json(200, body, delay_s=delay)
 
     def _drip(self, chunks: Iterable[bytes], every_s: float) -> Iterator[bytes]:
@@ -824,8 +824,8 @@ class Sandbox:
     def _stream(self, key: str, n: int, kind: str, sc: Scenario, method: str) -> Response:
         length = media_length(kind, sc.media_size)
         body: Iterable[bytes] = () if method == "HEAD" else iter_media(key, n, kind, sc.media_size)
-        if sc.drip_s and method != "HEAD":
-            body = self._drip(body, sc.drip_s)
+        if sc.media_drip_s and method != "HEAD":
+            body = self._drip(body, sc.media_drip_s)
         return Response(
             200,
             body,
