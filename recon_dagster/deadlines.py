@@ -64,6 +64,12 @@ def media_min_bytes_per_s() -> float:
     return env_positive(MEDIA_MIN_RATE_ENV, DEFAULT_MEDIA_MIN_BYTES_PER_S)
 
 
+def stale_part_age_s() -> float:
+    """Age past which a partial media write is dead: the reconcile lease (``RECON_LEASE_S``,
+    900 s), longer than any download's deadline."""
+    return env_positive("RECON_LEASE_S", 900.0)
+
+
 def sized_deadline_s(size: int | None, remaining_s: float, min_bytes_per_s: float | None) -> float:
     """Time one media object may take: its share by declared size, never more than what is left."""
     if size is None or not min_bytes_per_s:
