@@ -57,11 +57,12 @@ def test_a_gzip_bomb_is_refused_at_the_decoded_cap(sandbox, monkeypatch):
         providers.poll("kie-standard", task)
 
 
-def test_answers_under_the_limits_are_read_as_before(sandbox, monkeypatch):
+@pytest.mark.parametrize("gzip", [False, True])
+def test_answers_under_the_limits_are_read_as_before(sandbox, monkeypatch, gzip):
     monkeypatch.setenv("RECON_POLL_DEADLINE_S", "5")
     monkeypatch.setenv("RECON_POLL_MAX_BYTES", "4096")
     providers = providers_from_env()
-    task = sandbox.add_task("kie-standard", Scenario(polls_before_done=0))
+    task = sandbox.add_task("kie-standard", Scenario(polls_before_done=0, gzip_polls=gzip))
 
     status = providers.poll("kie-standard", task)
 

@@ -14,6 +14,7 @@ import logging
 import random
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -209,6 +210,38 @@ class HttpSettings:
     max_body_bytes: int = DEFAULT_POLL_MAX_BYTES
 
 
+# Encodings decoded here, step by step with a bound on each step's output (httpx's own decoder
+# inflates a whole network chunk at once: 64 KiB of a gzip bomb is 64 MiB).
+ACCEPT_ENCODING = "gzip, deflate"
+
+
+def _bounded_decode(response: httpx.Response, cap: int, label: str) -> Iterator[bytes]:
+    """The decoded body of a streamed response, never inflating more than ``cap + 1`` bytes at
+    once; an encoding this client did not offer is an error."""
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        yield from response.iter_raw()
+        return
+    if encoding in ("gzip", "x-gzip"):
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    elif encoding == "deflate":
+        inflater = zlib.decompressobj()
+    else:
+        raise ProviderHTTPError(label, response.status_code, f"answer in unsupported encoding {encoding!r}")
+    try:
+        for raw in response.iter_raw():
+            data = raw
+            while data:
+                out = inflater.decompress(data, cap + 1)
+                yield out
+                data = inflater.unconsumed_tail
+        yield inflater.flush()
+    except zlib.error as exc:
+        raise ProviderHTTPError(
+            label, response.status_code, f"answer is not valid {encoding}: {exc}"
+        ) from None
+
+
 class ProviderHttp:
     """One provider's HTTP client: pooled, thread-safe, with the shared retry and limit policy."""
 
@@ -323,7 +356,7 @@ class ProviderHttp:
         bucket = self._limiter.read_bucket if idempotent else self._limiter.create_bucket
         if bucket is not None:
             bucket.acquire(self._sleep)
-        all_headers = {**self._auth, **(headers or {})}
+        all_headers = {"accept-encoding": ACCEPT_ENCODING, **self._auth, **(headers or {})}
         started = time.perf_counter()
         try:
             with self._limiter.semaphore:
@@ -383,7 +416,7 @@ class ProviderHttp:
         try:
             chunks: list[bytes] = []
             size = 0
-            for chunk in response.iter_bytes():
+            for chunk in _bounded_decode(response, cap, label):
                 size += len(chunk)
                 if size > cap:
                     problem = f"{method} {path}: answer larger than {cap} bytes decoded; refused"

@@ -107,6 +107,8 @@ class Scenario:
     media_drip_s: float | None = None
     # Polls answered with a gzip body that decodes to this many bytes (a decompression bomb).
     poll_gzip_bytes: int = 0
+    # Poll answers gzip-compressed (Content-Encoding: gzip), as a CDN in front of a provider does.
+    gzip_polls: bool = False
 
     def __post_init__(self) -> None:
         self.validate()

@@ -401,6 +401,9 @@ class Sandbox:
             raw = shapes.malformed_body(task.family, body, sc.malformed_kind)
             ctype = "text/html" if sc.malformed_kind == "not_json" else "application/json"
             return Response(200, raw, ctype, delay_s=delay)
+        if sc.gzip_polls:
+            packed = zlib.compress(json.dumps(body).encode(), 6, 31)
+            return Response(200, packed, headers={"Content-Encoding": "gzip"}, delay_s=delay)
         if sc.poll_drip_s:
             data = json.dumps(body).encode()
             return Response(200, self._drip([data], sc.poll_drip_s), length=len(data), delay_s=delay)
