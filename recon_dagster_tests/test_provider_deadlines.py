@@ -74,3 +74,14 @@ def test_a_bad_limit_is_an_error_naming_the_variable(sandbox, monkeypatch, value
     monkeypatch.setenv("RECON_POLL_DEADLINE_S", value)
     with pytest.raises(ValueError, match="RECON_POLL_DEADLINE_S"):
         providers_from_env().poll("kie-standard", sandbox.add_task("kie-standard"))
+
+
+def test_a_billed_sync_answer_is_not_held_to_the_poll_cap(sandbox, monkeypatch):
+    """A text-to-speech answer is the audio itself: the poll cap must not refuse a paid result."""
+    monkeypatch.setenv("RECON_POLL_MAX_BYTES", "1024")
+    sandbox.set_default_scenario("elevenlabs-sync", Scenario(media_size=256 * 1024))
+    try:
+        audio = providers_from_env().elevenlabs.text_to_speech("voice1", "hello there")
+    finally:
+        sandbox.set_default_scenario("elevenlabs-sync", None)
+    assert len(audio) >= 256 * 1024

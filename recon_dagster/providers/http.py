@@ -206,13 +206,14 @@ class HttpSettings:
     # never trips a per-read timeout. None: no overall deadline. Creates and billed sync calls
     # have none (an LLM answer may take minutes; cutting a create short would make it ambiguous).
     read_deadline_s: float | None = DEFAULT_POLL_DEADLINE_S
-    # Decoded size of one answer (counted after decompression: a gzip bomb stops here).
+    # Decoded size of one idempotent call's answer (inflated step by step: a gzip bomb stops here).
     max_body_bytes: int = DEFAULT_POLL_MAX_BYTES
 
 
 # Encodings decoded here, step by step with a bound on each step's output (httpx's own decoder
 # inflates a whole network chunk at once: 64 KiB of a gzip bomb is 64 MiB).
 ACCEPT_ENCODING = "gzip, deflate"
+_UNCAPPED = 1 << 62
 
 
 def _bounded_decode(response: httpx.Response, cap: int, label: str) -> Iterator[bytes]:
@@ -411,7 +412,8 @@ class ProviderHttp:
     ) -> httpx.Response:
         """Send and read the answer, counting decoded bytes against ``max_body_bytes`` and the
         clock against ``deadline``; returns a response whose body is read."""
-        cap = self.settings.max_body_bytes
+        # Creates and billed sync calls are not capped: a text-to-speech answer is the audio itself.
+        cap = self.settings.max_body_bytes if idempotent else _UNCAPPED
         response = self.client.send(request, stream=True)
         try:
             chunks: list[bytes] = []
@@ -420,8 +422,6 @@ class ProviderHttp:
                 size += len(chunk)
                 if size > cap:
                     problem = f"{method} {path}: answer larger than {cap} bytes decoded; refused"
-                    if not idempotent:
-                        raise AmbiguousCreateError(f"{label}: {problem}; the provider may have accepted it")
                     raise ProviderHTTPError(label, response.status_code, problem)
                 if deadline is not None and time.monotonic() > deadline:
                     raise ProviderHTTPError(
