@@ -21,7 +21,7 @@ from urllib.parse import quote, quote_plus
 
 MASK = "[redacted]"
 # Shorter values are not treated as secrets: masking every "ab" in every message helps nobody.
-MIN_SECRET_LENGTH = 6
+MIN_SECRET_LENGTH = 8
 # A message cut to a length limit may end inside a key: a run of at least this many characters
 # that starts a registered form is masked too (shorter runs are public prefixes like "sk-proj-").
 CUT_PREFIX = 10
