@@ -19,6 +19,9 @@ from recon_dagster.providers.elevenlabs import ELEVENLABS_BASE_URL, ElevenLabsRe
 from recon_dagster.providers.kie import KIE_BASE_URL, KieResource
 from recon_dagster.providers.replicate import REPLICATE_BASE_URL, ReplicateResource
 from recon_dagster.providers.status import MediaRef, UpstreamStatus
+from recon_dagster.redaction import register_secret
+
+API_KEY_ENV_VARS = ("KIE_API_KEY", "REPLICATE_API_TOKEN", "ELEVENLABS_API_KEY", "ANTHROPIC_API_KEY")
 
 
 class ProvidersResource(dg.ConfigurableResource):
@@ -100,7 +103,11 @@ def _base_url(name: str, default: str) -> str:
 
 def providers_from_env() -> ProvidersResource:
     """The production wiring: keys from ``dg.EnvVar`` (never literals, so they stay out of run
-    config and the UI), base URLs from ``*_BASE_URL`` when set, else the real providers."""
+    config and the UI), base URLs from ``*_BASE_URL`` when set, else the real providers.
+
+    The keys present now are registered for masking at once, before any client is built."""
+    for name in API_KEY_ENV_VARS:
+        register_secret(os.environ.get(name))
     return ProvidersResource(
         kie=KieResource(base_url=_base_url("KIE_BASE_URL", KIE_BASE_URL), api_key=dg.EnvVar("KIE_API_KEY")),
         replicate=ReplicateResource(

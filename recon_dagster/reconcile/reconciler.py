@@ -42,6 +42,7 @@ from recon_dagster.reconcile.finalize import (
     force_fail_and_refund,
     sweep_no_recovery,
 )
+from recon_dagster.redaction import redact_secrets
 
 log = logging.getLogger("recon_dagster.reconcile")
 
@@ -143,8 +144,19 @@ class Reconciler:
     # -- one job -------------------------------------------------------------------------------
 
     def reconcile(self, job_id: uuid.UUID | str, owner: str) -> JobOutcome:
+        """Work one leased job; never raises (an error is an ERROR outcome, so a batch keeps every
+        outcome)."""
         started = time.monotonic()
         job_id = uuid.UUID(str(job_id))
+        try:
+            outcome = self._reconcile_leased(job_id, owner, started)
+        except Exception as exc:  # last resort: the database itself failed us for this job
+            log.exception("reconcile of job %s failed and could not be counted", job_id)
+            outcome = self._outcome(job_id, None, Outcome.ERROR, -1, f"{type(exc).__name__}: {exc}", started)
+        self._record(outcome, owner)
+        return outcome
+
+    def _reconcile_leased(self, job_id: uuid.UUID, owner: str, started: float) -> JobOutcome:
         with self.engine.begin() as conn:
             row = jobs_db.renew_lease(conn, job_id, owner, self.settings.lease_ttl)
         if row is None:
@@ -159,7 +171,6 @@ class Reconciler:
                 outcome = self._attempt_failed(
                     row, owner, f"{type(exc).__name__}: {exc}", Outcome.ERROR, started
                 )
-        self._record(outcome, owner)
         return outcome
 
     def _reconcile_row(self, row: JobRow, owner: str, started: float) -> JobOutcome:
@@ -171,7 +182,10 @@ class Reconciler:
                 why = f"non-finite {', '.join(row.nonfinite)}: not swept on an unknowable age"
                 return self._attempt_failed(row, owner, why, Outcome.ERROR, started)
         if route(row) is Route.SWEEP:
-            won = sweep_no_recovery(self.engine, row.id)
+            try:
+                won = sweep_no_recovery(self.engine, row.id)
+            except Exception as exc:
+                return self._settle_failed(row, owner, "sweep", exc, started)
             why = _sweep_reason(row)
             return self._outcome(
                 row.id,
@@ -221,7 +235,10 @@ class Reconciler:
             )
 
         if decision.action is Action.FAIL:
-            won = fail_and_refund(self.engine, row.id, failure_message(decision.reason))
+            try:
+                won = fail_and_refund(self.engine, row.id, failure_message(decision.reason))
+            except Exception as exc:
+                return self._settle_failed(row, owner, "fail_and_refund", exc, started)
             return self._outcome(
                 row.id,
                 row.provider_kind,
@@ -236,6 +253,7 @@ class Reconciler:
         return self._attempt_failed(row, owner, f"{decision.reason}{progress}", kind, started)
 
     def _attempt_failed(self, row: JobRow, owner: str, why: str, kind: Outcome, started: float) -> JobOutcome:
+        why = redact_secrets(why)  # before it is cut to length, so no half key survives
         with self.engine.begin() as conn:
             attempts = jobs_db.bump_attempts(
                 conn,
@@ -244,6 +262,7 @@ class Reconciler:
                 last_error=why[:2000],
                 next_in=self.settings.cadence,
                 owner=owner,
+                cap=self.settings.max_attempts,
             )
         if attempts is None:
             return self._outcome(
@@ -255,7 +274,15 @@ class Reconciler:
                 started,
             )
         if decide_after_attempt(attempts, self.settings.max_attempts) is Action.FORCE_FAIL:
-            won = force_fail_and_refund(self.engine, row.id, attempts=attempts, last_error=why)
+            try:
+                won = force_fail_and_refund(self.engine, row.id, attempts=attempts, last_error=why)
+            except Exception as exc:
+                # Left in flight at the cap (bump_attempts never climbs past it): retried next cadence.
+                self._settle_anomaly(row, "force_fail", exc, attempts)
+                return self._outcome(
+                    row.id, row.provider_kind, Outcome.ERROR, attempts,
+                    f"{attempts} attempts: force_fail raised {type(exc).__name__}: {exc} ({why})", started,
+                )  # fmt: skip
             return self._outcome(
                 row.id,
                 row.provider_kind,
@@ -280,6 +307,36 @@ class Reconciler:
                 )
         except Exception:  # the flag is bookkeeping; the attempt goes on without it
             log.exception("could not record the non-finite timestamp anomaly of job %s", row.id)
+
+    def _settle_failed(
+        self, row: JobRow, owner: str, step: str, exc: Exception, started: float
+    ) -> JobOutcome:
+        """A fail/refund/sweep that raised: an anomaly, and the attempt counted (capped)."""
+        self._settle_anomaly(row, step, exc, row.reconcile_attempts + 1)
+        return self._attempt_failed(
+            row, owner, f"settle step {step} raised {type(exc).__name__}: {exc}", Outcome.ERROR, started
+        )
+
+    def _settle_anomaly(self, row: JobRow, step: str, exc: Exception, attempts: int) -> None:
+        """One ``reconcile_settle_error`` anomaly per job, so the stuck reservation is seen."""
+        log.error("job %s: settle step %s raised", row.id, step, exc_info=exc)
+        try:
+            with self.engine.begin() as conn:
+                credits.log_credit_anomaly(
+                    conn,
+                    job_id=row.id,
+                    user_id=row.user_id,
+                    reason="reconcile_settle_error",
+                    details={
+                        "step": step,
+                        "error": redact_secrets(f"{type(exc).__name__}: {exc}")[:2000],
+                        "attempts": attempts,
+                        "provider_kind": row.provider_kind,
+                        "provider_task_id": row.provider_task_id,
+                    },
+                )
+        except Exception:
+            log.exception("could not record the settle anomaly of job %s", row.id)
 
     # -- many jobs -----------------------------------------------------------------------------
 
@@ -313,6 +370,8 @@ class Reconciler:
     def _outcome(
         self, job_id: uuid.UUID, kind: str | None, outcome: Outcome, attempt: int, detail: str, started: float
     ) -> JobOutcome:
+        # Every outcome detail (reconcile_events, Dagster logs and metadata) passes here.
+        detail = redact_secrets(detail)
         return JobOutcome(job_id, kind, outcome, attempt, detail, int((time.monotonic() - started) * 1000))
 
     def _record(self, o: JobOutcome, owner: str) -> None:
