@@ -46,9 +46,10 @@ ACTIVE_STATUSES = [
 ]
 FINISHED_STATUSES = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 WORK_TAG = "recon/work"
-# How many runs of the same work may end before claiming it (each failed before its first op)
-# until the sensor stops requesting it and says so: a broken deployment, not a job to retry.
-MAX_UNSTARTED_RUNS = 5
+# Runs of the same work that ended before claiming it (each failed before its first op) from
+# which on the sensor logs an ERROR per tick: a broken deployment, not bad luck. It keeps
+# requesting (a transient outage of the code server must not strand jobs).
+UNSTARTED_RUNS_LOUD = 3
 
 
 def run_request_for(batch: Batch) -> dg.RunRequest:
@@ -89,12 +90,13 @@ def jobs_in_active_runs(instance: dg.DagsterInstance) -> set[uuid.UUID]:
 
 
 def fresh_keys(instance: dg.DagsterInstance, batches: list[Batch]) -> tuple[list[Batch], list[Batch]]:
-    """Give work that an ended run never claimed a fresh run key; returns (batches, given up).
+    """Give work that an ended run never claimed a fresh run key; returns (batches, stubborn).
 
     A run that ends leaves a trace on its jobs (an attempt counted, a lease, a terminal state),
-    and that trace changes the next key. A run that failed before its first op left none, so the
-    same work would get the same key, which Dagster never launches twice: the retry suffix counts
-    the ended runs of that work instead.
+    and that trace changes the next key. A run that failed before its first op (the code server
+    unreachable, a launch timeout) left none, so the same work would get the same key, which
+    Dagster never launches twice: the retry suffix counts the ended runs of that work instead.
+    ``stubborn`` lists the work that has ended that way ``UNSTARTED_RUNS_LOUD`` times or more.
     """
     if not batches:
         return [], []
@@ -108,9 +110,8 @@ def fresh_keys(instance: dg.DagsterInstance, batches: list[Batch]) -> tuple[list
             )
         )
     )
-    keep = [b.with_retry(ended[b.work_key]) for b in batches if ended[b.work_key] < MAX_UNSTARTED_RUNS]
-    given_up = [b for b in batches if ended[b.work_key] >= MAX_UNSTARTED_RUNS]
-    return keep, given_up
+    fresh = [b.with_retry(ended[b.work_key]) for b in batches]
+    return fresh, [b for b in fresh if ended[b.work_key] >= UNSTARTED_RUNS_LOUD]
 
 
 @dg.sensor(
@@ -153,11 +154,11 @@ def stale_inflight_jobs_sensor(
             f"job {row.id}: provider_kind {row.provider_kind!r} has no reconcile partition; "
             "left to sync_sweep_job"
         )
-    batches, given_up = fresh_keys(context.instance, batches)
-    for b in given_up:
+    batches, stubborn = fresh_keys(context.instance, batches)
+    for b in stubborn:
         context.log.error(
-            f"{MAX_UNSTARTED_RUNS} runs of {b.work_key} ({len(b.claims)} job(s)) ended before claiming "
-            "their jobs: not requested again (see those runs' errors)"
+            f"runs of {b.work_key} ({len(b.claims)} job(s)) keep ending before they claim their jobs; "
+            f"requesting it again as {b.run_key} (see those runs' errors)"
         )
 
     summary = Summary(scanned=len(due)).add_counts(previous)

@@ -7,7 +7,6 @@ between evaluation and submission, or time spent queued never touches a job row 
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import dagster as dg
@@ -15,8 +14,10 @@ import pytest
 import sqlalchemy as sa
 from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
 
+from recon_dagster.db.jobs import Claim
 from recon_dagster.kinds import MAX_ATTEMPTS
 from recon_dagster.providers import ProvidersResource
+from recon_dagster.reconcile.reconciler import Reconciler
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.factories import job_row
 from recon_dagster_tests.reconcile_support import evaluate_sensor, make_defs, one, tick, usage_status
@@ -165,28 +166,40 @@ def test_a_job_whose_runs_keep_crashing_is_force_failed_at_the_cap(db, instance,
 
 
 def test_two_runs_carrying_the_same_job_never_both_work_it(db, instance, media_dir, sandbox):
-    _, job, task = _stuck(db, sandbox, "kie-standard", Scenario(polls_before_done=0, latency_s=0.5))
+    _, job, task = _stuck(db, sandbox, "kie-standard")
     defs = make_defs(media_dir)
     [rr] = evaluate_sensor(defs, instance).run_requests
-    # The same job in a second run under another key (a batch whose membership changed).
+    # Run A has started: its first op claimed the job and is polling ...
+    a = _reconciler(defs)
+    config = rr.run_config["ops"]["claim_and_poll"]["config"]
+    planned = [Claim(uuid.UUID(j), n) for j, n in zip(config["job_ids"], config["attempts"], strict=True)]
+    rows, settled = a.claim(planned, rr.run_key)
+    assert [r.id for r in rows] == [job] and settled == []
+    # ... when run B, carrying the same job under another key (its batch changed), starts too.
     other = dg.RunRequest(
         run_key=f"{rr.run_key}-other", partition_key=rr.partition_key, run_config=rr.run_config, tags=rr.tags
     )
-    results: list = []
-    threads = [threading.Thread(target=lambda r=r: results.append(_execute(defs, instance, r))) for r in (rr, other)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    b = _execute(defs, instance, other)
+    outcomes = a.act(a.poll(rows), rr.run_key)
 
-    assert all(r.success for r in results)
+    assert b.success
+    assert [o.outcome.value for o in outcomes] == ["recovered"]
+    assert sorted(e.outcome for e in _events(db, job)) == ["recovered", "skipped"]
+    assert sandbox.poll_count(task) == 1  # B never even polled
     assert job_row(db, job)["status"] == "completed"
-    outcomes = sorted(
-        r.outcome for r in _events(db, job)
-    )
-    assert outcomes == ["recovered", "skipped"]
-    assert sandbox.poll_count(task) == 1
     assert one(db, "SELECT count(*) FROM usage_logs WHERE job_id = :j AND status = 'committed'", j=job) == 1
+
+
+def _reconciler(defs: dg.Definitions) -> Reconciler:
+    settings = defs.resources["reconcile_settings"]
+    providers = defs.resources["providers"]
+    return Reconciler(
+        defs.resources["database"].get_engine(),
+        providers,
+        defs.resources["media_store"],
+        settings=settings.settings(),
+        media_policy=settings.media_policy(providers.media_headers),
+    )
 
 
 def _events(db: sa.Engine, job: uuid.UUID) -> list:
@@ -210,8 +223,8 @@ def test_the_attempt_tag_equals_the_attempt_in_the_log_and_events_link_the_run(d
     [event] = _events(db, job)
     assert (event.attempt, event.outcome, event.run_key, event.run_id) == (4, "still_running", rr.run_key, result.run_id)
     assert job_row(db, job)["reconcile_attempts"] == 4
-    logs = [e.message for e in result.all_events if e.event_type_value == "LOGS_CAPTURED" or e.message]
-    assert any(f"job {job} [replicate-prediction] attempt 4:" in (m or "") for m in logs)
+    logs = [e.user_message for e in instance.all_logs(result.run_id)]
+    assert any(f"job {job} [replicate-prediction] attempt 4:" in m for m in logs)
 
 
 def test_the_run_graph_shows_the_design_cards_steps(db, instance, media_dir, sandbox):
@@ -305,7 +318,7 @@ def test_partial_errors_keep_the_run_green_and_log_a_warning(db, instance, media
 
     assert result.success
     warnings = [
-        e for e in instance.all_logs(result.run_id) if e.level == 30 and "1 of 2 job(s) errored" in (e.message or "")
+        e for e in instance.all_logs(result.run_id) if e.level == 30 and "1 of 2 job(s) errored" in e.user_message
     ]
     assert warnings
 
@@ -374,3 +387,58 @@ def test_unknown_job_ids_in_the_run_config_are_a_clear_error(db, instance, media
 @pytest.fixture(autouse=True)
 def _no_alert_hook(monkeypatch):
     monkeypatch.delenv("RECON_ALERT_HOOK", raising=False)
+
+
+ALERTS: list[str] = []
+
+
+def record_alert(context: dg.RunFailureSensorContext) -> None:
+    """A deployment's alerting, as RECON_ALERT_HOOK sees it."""
+    ALERTS.append(context.dagster_run.run_id)
+
+
+def test_a_failed_reconcile_run_reaches_the_alert_hook_only_when_one_is_set(db, instance, media_dir, sandbox, monkeypatch):
+    from recon_dagster.outcomes import reconcile_run_failure_alert
+
+    _stuck(db, sandbox, "kie-standard", Scenario(server_error_first=1000, polls_before_done=0))
+    defs = make_defs(media_dir)
+    [rr] = evaluate_sensor(defs, instance).run_requests
+    result = _execute(defs, instance, rr)
+    assert not result.success
+    run = instance.get_run_by_id(result.run_id)
+    [failure] = [
+        e.dagster_event for e in instance.all_logs(result.run_id) if e.dagster_event and e.dagster_event.is_run_failure
+    ]
+
+    def evaluate() -> None:
+        ctx = dg.build_run_status_sensor_context(
+            sensor_name="reconcile_run_failure_alert", dagster_event=failure, dagster_instance=instance, dagster_run=run
+        ).for_run_failure()
+        reconcile_run_failure_alert(ctx)
+
+    ALERTS.clear()
+    evaluate()  # no hook configured: logged only, nothing called
+    assert ALERTS == []
+    monkeypatch.setenv("RECON_ALERT_HOOK", f"{__name__}:record_alert")
+    evaluate()
+    assert [result.run_id] == ALERTS
+
+
+def test_work_whose_run_failed_before_claiming_gets_a_fresh_key(db, instance, media_dir, sandbox):
+    _, job, _ = _stuck(db, sandbox, "kie-standard")
+    defs = make_defs(media_dir)
+    [rr] = evaluate_sensor(defs, instance).run_requests
+    for n in range(2):  # the code server timed out: each run failed before its first op
+        instance.create_run_for_job(
+            defs.resolve_job_def("reconcile_job"),
+            run_config=rr.run_config,
+            tags={**rr.tags, RUN_KEY_TAG: rr.run_key if n == 0 else f"{rr.run_key}~{n}"},
+            status=dg.DagsterRunStatus.FAILURE,
+        )
+
+    [again] = evaluate_sensor(defs, instance).run_requests
+
+    assert again.run_key == f"{job}:1~2"  # not the launched keys Dagster would refuse
+    assert again.tags["recon/attempt"] == "1"  # no attempt was made
+    assert _execute(defs, instance, again).success
+    assert job_row(db, job)["status"] == "completed"
