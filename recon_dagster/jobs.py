@@ -315,6 +315,7 @@ def sweep_unrecoverable_jobs(
         scanned, outcomes = rec.sweep_stale(f"sweep:{context.run_id}", limit=reconcile_settings.scan_limit)
     finally:
         outcome_log.flush()
+    report_outcomes(context, outcomes, database)
     summary = Summary(scanned=scanned).add(outcomes)
     summary.elapsed_ms = int((time.monotonic() - started) * 1000)
     return _report(context, outcomes, summary)

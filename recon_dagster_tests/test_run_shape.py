@@ -19,7 +19,7 @@ from recon_dagster.kinds import MAX_ATTEMPTS
 from recon_dagster.providers import ProvidersResource
 from recon_dagster.reconcile.reconciler import Reconciler
 from recon_dagster.sandbox import Scenario
-from recon_dagster_tests.factories import job_row
+from recon_dagster_tests.factories import job_row, make_job, make_user, reserve
 from recon_dagster_tests.reconcile_support import evaluate_sensor, make_defs, one, tick, usage_status
 from recon_dagster_tests.test_reconcile_phase3 import _stuck
 
@@ -442,3 +442,19 @@ def test_work_whose_run_failed_before_claiming_gets_a_fresh_key(db, instance, me
     assert again.tags["recon/attempt"] == "1"  # no attempt was made
     assert _execute(defs, instance, again).success
     assert job_row(db, job)["status"] == "completed"
+
+
+def test_the_sweep_records_its_outcomes_too(db, instance, media_dir, sandbox):
+    from recon_dagster.kinds import SYNC_KINDS
+
+    kind = sorted(SYNC_KINDS)[0]
+    user = make_user(db)
+    job = make_job(db, user, job_type="text", provider_kind=kind, started_minutes_ago=60)
+    reserve(db, job, user, 30, from_sub=20, from_topup=10)
+    defs = make_defs(media_dir)
+
+    assert defs.resolve_job_def("sync_sweep_job").execute_in_process(instance=instance).success
+
+    [m] = _materializations(instance, "reconcile_outcomes")
+    assert m.partition == kind
+    assert (m.metadata["swept"].value, m.metadata["credits_refunded"].value) == (1, 30.0)
