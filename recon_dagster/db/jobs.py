@@ -236,8 +236,13 @@ def claim_jobs(
     claims: Sequence[Claim],
     owner: str,
     ttl: timedelta,
+    *,
+    planned: bool = False,
 ) -> list[Claim]:
     """Take the reconcile lease on jobs whose attempt counter is still what the scan saw.
+
+    With ``planned``, each claim's ``attempt`` is instead the 1-based attempt the claimer planned
+    to make (counter + 1, + 1 more for a takeover): a run starting with the sensor's plan.
 
     Succeeds for rows that are in flight and unleased, leased by ``owner`` already, or whose lease
     expired. Taking over an expired lease of another owner means that run died mid-attempt, so it
@@ -255,7 +260,9 @@ def claim_jobs(
           SELECT * FROM unnest(:ids, :attempts) AS c(id, attempts)
         ), lockable AS (
           SELECT j.id FROM jobs j JOIN wanted c ON c.id = j.id
-          WHERE j.reconcile_attempts = c.attempts
+          WHERE j.reconcile_attempts + CASE WHEN NOT :planned THEN 0
+                WHEN j.reconcile_lease_owner IS NULL OR j.reconcile_lease_owner = :owner THEN 1
+                ELSE 2 END = c.attempts
             AND j.status IN ('pending', 'processing')
             AND (j.reconcile_lease_owner IS NULL
                  OR j.reconcile_lease_owner = :owner
@@ -289,6 +296,7 @@ def claim_jobs(
             "attempts": [c.attempt for c in claims],
             "owner": owner,
             "ttl_s": ttl.total_seconds(),
+            "planned": planned,
         },
     )
     return [Claim(uuid.UUID(str(r.id)), r.reconcile_attempts) for r in rows]
