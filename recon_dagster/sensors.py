@@ -9,6 +9,7 @@ import dagster as dg
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.engine import DatabaseUnavailable
 from recon_dagster.jobs import reconcile_job
+from recon_dagster.kinds import KINDS
 from recon_dagster.reconcile.dispatch import Batch, dispatch, plan_batches
 from recon_dagster.reconcile.reconciler import Summary, outcomes_since
 from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource
@@ -31,6 +32,7 @@ def run_request_for(batch: Batch) -> dg.RunRequest:
     """One run per batch: partitioned by kind, keyed by its jobs and their attempt numbers."""
     tags = {
         "recon/provider_kind": batch.provider_kind,
+        "recon/provider": str(KINDS[batch.provider_kind].provider),
         "recon/job_count": str(len(batch.claims)),
     }
     if len(batch.claims) == 1:

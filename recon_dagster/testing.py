@@ -242,6 +242,14 @@ class SandboxProcess:
         """Every create (async task or billable sync call) the sandbox has served."""
         return int(self.stats()["creates_total"])
 
+    def requests(
+        self, provider: str | None = None, op: str | None = None, *, window_s: float | None = None
+    ) -> dict[str, Any]:
+        """Provider API requests seen: ``count``, ``timestamps`` and, given ``window_s``, the
+        ``max_in_window`` (the most in any window of that length); ``op`` is read or create."""
+        params = {k: v for k, v in (("provider", provider), ("op", op), ("window_s", window_s)) if v}
+        return self._call("GET", "requests", params=params)
+
     def reset(self) -> None:
         """Forget all tasks, default scenarios and counters."""
         self._call("POST", "reset")

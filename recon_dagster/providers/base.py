@@ -14,6 +14,7 @@ from pydantic import Field, PrivateAttr
 
 from recon_dagster.kinds import Provider, ProviderKind, get_kind
 from recon_dagster.providers.http import HttpSettings, Limits, ProviderHttp, ProviderNotFound, json_body
+from recon_dagster.providers.limits import account_limits_from_env
 from recon_dagster.providers.status import MediaRef, ProviderError, UpstreamState, UpstreamStatus
 
 ProgressCallback = Callable[[UpstreamStatus], None]
@@ -114,6 +115,11 @@ class ProviderResource(dg.ConfigurableResource):
     create_burst: int = 1
     read_rate_per_s: float | None = Field(default=None, description="Polls/reads per second; None: no limit.")
     read_burst: int = 1
+    shared_limits: bool = Field(
+        default=False,
+        description="Share the account budget (RECON_LIMIT_<PROVIDER>) with every process through "
+        "the app's PostgreSQL; False: per-process limits only.",
+    )
 
     _lazy: _LazyClient = PrivateAttr(default_factory=_LazyClient)
 
@@ -157,6 +163,7 @@ class ProviderResource(dg.ConfigurableResource):
                 read_rate_per_s=self.read_rate_per_s,
                 read_burst=self.read_burst,
             ),
+            account=account_limits_from_env(str(self.PROVIDER)) if self.shared_limits else None,
         )
 
     @property

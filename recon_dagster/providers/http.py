@@ -15,7 +15,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import tenacity
 
+from recon_dagster.providers.limits import AccountLimits, account_limiter
 from recon_dagster.providers.status import AmbiguousCreateError, ProviderHTTPError, ProviderProtocolError
 
 log = logging.getLogger("recon_dagster.providers.http")
@@ -197,6 +198,8 @@ class HttpSettings:
     # A Retry-After beyond this is capped: a worker must not sleep for an hour inside one call.
     retry_after_max_s: float = 120.0
     limits: Limits = field(default_factory=Limits)
+    # The account budget shared by every process (providers/limits.py); None: per-process only.
+    account: AccountLimits | None = None
 
 
 class ProviderHttp:
@@ -222,6 +225,7 @@ class ProviderHttp:
         self._envelope_check = envelope_check
         self._sleep = sleep
         self._limiter = shared_limiter(provider, self.base_url, settings.limits)
+        self._account = account_limiter(settings.account)
         s = settings
         self.client = httpx.Client(
             base_url=self.base_url,
@@ -295,8 +299,9 @@ class ProviderHttp:
             bucket.acquire(self._sleep)
         all_headers = {**self._auth, **(headers or {})}
         started = time.perf_counter()
+        account = self._account.request(label, create=not idempotent) if self._account else nullcontext()
         try:
-            with self._limiter.semaphore:
+            with account, self._limiter.semaphore:
                 response = self.client.request(method, path, json=json, params=params, headers=all_headers)
         except _NOT_SENT as exc:
             raise _Transient(label, f"{method} {path}: {type(exc).__name__}: {self._clean(exc)}") from None
@@ -318,7 +323,13 @@ class ProviderHttp:
             response.status_code,
             (time.perf_counter() - started) * 1000,
         )
-        return self._classify(response, method, path, label, idempotent)
+        try:
+            return self._classify(response, method, path, label, idempotent)
+        except RetryableError as exc:
+            if exc.retry_after_s and self._account is not None:
+                # The provider throttles the account: everyone sharing it waits, not only us.
+                self._account.block_for(min(exc.retry_after_s, self.settings.retry_after_max_s))
+            raise
 
     def _classify(
         self, response: httpx.Response, method: str, path: str, label: str, idempotent: bool
