@@ -10,6 +10,7 @@ from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.engine import DatabaseUnavailable
 from recon_dagster.jobs import reconcile_job
 from recon_dagster.kinds import KINDS
+from recon_dagster.providers.limits import batch_size_within_budgets
 from recon_dagster.reconcile.dispatch import Batch, dispatch, plan_batches
 from recon_dagster.reconcile.reconciler import Summary, outcomes_since
 from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource
@@ -76,9 +77,10 @@ def stale_inflight_jobs_sensor(
     except DatabaseUnavailable as exc:
         return dg.SkipReason(f"database unavailable, nothing scanned: {exc}")
 
-    batches = plan_batches(
-        rows, batch_size=reconcile_settings.batch_size, single_below=reconcile_settings.single_run_below
+    batch_size = batch_size_within_budgets(
+        reconcile_settings.batch_size, reconcile_settings.concurrency, reconcile_settings.lease_seconds
     )
+    batches = plan_batches(rows, batch_size=batch_size, single_below=reconcile_settings.single_run_below)
     planned = {c.job_id for b in batches for c in b.claims}
     unroutable = [r for r in rows if r.id not in planned]
     for row in unroutable:

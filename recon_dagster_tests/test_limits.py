@@ -28,6 +28,7 @@ from recon_dagster.providers.limits import (
     Budget,
     LimitsConfigError,
     account_limits_from_env,
+    batch_size_within_budgets,
     parse_account_limits,
     run_shape,
 )
@@ -290,6 +291,15 @@ def test_run_shape_shrinks_batches_for_a_small_budget() -> None:
     # 60/min read budget: each of 2 runs polls ~0.45/s, so ~200 jobs fit in half a 900 s lease.
     assert 150 <= shape.batch_cap <= 250
     assert json.dumps(shape.__dict__)
+
+
+def test_sensor_batches_shrink_to_what_a_small_read_budget_polls_within_the_lease(monkeypatch) -> None:
+    assert batch_size_within_budgets(500, 16, 900) == 500  # the shipped defaults fit
+    monkeypatch.setenv("RECON_LIMIT_REPLICATE", "reads=60/60,concurrency=32")
+    expected = run_shape(account_limits_from_env("replicate"), 16, 900).batch_cap
+    assert expected is not None and expected < 500
+    assert batch_size_within_budgets(500, 16, 900) == expected
+    assert batch_size_within_budgets(50, 16, 900) == 50
 
 
 @pytest.mark.parametrize("kind", ["kie-lip-sync", "replicate-training", "elevenlabs-async"])

@@ -229,14 +229,17 @@ def run_shape(limits: AccountLimits, run_concurrency: int, lease_s: float) -> Ru
     return RunShape(runs, cap)
 
 
-def budget_batch_cap(providers: tuple[str, ...], run_concurrency: int, lease_s: float) -> int | None:
-    """The smallest batch cap over ``providers`` (from the environment), None when none applies."""
+# Providers whose kinds the reconcile runs poll (the others' kinds are synchronous: swept only).
+POLLED_PROVIDERS = ("kie", "replicate", "elevenlabs")
+
+
+def batch_size_within_budgets(batch_size: int, run_concurrency: int, lease_s: float) -> int:
+    """``batch_size``, lowered where an account's read budget (from the environment) could not
+    poll a whole batch within half its lease (see ``run_shape``)."""
     caps = [
-        c
-        for p in providers
-        if (c := run_shape(account_limits_from_env(p), run_concurrency, lease_s).batch_cap) is not None
+        run_shape(account_limits_from_env(p), run_concurrency, lease_s).batch_cap for p in POLLED_PROVIDERS
     ]
-    return min(caps) if caps else None
+    return min([batch_size, *(c for c in caps if c is not None)])
 
 
 # -- the shared limiter --------------------------------------------------------------------------
@@ -475,7 +478,7 @@ __all__ = [
     "RunShape",
     "account_limiter",
     "account_limits_from_env",
-    "budget_batch_cap",
+    "batch_size_within_budgets",
     "parse_account_limits",
     "resource_limit_fields",
     "run_shape",
