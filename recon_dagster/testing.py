@@ -377,6 +377,7 @@ def _instance_yaml(
     sensor_workers: int,
     submit_workers: int,
     monitoring_poll_s: int,
+    provider_run_limits: Mapping[str, int] | None = None,
 ) -> str:
     limits = ""
     if kind_run_limit is not None:
@@ -387,6 +388,10 @@ def _instance_yaml(
             "        applyLimitPerUniqueValue: true\n"
             f"      limit: {kind_run_limit}\n"
         )
+    for provider, limit in (provider_run_limits or {}).items():
+        if not limits:
+            limits = "  tag_concurrency_limits:\n"
+        limits += f'    - key: "recon/provider"\n      value: "{provider}"\n      limit: {limit}\n'
     return (
         "# written by recon_dagster.testing.dagster_home\n"
         "storage:\n  postgres:\n    postgres_url:\n      env: DAGSTER_POSTGRES_URL\n"
@@ -442,6 +447,7 @@ def dagster_home(
     module: str = "recon_dagster.definitions",
     location: str = "recon_dagster",
     keep_storage: bool = False,
+    provider_run_limits: Mapping[str, int] | None = None,
 ) -> Iterator[DagsterHome]:
     """A temp ``DAGSTER_HOME`` whose storage is ``<db>_dagster`` on the same PostgreSQL.
 
@@ -466,6 +472,7 @@ def dagster_home(
                 sensor_workers=sensor_workers,
                 submit_workers=submit_workers,
                 monitoring_poll_s=monitoring_poll_s,
+                provider_run_limits=provider_run_limits,
             )
         )
         home.workspace_yaml.write_text(_workspace_yaml(module, location))

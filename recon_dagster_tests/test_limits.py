@@ -309,3 +309,31 @@ def test_runs_carry_their_provider_tag_for_the_provider_run_limit(kind: str) -> 
 
     request = run_request_for(Batch(kind, (Claim("00000000-0000-0000-0000-000000000001", 0),), f"{kind}:k"))
     assert request.tags["recon/provider"] == str(KINDS[kind].provider)
+
+
+def _tag_limits(path: Path, *keys: str) -> list[dict]:
+    node = yaml.safe_load(path.read_text())
+    for key in keys:
+        node = node[key]
+    return node
+
+
+def test_deploy_examples_carry_the_same_run_limits_as_dagster_yaml() -> None:
+    """The Helm values and the Kubernetes dagster.yaml repeat dagster.yaml's run-queue limits;
+    a change to one that is not made to the others fails here."""
+    shipped = _tag_limits(ROOT / "dagster.yaml", "run_queue", "tag_concurrency_limits")
+    helm = _tag_limits(
+        ROOT / "deploy/helm/values.yaml",
+        "dagsterDaemon", "runCoordinator", "config", "queuedRunCoordinator", "tagConcurrencyLimits",
+    )  # fmt: skip
+    k8s = _tag_limits(ROOT / "deploy/dagster-k8s.yaml", "run_coordinator", "config", "tag_concurrency_limits")
+    assert helm == shipped and k8s == shipped
+    values = yaml.safe_load((ROOT / "deploy/helm/values.yaml").read_text())
+    assert values["runLauncher"]["type"] == "K8sRunLauncher"
+    env = {e["name"]: e["value"] for e in values["dagster-user-deployments"]["deployments"][0]["env"]}
+    assert env["RECON_LIMITS"] == "database"
+    for provider in ("kie", "replicate"):
+        limits = account_limits_from_env(
+            provider, {f"RECON_LIMIT_{provider.upper()}": env[f"RECON_LIMIT_{provider.upper()}"]}
+        )
+        assert limits == DEFAULT_LIMITS[provider]  # the example spells out the defaults
