@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
-from backlog import JOB_COST, USER_CREDITS, Seeded, connections, inflight, log, verify
-from sqlalchemy.dialects import postgresql as pg
+from backlog import Seeded, connections, inflight, insert_jobs, log, verify
 
 from recon_dagster.db.engine import (
     DATABASE_URL_ENV,
@@ -81,54 +80,8 @@ def seed_turning_stale(
         user_of.append(users[i % len(users)])
         ages.append(get_kind(kind).stale_threshold.total_seconds() - lead_s)
     sandbox.add_tasks(specs)
-    per_user = Counter(user_of)
-    with engine.begin() as conn:
-        stale_at = float(conn.execute(sa.text("SELECT extract(epoch FROM now())")).scalar_one()) + lead_s
-        conn.execute(
-            sa.text(
-                "INSERT INTO user_credits (user_id, subscription_credits, topup_credits) "
-                "SELECT u, :credits - CAST(n AS numeric) * :cost, 0 FROM unnest(:users, :counts) AS t(u, n)"
-            ).bindparams(
-                sa.bindparam("users", type_=pg.ARRAY(pg.UUID)),
-                sa.bindparam("counts", type_=pg.ARRAY(sa.Integer)),
-            ),
-            {
-                "users": list(per_user),
-                "counts": list(per_user.values()),
-                "credits": USER_CREDITS,
-                "cost": JOB_COST,
-            },
-        )
-        conn.execute(
-            sa.text(
-                """
-                INSERT INTO jobs (id, user_id, job_type, status, provider_kind, provider_task_id,
-                                  provider_call_started_at, created_at)
-                SELECT id, u, 'image', 'processing', k, t, now() - make_interval(secs => a),
-                       now() - make_interval(secs => a + 5)
-                FROM unnest(:ids, :users, :kinds, :tasks, :ages) AS s(id, u, k, t, a)
-                """
-            ).bindparams(
-                sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)),
-                sa.bindparam("users", type_=pg.ARRAY(pg.UUID)),
-                sa.bindparam("kinds", type_=pg.ARRAY(sa.Text)),
-                sa.bindparam("tasks", type_=pg.ARRAY(sa.Text)),
-                sa.bindparam("ages", type_=pg.ARRAY(sa.Float)),
-            ),
-            {"ids": ids, "users": user_of, "kinds": kinds, "tasks": tasks, "ages": ages},
-        )
-        conn.execute(
-            sa.text(
-                """
-                INSERT INTO usage_logs (job_id, user_id, status, amount, metadata)
-                SELECT id, u, 'reserved', :cost, jsonb_build_object('from_sub', CAST(:cost AS text), 'from_topup', '0')
-                FROM unnest(:ids, :users) AS s(id, u)
-                """
-            ).bindparams(
-                sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)), sa.bindparam("users", type_=pg.ARRAY(pg.UUID))
-            ),
-            {"ids": ids, "users": user_of, "cost": JOB_COST},
-        )
+    stale_at = time.time() + lead_s
+    insert_jobs(engine, ids, user_of, kinds, tasks, ages)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql("ANALYZE jobs")
     return Seeded(ids, users, Counter({"completed": count})), stale_at

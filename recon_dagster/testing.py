@@ -521,6 +521,21 @@ class DaemonProcess:
             return []
 
 
+def spawn_logged(cmd: list[str], log: Path, env: Mapping[str, str], cwd: Path) -> subprocess.Popen:
+    """``cmd`` in its own session (so its whole tree can be stopped), output to ``log``, with
+    ``env`` over this process's environment."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **env},
+            cwd=str(cwd),
+            start_new_session=True,
+        )
+
+
 @contextlib.contextmanager
 def daemon_process(
     home: DagsterHome,
@@ -534,19 +549,9 @@ def daemon_process(
     Yields as soon as the process is started (the sensor's first tick follows within seconds).
     On exit: SIGTERM, then SIGKILL after ``stop_timeout_s``, and every descendant is killed.
     """
-    full_env = {**os.environ, **home.env(), **(env or {})}
     log = Path(log_path) if log_path is not None else home.path / f"daemon-{secrets.token_hex(3)}.log"
     cmd = [_venv_script("dagster-daemon"), "run", "-w", str(home.workspace_yaml)]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=full_env,
-            cwd=str(home.path),
-            start_new_session=True,
-        )
+    proc = spawn_logged(cmd, log, {**home.env(), **(env or {})}, home.path)
     daemon = DaemonProcess(proc, home, log)
     try:
         time.sleep(0.2)
@@ -595,6 +600,7 @@ __all__ = [
     "run_worker_script",
     "sandbox_env",
     "sandbox_process",
+    "spawn_logged",
     "tree_cpu_seconds",
     "wait_for",
 ]

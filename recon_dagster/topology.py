@@ -15,17 +15,24 @@ Builds on ``recon_dagster.testing``: same log files, same process-tree cleanup.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from recon_dagster.testing import DagsterHome, HarnessError, _stop_tree, _tail, _venv_script, wait_for
+from recon_dagster.testing import (
+    DagsterHome,
+    HarnessError,
+    _stop_tree,
+    _tail,
+    _venv_script,
+    spawn_logged,
+    wait_for,
+)
 
 LOCATION = "recon_dagster"
 MODULE = "recon_dagster.definitions"
@@ -59,21 +66,32 @@ class ServiceProcess:
         return _tail(self.log_path, limit)
 
 
-def _start(
-    name: str, cmd: list[str], home: DagsterHome, env: Mapping[str, str] | None, port: int
-) -> ServiceProcess:
-    log = home.path / f"{name}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **home.env(), **(env or {})},
-            cwd=str(home.path),
-            start_new_session=True,
-        )
-    return ServiceProcess(name, proc, log, port)
+@contextlib.contextmanager
+def _service(
+    name: str,
+    cmd: list[str],
+    home: DagsterHome,
+    env: Mapping[str, str] | None,
+    port: int,
+    ready: Callable[[ServiceProcess], bool],
+    timeout_s: float,
+) -> Iterator[ServiceProcess]:
+    """Start ``cmd`` logged to ``<home>/<name>.log``; yield once ``ready``; stop its whole tree."""
+    env = {**home.env(), **(env or {})}
+    service = ServiceProcess(
+        name, spawn_logged(cmd, home.path / f"{name}.log", env, home.path), home.path / f"{name}.log", port
+    )
+    try:
+
+        def up() -> bool:
+            if not service.alive():
+                raise HarnessError(f"{name} exited:\n{service.log_tail()}")
+            return ready(service)
+
+        wait_for(up, timeout_s=timeout_s, interval_s=0.5, what=name, logs=service.log_tail)
+        yield service
+    finally:
+        _stop_tree(service.process, timeout_s=20)
 
 
 @contextlib.contextmanager
@@ -87,49 +105,46 @@ def code_server_process(
     """``dagster code-server start -m recon_dagster.definitions`` on loopback; rewrites the home's
     ``workspace.yaml`` to point at it and yields once it answers gRPC health checks."""
     port = port or free_port()
+    dagster = _venv_script("dagster")
     cmd = [
-        _venv_script("dagster"), "code-server", "start", "-m", MODULE, "--location-name", LOCATION,
-        "-h", "127.0.0.1", "-p", str(port),
-    ]  # fmt: skip
-    server = _start("code-server", cmd, home, env, port)
-    try:
-        health = [_venv_script("dagster"), "api", "grpc-health-check", "-p", str(port), "-h", "127.0.0.1"]
+        dagster,
+        "code-server",
+        "start",
+        "-m",
+        MODULE,
+        "--location-name",
+        LOCATION,
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+    ]
+    health = [dagster, "api", "grpc-health-check", "-p", str(port), "-h", "127.0.0.1"]
 
-        def serving() -> bool:
-            if not server.alive():
-                raise HarnessError(f"the code server exited:\n{server.log_tail()}")
-            return subprocess.run(health, capture_output=True, timeout=30).returncode == 0
+    def serving(_: ServiceProcess) -> bool:
+        return subprocess.run(health, capture_output=True, timeout=30).returncode == 0
 
-        wait_for(
-            serving,
-            timeout_s=startup_timeout_s,
-            interval_s=1.0,
-            what="the gRPC code server",
-            logs=server.log_tail,
-        )
+    with _service("code-server", cmd, home, env, port, serving, startup_timeout_s) as server:
         home.workspace_yaml.write_text(grpc_workspace_yaml("127.0.0.1", port))
         yield server
-    finally:
-        _stop_tree(server.process, timeout_s=20)
 
 
-@dataclass
-class Webserver(ServiceProcess):
-    """A running ``dagster-webserver``."""
+def graphql(port: int, query: str) -> dict[str, Any]:
+    """One GraphQL query to the webserver on ``port``."""
+    response = httpx.post(f"http://127.0.0.1:{port}/graphql", json={"query": query}, timeout=30)
+    response.raise_for_status()
+    return response.json()
 
-    def graphql(self, query: str) -> dict[str, Any]:
-        response = httpx.post(f"http://127.0.0.1:{self.port}/graphql", json={"query": query}, timeout=30)
-        response.raise_for_status()
-        return response.json()
 
-    def locations(self) -> dict[str, str]:
-        """Code location name -> load status and type, as the UI sees them."""
-        data = self.graphql(
-            "{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus "
-            "locationOrLoadError { __typename } } } } }"
-        )
-        entries = data["data"]["workspaceOrError"]["locationEntries"]
-        return {e["name"]: f"{e['loadStatus']}/{e['locationOrLoadError']['__typename']}" for e in entries}
+def locations(port: int) -> dict[str, str]:
+    """Code location name -> load status and type, as the webserver on ``port`` sees them."""
+    data = graphql(
+        port,
+        "{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus "
+        "locationOrLoadError { __typename } } } } }",
+    )
+    entries = data["data"]["workspaceOrError"]["locationEntries"]
+    return {e["name"]: f"{e['loadStatus']}/{e['locationOrLoadError']['__typename']}" for e in entries}
 
 
 @contextlib.contextmanager
@@ -139,7 +154,7 @@ def webserver_process(
     *,
     port: int | None = None,
     startup_timeout_s: float = 120.0,
-) -> Iterator[Webserver]:
+) -> Iterator[ServiceProcess]:
     """``dagster-webserver -w <workspace.yaml>`` on loopback; yields once ``/server_info`` answers."""
     port = port or free_port()
     cmd = [
@@ -151,34 +166,22 @@ def webserver_process(
         "-p",
         str(port),
     ]
-    started = _start("webserver", cmd, home, env, port)
-    web = Webserver(started.name, started.process, started.log_path, port)
-    try:
 
-        def answering() -> bool:
-            if not web.alive():
-                raise HarnessError(f"dagster-webserver exited:\n{web.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=5).status_code == 200
-            return False
+    def answering(_: ServiceProcess) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=5).status_code == 200
+        return False
 
-        wait_for(
-            answering,
-            timeout_s=startup_timeout_s,
-            interval_s=0.5,
-            what="dagster-webserver",
-            logs=web.log_tail,
-        )
+    with _service("webserver", cmd, home, env, port, answering, startup_timeout_s) as web:
         yield web
-    finally:
-        _stop_tree(web.process, timeout_s=20)
 
 
 __all__ = [
     "ServiceProcess",
-    "Webserver",
     "code_server_process",
     "free_port",
+    "graphql",
     "grpc_workspace_yaml",
+    "locations",
     "webserver_process",
 ]

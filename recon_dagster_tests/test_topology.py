@@ -16,7 +16,7 @@ import yaml
 
 from recon_dagster.kinds import get_kind
 from recon_dagster.testing import daemon_process, dagster_home, sandbox_process, wait_for
-from recon_dagster.topology import code_server_process, webserver_process
+from recon_dagster.topology import code_server_process, locations, webserver_process
 from recon_dagster_tests.factories import make_job, make_user, reserve
 from recon_dagster_tests.reconcile_support import one
 
@@ -69,7 +69,7 @@ def test_backlog_reconciled_through_grpc_code_server_daemon_and_webserver(
         ):
             workspace = yaml.safe_load(home.workspace_yaml.read_text())
             assert workspace["load_from"][0]["grpc_server"]["port"] == server.port
-            assert web.locations() == {"recon_dagster": "LOADED/RepositoryLocation"}
+            assert locations(web.port) == {"recon_dagster": "LOADED/RepositoryLocation"}
             wait_for(terminal, timeout_s=240, interval_s=1, what="the backlog to drain", logs=daemon.log_tail)
             with home.instance() as inst:
                 runs = wait_for(
