@@ -212,6 +212,8 @@ def main(argv: list[str]) -> int:
                     "RECON_RECONCILE_CONCURRENCY": str(args.concurrency),
                     "RECON_SINGLE_RUN_BELOW": "2",
                     "RECON_LIMITS": "database" if mode == "shared" else "process",
+                    # On a loaded machine a run takes more than Dagster's default 60 s to start.
+                    "DAGSTER_GRPC_TIMEOUT_SECONDS": "300",
                     "RECON_LIMIT_KIE": f"reads={args.reads}/{args.window:g},account=bench-kie-{tag}",
                     "RECON_LIMIT_REPLICATE": f"reads={args.reads}/{args.window:g},account=bench-rep-{tag}",
                 }
