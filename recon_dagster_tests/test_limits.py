@@ -352,3 +352,19 @@ def test_without_a_database_requests_go_on_under_process_limits_and_say_so(caplo
     with lim.request("kie-standard", create=False):  # said once a minute, not per request
         pass
     assert caplog.text == ""
+
+
+def test_a_wiped_slot_table_is_recreated_instead_of_waited_on(db) -> None:
+    lim = _limiter(db, reads=Budget(600, 60), concurrency=2)
+    lim.ensure()
+    with db.begin() as conn:
+        conn.execute(
+            sa.text("DELETE FROM provider_limit_slots WHERE account = :a"), {"a": lim.limits.account}
+        )
+        conn.execute(
+            sa.text("DELETE FROM provider_limit_buckets WHERE account = :a"), {"a": lim.limits.account}
+        )
+    lim.SLOT_WAIT_MAX_S = 2.0  # type: ignore[misc]  # a hang fails fast
+    with lim.request("kie-standard", create=False):
+        pass
+    assert lim.take_slot("kie-standard") is not None

@@ -431,6 +431,10 @@ class AccountLimiter:
                     held = self.take_slot(kind)
                     if held is not None:
                         break
+                    if waited == 0.0:  # the slot rows may have gone (a wiped table): recreate them
+                        with self._ready_lock:
+                            self._ready = False
+                        self.ensure()
                     if waited >= self.SLOT_WAIT_MAX_S:
                         raise AccountBusy(f"{kind}: no {self.limits.account} slot free for {waited:.0f} s")
                     pause = delay * random.uniform(0.5, 1.5)
