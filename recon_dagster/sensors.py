@@ -14,6 +14,8 @@ import dagster as dg
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.engine import DatabaseUnavailable
 from recon_dagster.jobs import reconcile_job
+from recon_dagster.kinds import KINDS
+from recon_dagster.providers.limits import batch_size_within_budgets
 from recon_dagster.reconcile.dispatch import Batch, plan_batches
 from recon_dagster.reconcile.reconciler import Summary, outcomes_since
 from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource
@@ -58,6 +60,7 @@ def run_request_for(batch: Batch) -> dg.RunRequest:
     The run config carries the job ids and attempts; the run claims them when it starts."""
     tags = {
         "recon/provider_kind": batch.provider_kind,
+        "recon/provider": str(KINDS[batch.provider_kind].provider),
         "recon/job_count": str(len(batch.claims)),
         WORK_TAG: batch.work_key,
     }
@@ -144,9 +147,10 @@ def stale_inflight_jobs_sensor(
         return dg.SkipReason(f"database unavailable, nothing scanned: {exc}")
 
     due = [r for r in rows if r.id not in busy][: reconcile_settings.scan_limit]
-    batches = plan_batches(
-        due, batch_size=reconcile_settings.batch_size, single_below=reconcile_settings.single_run_below
+    batch_size = batch_size_within_budgets(
+        reconcile_settings.batch_size, reconcile_settings.concurrency, reconcile_settings.lease_seconds
     )
+    batches = plan_batches(due, batch_size=batch_size, single_below=reconcile_settings.single_run_below)
     planned = {c.job_id for b in batches for c in b.claims}
     unroutable = [r for r in due if r.id not in planned]
     for row in unroutable:

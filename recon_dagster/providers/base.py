@@ -15,6 +15,7 @@ from pydantic import Field, PrivateAttr
 from recon_dagster.deadlines import poll_deadline_s, poll_max_bytes
 from recon_dagster.kinds import Provider, ProviderKind, get_kind
 from recon_dagster.providers.http import HttpSettings, Limits, ProviderHttp, ProviderNotFound, json_body
+from recon_dagster.providers.limits import account_limits_from_env
 from recon_dagster.providers.status import MediaRef, ProviderError, UpstreamState, UpstreamStatus
 from recon_dagster.redaction import register_secret
 
@@ -123,6 +124,11 @@ class ProviderResource(dg.ConfigurableResource):
     max_body_bytes: int | None = Field(
         default=None, description="Decoded size cap of one answer; None: RECON_POLL_MAX_BYTES (8 MiB)."
     )
+    shared_limits: bool = Field(
+        default=False,
+        description="Share the account budget (RECON_LIMIT_<PROVIDER>) with every process through "
+        "the app's PostgreSQL; False: per-process limits only.",
+    )
 
     _lazy: _LazyClient = PrivateAttr(default_factory=_LazyClient)
 
@@ -168,6 +174,7 @@ class ProviderResource(dg.ConfigurableResource):
                 read_rate_per_s=self.read_rate_per_s,
                 read_burst=self.read_burst,
             ),
+            account=account_limits_from_env(str(self.PROVIDER)) if self.shared_limits else None,
         )
 
     @property

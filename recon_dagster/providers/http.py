@@ -16,7 +16,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +25,7 @@ import httpx
 import tenacity
 
 from recon_dagster.deadlines import DEFAULT_POLL_DEADLINE_S, DEFAULT_POLL_MAX_BYTES
+from recon_dagster.providers.limits import AccountLimits, account_limiter
 from recon_dagster.providers.status import AmbiguousCreateError, ProviderHTTPError, ProviderProtocolError
 from recon_dagster.redaction import redact_secrets
 
@@ -208,6 +209,8 @@ class HttpSettings:
     read_deadline_s: float | None = DEFAULT_POLL_DEADLINE_S
     # Decoded size of one idempotent call's answer (inflated step by step: a gzip bomb stops here).
     max_body_bytes: int = DEFAULT_POLL_MAX_BYTES
+    # The account budget shared by every process (providers/limits.py); None: per-process only.
+    account: AccountLimits | None = None
 
 
 # Encodings decoded here, step by step with a bound on each step's output (httpx's own decoder
@@ -266,6 +269,7 @@ class ProviderHttp:
         self._envelope_check = envelope_check
         self._sleep = sleep
         self._limiter = shared_limiter(provider, self.base_url, settings.limits)
+        self._account = account_limiter(settings.account)
         s = settings
         self.client = httpx.Client(
             base_url=self.base_url,
@@ -359,8 +363,9 @@ class ProviderHttp:
             bucket.acquire(self._sleep)
         all_headers = {"accept-encoding": ACCEPT_ENCODING, **self._auth, **(headers or {})}
         started = time.perf_counter()
+        account = self._account.request(label, create=not idempotent) if self._account else nullcontext()
         try:
-            with self._limiter.semaphore:
+            with account, self._limiter.semaphore:
                 response = self._send_capped(
                     method, path, label, idempotent, deadline,
                     self.client.build_request(
@@ -388,7 +393,13 @@ class ProviderHttp:
             response.status_code,
             (time.perf_counter() - started) * 1000,
         )
-        return self._classify(response, method, path, label, idempotent)
+        try:
+            return self._classify(response, method, path, label, idempotent)
+        except RetryableError as exc:
+            if exc.retry_after_s and self._account is not None:
+                # The provider throttles the account: everyone sharing it waits, not only us.
+                self._account.block_for(min(exc.retry_after_s, self.settings.retry_after_max_s))
+            raise
 
     def _timeout_until(self, deadline: float | None) -> httpx.Timeout:
         """The client's timeouts, each cut to what is left before ``deadline``."""

@@ -29,7 +29,7 @@ from recon_dagster.kinds import Family, get_kind
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.media import MEDIA_TYPES, iter_media, media_length
 from recon_dagster.sandbox.scenario import Scenario, ScenarioError, media_kind_for, poll_phase
-from recon_dagster.sandbox.state import SandboxState, Task
+from recon_dagster.sandbox.state import SandboxState, Task, max_in_window
 
 MAX_BODY = 64 * 1024 * 1024
 # How long a sync call of a run_forever scenario is held open before a gateway timeout.
@@ -322,6 +322,20 @@ _RE_MEDIA = re.compile(r"^/media/(?P<id>[^/]+)/(?:(?P<cover>cover-)?(?P<n>\d+))\
 _RE_ADMIN_TASK = re.compile(r"^/_sandbox/tasks/(?P<id>[^/]+)$")
 
 
+# Handlers that start billed work (a task, a sync call); every other API request is a read.
+_CREATE_ROUTES = frozenset(
+    {
+        "_kie_create",
+        "_kie_chat",
+        "_replicate_predict",
+        "_replicate_train",
+        "_dub_create",
+        "_tts",
+        "_anthropic",
+    }
+)
+
+
 class Sandbox:
     """The request-answering logic, independent of the socket plumbing in ``SandboxServer``."""
 
@@ -475,8 +489,11 @@ class Sandbox:
         if provider is None:
             return _not_found(None, f"no sandbox endpoint {req.method} {path}")
         try:
-            self._check_auth(provider, req)
             route = self._route(req, provider)
+            # Every request that reaches a provider counts against its account, answered or not.
+            create = route is not None and route.__name__ in _CREATE_ROUTES
+            self.state.log_request(provider, "create" if create else "read")
+            self._check_auth(provider, req)
             if route is None:
                 return _not_found(provider, f"no such endpoint: {req.method} {path}")
             return route(req)
@@ -871,6 +888,13 @@ class Sandbox:
                 raw = body.get("scenario")
                 self.state.set_default(str(kind), None if raw is None else Scenario.from_dict(raw))
                 return _json(200, {"ok": True})
+            if path == "/_sandbox/requests" and method == "GET":
+                window = req.q("window_s")
+                stamps = self.state.request_times(req.q("provider"), req.q("op"), float(req.q("since") or 0))
+                body = {"count": len(stamps), "timestamps": stamps}
+                if window:
+                    body["max_in_window"] = max_in_window(stamps, float(window))
+                return _json(200, body)
             if path == "/_sandbox/creates" and method == "GET":
                 contains = req.q("contains")
                 if not contains:
@@ -1207,6 +1231,10 @@ class SandboxServer:
     def requests_total(self) -> int:
         """Provider and media requests served (admin calls excluded)."""
         return self.sandbox.state.requests_total
+
+    def request_times(self, provider: str | None = None, op: str | None = None) -> list[float]:
+        """Unix times of the provider API requests of ``provider`` and ``op`` (read, create)."""
+        return self.sandbox.state.request_times(provider, op)
 
     def media_downloads(self, task_id: str) -> int:
         """GET requests for this task's media (refused ones included)."""
