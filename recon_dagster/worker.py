@@ -17,6 +17,7 @@ from typing import Protocol
 
 import sqlalchemy as sa
 
+from recon_dagster.crashpoints import crash_point
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.engine import get_engine
@@ -58,6 +59,7 @@ def make_on_task_created(
     job_uuid = uuid.UUID(str(job_id))
 
     def on_task_created(task_id: str) -> None:
+        crash_point("worker.after_create")
         eng = engine or get_engine()
         with eng.begin() as conn:
             persisted = jobs_db.record_task_created(conn, job_uuid, kind, task_id)
@@ -73,6 +75,7 @@ def make_on_task_created(
                     reason="duplicate_upstream_task",
                     details={"kind": kind, "persisted_task_id": persisted, "orphan_task_id": task_id},
                 )
+        crash_point("worker.after_persist")
         if persisted != task_id:
             raise TaskAlreadyPersisted(job_uuid, persisted, task_id)
 

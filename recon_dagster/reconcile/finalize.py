@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import httpx
 import sqlalchemy as sa
 
+from recon_dagster.crashpoints import crash_point
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.media.download import MediaStream
@@ -149,6 +150,7 @@ def finalize_job_with_media(
     stored = store_result_media(
         store, row, result, should_watermark=bool(row.should_watermark), policy=policy
     )
+    crash_point("finalize.after_upload")
 
     # Phase 3: settle.
     out = FinalizeResult(False, "", stored=stored)
@@ -176,6 +178,8 @@ def finalize_job_with_media(
         if row.workflow_execution_id is not None and row.node_id is not None:
             out.workflow_reopened = _reopen_sole_cause_workflow(conn, row.workflow_execution_id, row.node_id)
         out.character_updated = _character_ready(conn, job_id, stored, result)
+        crash_point("finalize.in_settle")
+    crash_point("finalize.after_commit")
     out.duration_ms = _ms(started)
     return out
 
@@ -286,6 +290,7 @@ def _fail_and_refund(conn: sa.Connection, job_id: uuid.UUID, error_message: str)
     refund = credits.refund_reserved_credits_for_job(conn, job_id)
     jobs_db.notify_job_event(conn, job_id, "failed", "reconcile")
     _character_failed(conn, job_id, error_message)
+    crash_point("refund.in_settle")
     return Failed(refund)
 
 

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import sqlalchemy as sa
 
+from recon_dagster.crashpoints import crash_point
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import JobRow
 from recon_dagster.kinds import KINDS, MAX_ATTEMPTS, RECONCILE_CADENCE
@@ -178,6 +179,7 @@ class Reconciler:
                 row, owner, f"poll failed: {type(exc).__name__}: {exc}", Outcome.ERROR, started
             )
 
+        crash_point("reconcile.after_poll")
         decision = decide_on_status(status)
         if decision.action is Action.FINALIZE:
             try:
