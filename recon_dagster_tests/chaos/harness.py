@@ -547,9 +547,10 @@ def run_campaign(
         # One sweep: a round of every case, then one recovery over all of their jobs.
         sweep: list[Job] = []
         results: dict[str, RoundResult] = {}
-        for ci, (path, point) in enumerate(cases):
+        for path, point in cases:
             case = f"{path}:{point}"
-            seed_r = round_seed(seed, ci, r)
+            # Indexed in CASES, so a round's seed is the same whichever cases a run selects.
+            seed_r = round_seed(seed, CASES.index((path, point)), r)
             jobs, result = run_round(
                 engine, database_url, sandbox, media_dir, work, case, seed_r, jobs_per_round
             )
@@ -559,7 +560,7 @@ def run_campaign(
         campaign.recovery_passes += recover(engine, [j.id for j in sweep], env, work)
         for case, rep in check(engine, sandbox, media_dir, sweep).items():
             total = campaign.reports.setdefault(case, PointReport(case))
-            _merge(total, rep)
+            merge(total, rep)
             total.rounds += 1
             total.killed_at_point += int(results[case].killed_at_point)
             total.seeds.append(results[case].seed)
@@ -569,7 +570,7 @@ def run_campaign(
     return campaign
 
 
-def _merge(into: PointReport, rep: PointReport) -> None:
+def merge(into: PointReport, rep: PointReport) -> None:
     for name in (
         "trials", "completed", "failed_refunded", "lost", "double_commits", "double_refunds",
         "mismatched", "duplicate_creates", "leftover_objects", "leftover_parts",
