@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         "--database-url", default=None, help="server (default RECON_DATABASE_URL, else embedded)"
     )
     parser.add_argument("--postgres-restart", action="store_true", help="also the PostgreSQL restart fault")
+    parser.add_argument("--parallel", type=int, default=2, help="worker rounds run at once")
     parser.add_argument("--keep", action="store_true", help="keep the database and the work folder")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.jobs < 1:
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             campaign = harness.run_campaign(
                 engine, url, sandbox, media_dir, seed=args.seed, jobs_per_round=args.jobs,
                 rounds_per_case=args.rounds, cases=cases, workdir=work, progress=progress,
+                parallel=args.parallel,
             )  # fmt: skip
             if args.postgres_restart:
                 from recon_dagster_tests.chaos.pgrestart import run_postgres_restart

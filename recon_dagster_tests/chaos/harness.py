@@ -30,6 +30,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -324,7 +325,7 @@ def reconcile_env(base: Mapping[str, str], concurrency: int) -> dict[str, str]:
     """Knobs for `reconcile --once` in the harness: short cadence and attempt cap, one batch."""
     return {
         **base,
-        "RECON_MAX_ATTEMPTS": "3",
+        "RECON_MAX_ATTEMPTS": "2",
         "RECON_RECONCILE_CADENCE_S": "0",
         "RECON_SINGLE_RUN_BELOW": "1",
         "RECON_BATCH_SIZE": str(max(concurrency, 1)),
@@ -537,8 +538,10 @@ def run_campaign(
     cases: Sequence[tuple[str, str]] = CASES,
     workdir: Path | None = None,
     progress: Any = None,
+    parallel: int = 2,
 ) -> Campaign:
-    """Every case x ``rounds_per_case`` rounds, each followed by recovery; then the checks."""
+    """``rounds_per_case`` sweeps; a sweep is one round of every case, then one recovery over all
+    of their jobs, then the checks. ``parallel`` worker rounds run at once."""
     started = time.monotonic()
     campaign = Campaign(seed, jobs_per_round, rounds_per_case, tuple(cases))
     work = Path(workdir or tempfile.mkdtemp(prefix="recon-chaos-"))
@@ -547,15 +550,22 @@ def run_campaign(
         # One sweep: a round of every case, then one recovery over all of their jobs.
         sweep: list[Job] = []
         results: dict[str, RoundResult] = {}
-        for path, point in cases:
-            case = f"{path}:{point}"
+
+        def one(path: str, point: str, r: int = r) -> tuple[list[Job], RoundResult]:
             # Indexed in CASES, so a round's seed is the same whichever cases a run selects.
             seed_r = round_seed(seed, CASES.index((path, point)), r)
-            jobs, result = run_round(
-                engine, database_url, sandbox, media_dir, work, case, seed_r, jobs_per_round
+            return run_round(
+                engine, database_url, sandbox, media_dir, work, f"{path}:{point}", seed_r, jobs_per_round
             )
+
+        # `reconcile --once` works every due job, so those rounds run one at a time; worker rounds
+        # touch only their own jobs and may overlap.
+        done = [one(p, q) for p, q in cases if p == "reconcile"]
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            done += list(pool.map(lambda c: one(*c), [c for c in cases if c[0] != "reconcile"]))
+        for jobs, result in done:
             campaign.rounds.append(result)
-            results[case] = result
+            results[result.case] = result
             sweep.extend(jobs)
         campaign.recovery_passes += recover(engine, [j.id for j in sweep], env, work)
         for case, rep in check(engine, sandbox, media_dir, sweep).items():

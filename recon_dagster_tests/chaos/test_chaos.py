@@ -70,7 +70,18 @@ def test_no_duplicate_upstream_creates(campaign: harness.Campaign, case: str) ->
     assert rep.duplicate_creates == 0, rep.examples
 
 
-@pytest.mark.parametrize("case", CASE_IDS)
+# Found by this harness on the code as it stands (issue 8, item 7): a download killed midway leaves
+# its `.part` temporary next to where the object would go; nothing ever removes it.
+PART_FILES_LEFT = pytest.mark.xfail(
+    strict=True,
+    reason="bug: a SIGKILL mid-download leaves the folder store's .part file behind (issue 8 item 7)",
+)
+LEFTOVER_CASES = [
+    pytest.param(c, marks=PART_FILES_LEFT) if c.endswith("media.mid_download") else c for c in CASE_IDS
+]
+
+
+@pytest.mark.parametrize("case", LEFTOVER_CASES)
 def test_no_media_left_for_jobs_that_did_not_complete(campaign: harness.Campaign, case: str) -> None:
     rep = _report(campaign, case)
     assert (rep.leftover_objects, rep.leftover_parts) == (0, 0), rep.examples
