@@ -58,10 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.jobs < 1:
         parser.error("--rounds and --jobs must be at least 1")
-    known = {f"{p}:{q}" for p, q in harness.CASES}
+    known = {f"{p}:{q}" for p, q in harness.CASES} | {"worker:postgres.restart"}
     cases = harness.CASES
     if args.cases:
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
+        if "worker:postgres.restart" in wanted:
+            wanted.remove("worker:postgres.restart")
+            args.postgres_restart = True
         unknown = sorted(set(wanted) - known)
         if unknown:
             parser.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -93,11 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         media_dir = work / "media"
         media_dir.mkdir()
         with sandbox_process(log_dir=work) as sandbox:
-            campaign = harness.run_campaign(
-                engine, url, sandbox, media_dir, seed=args.seed, jobs_per_round=args.jobs,
-                rounds_per_case=args.rounds, cases=cases, workdir=work, progress=progress,
-                parallel=args.parallel,
-            )  # fmt: skip
+            campaign = harness.Campaign(args.seed, args.jobs, args.rounds, cases)
+            if cases:
+                campaign = harness.run_campaign(
+                    engine, url, sandbox, media_dir, seed=args.seed, jobs_per_round=args.jobs,
+                    rounds_per_case=args.rounds, cases=cases, workdir=work, progress=progress,
+                    parallel=args.parallel,
+                )  # fmt: skip
             if args.postgres_restart:
                 from recon_dagster_tests.chaos.pgrestart import run_postgres_restart
 

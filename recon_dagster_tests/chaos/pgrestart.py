@@ -84,11 +84,12 @@ def run_postgres_restart(
                 env={**env, "RECON_DB_POOL_SIZE": str(jobs + 4)}, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
+
             # Restart once the worker has created upstream tasks, at a seeded moment of its polling.
-            wait_for(
-                lambda w=worker, e=engine, b=batch: w.poll() is not None or tasks_persisted(e, b) >= len(b) // 2,
-                timeout_s=60, what="the worker to start its jobs",
-            )  # fmt: skip
+            def started(w: subprocess.Popen = worker, e: sa.Engine = engine, b: list = batch) -> bool:
+                return w.poll() is not None or tasks_persisted(e, b) >= len(b) // 2
+
+            wait_for(started, timeout_s=60, what="the worker to start its jobs")
             time.sleep(rng.random() * 1.5)
             live = worker.poll() is None
             stop_embedded()
