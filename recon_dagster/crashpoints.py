@@ -41,7 +41,8 @@ POINTS: tuple[str, ...] = (
     "finalize.after_commit",  # the completion transaction committed, the caller not yet told
     "refund.in_settle",  # inside the fail transaction, credits refunded, not yet COMMIT
 )
-"""Every point the package calls; the harness iterates over these (plus its worker's mid-poll)."""
+"""Every point the package calls. The harness's app worker adds ``worker.mid_poll`` through the
+provider's ``on_progress`` hook (the worker-side poll loop lives in the provider layer)."""
 
 
 @dataclass
@@ -58,6 +59,7 @@ class _Armed:
 
 _UNREAD = object()
 _armed: _Armed | None | object = _UNREAD
+_read_lock = threading.Lock()
 
 
 def _read_env() -> _Armed | None:
@@ -82,7 +84,10 @@ def crash_point(name: str) -> None:
     if armed is None:
         return
     if armed is _UNREAD:
-        armed = _armed = _read_env()
+        with _read_lock:  # threads arriving together must share one hit counter
+            if _armed is _UNREAD:
+                _armed = _read_env()
+            armed = _armed
         if armed is None:
             return
     assert isinstance(armed, _Armed)
