@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 campaign = harness.run_campaign(
                     engine, url, sandbox, media_dir, seed=args.seed, jobs_per_round=args.jobs,
                     rounds_per_case=args.rounds, cases=cases, workdir=work, progress=progress,
-                    parallel=args.parallel,
+                    parallel=args.parallel, on_sweep=lambda c: print(f"\n{harness.table(c)}\n", flush=True),
                 )  # fmt: skip
             if args.postgres_restart:
                 from recon_dagster_tests.chaos.pgrestart import run_postgres_restart

@@ -539,6 +539,7 @@ def run_campaign(
     workdir: Path | None = None,
     progress: Any = None,
     parallel: int = 2,
+    on_sweep: Any = None,
 ) -> Campaign:
     """``rounds_per_case`` sweeps; a sweep is one round of every case, then one recovery over all
     of their jobs, then the checks. ``parallel`` worker rounds run at once."""
@@ -576,6 +577,9 @@ def run_campaign(
             total.seeds.append(results[case].seed)
             if progress is not None:
                 progress(results[case], total)
+        campaign.seconds = round(time.monotonic() - started, 1)
+        if on_sweep is not None:
+            on_sweep(campaign)  # a long run's partial results survive an interruption
     campaign.seconds = round(time.monotonic() - started, 1)
     return campaign
 
