@@ -19,10 +19,12 @@ Profiles (``RECON_HYPOTHESIS_PROFILE``): ``ci`` (default, 25 examples x 20 steps
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
@@ -41,12 +43,11 @@ from recon_dagster.media.errors import MediaError
 from recon_dagster.media.store import LocalMediaStore
 from recon_dagster.providers import providers_from_env
 from recon_dagster.providers.status import UpstreamState
+from recon_dagster.reconcile import finalize as finalize_module
 from recon_dagster.reconcile.finalize import (
-    MediaPolicy,
     ProviderResult,
     fail_and_refund,
     finalize_job_with_media,
-    store_result_media,
 )
 from recon_dagster.reconcile.reconciler import Reconciler, ReconcileSettings
 from recon_dagster.sandbox import SandboxServer
@@ -87,6 +88,26 @@ class Model:
     outcome: str
     terminal: str | None = None
     settled: str | None = None  # committed / refunded, once seen
+
+
+class _Died(BaseException):
+    """The process "died" at a crash point (a BaseException: no ``except Exception`` swallows it)."""
+
+
+@contextlib.contextmanager
+def _die_at(point: str) -> Iterator[None]:
+    """Make ``crash_point(point)`` in the finalize module raise ``_Died`` inside this block."""
+
+    def crash_point(name: str) -> None:
+        if name == point:
+            raise _Died(name)
+
+    saved = finalize_module.crash_point
+    finalize_module.crash_point = crash_point
+    try:
+        yield
+    finally:
+        finalize_module.crash_point = saved
 
 
 def make_machine(engine: sa.Engine, media_root: str) -> type[RuleBasedStateMachine]:
@@ -211,31 +232,27 @@ def make_machine(engine: sa.Engine, media_root: str) -> type[RuleBasedStateMachi
             for claim in [] if crash else won:
                 self.reconciler.reconcile(claim.job_id, owner)
 
-        @rule(job=jobs, stage=st.sampled_from(["after_upload", "in_settle"]))
-        def crash_mid_finalize(self, job: Model, stage: str) -> None:
-            """A finalizer dies midway: media stored but nothing settled, or inside the settle
-            transaction after the completion and the credit commit (rolled back, never COMMITted)."""
+        @rule(
+            job=jobs,
+            point=st.sampled_from(["finalize.after_upload", "finalize.in_settle", "refund.in_settle"]),
+        )
+        def crash_mid_settle(self, job: Model, point: str) -> None:
+            """The real finalize (or fail) path dies at one of its crash points: media stored but
+            nothing settled, or inside the settle transaction (never COMMITted). In-process the
+            death is an exception raised at the point: what PostgreSQL sees is the same, a
+            transaction that never commits."""
             row = self._row(job)
             if not row.inflight or not row.provider_task_id:
                 return
-            if stage == "after_upload":
-                status = providers.poll(KIND, row.provider_task_id)
-                if status.state is UpstreamState.SUCCEEDED and job.outcome not in MEDIA_GONE:
-                    store_result_media(
-                        self.store, row, ProviderResult.from_status(status),
-                        should_watermark=bool(row.should_watermark), policy=MediaPolicy(),
-                    )  # fmt: skip
-                return
-
-            class Crash(Exception):
-                pass
-
-            with pytest.raises(Crash), engine.begin() as conn:
-                if jobs_db.complete_job(
-                    conn, job.job_id, output_data={}, provider="kie", provider_cost=None, display_cost=None
-                ):
-                    credits.commit_job_credits(conn, job.job_id, None)
-                raise Crash
+            status = providers.poll(KIND, row.provider_task_id)
+            died = _die_at(point)
+            with contextlib.suppress(_Died, MediaError), died:
+                if point == "refund.in_settle":
+                    fail_and_refund(engine, job.job_id, "worker gave up")
+                elif status.state is UpstreamState.SUCCEEDED:
+                    finalize_job_with_media(
+                        engine, self.store, job.job_id, ProviderResult.from_status(status), source="worker"
+                    )
 
         @rule(minutes=st.sampled_from([1, 4, 6, 11, 16, 60]))
         def clock_advances(self, minutes: int) -> None:
