@@ -381,7 +381,7 @@ def run_round(
     seed: int,
     n: int,
     *,
-    timeout_s: float = 90,
+    timeout_s: float = 300,  # generous: a loaded 2-core machine runs 25 threads slowly
 ) -> tuple[list[Job], RoundResult]:
     """Seed ``n`` jobs and run one process over them armed at the case's point; it dies."""
     path, point = case.split(":", 1)
