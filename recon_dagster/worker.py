@@ -20,6 +20,7 @@ from typing import Protocol
 
 import sqlalchemy as sa
 
+from recon_dagster.crashpoints import crash_point
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.engine import get_engine
@@ -75,6 +76,7 @@ def make_on_task_created(
     job_uuid = uuid.UUID(str(job_id))
 
     def on_task_created(task_id: str) -> None:
+        crash_point("worker.after_create")
         eng = engine or get_engine()
         with eng.begin() as conn:
             persisted = jobs_db.record_task_created(conn, job_uuid, kind, task_id)
@@ -112,6 +114,7 @@ def make_on_task_created(
                     reason="duplicate_upstream_task",
                     details={"kind": kind, "persisted_task_id": persisted, "orphan_task_id": task_id},
                 )
+        crash_point("worker.after_persist")
         if ended is not None:
             raise ended
         if persisted is not None and persisted != task_id:

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from recon_dagster.crashpoints import crash_point
 from recon_dagster.deadlines import sized_deadline_s
 from recon_dagster.media.errors import (
     MediaExpired,
@@ -266,6 +267,7 @@ class MediaStream:
                         self._url, f"download deadline passed after {self.bytes_read} bytes"
                     )
                 yield chunk
+                crash_point("media.mid_download")  # the consumer has written this chunk
         except httpx.HTTPError as exc:
             raise MediaFetchError(self._url, f"reading body failed: {_describe(exc)}") from None
 

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import httpx
 import sqlalchemy as sa
 
+from recon_dagster.crashpoints import crash_point
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.deadlines import media_deadline_s, media_min_bytes_per_s
@@ -182,6 +183,7 @@ def finalize_job_with_media(
     watermark = watermark_required(row)
     stored = store_result_media(store, row, result, should_watermark=watermark, policy=policy)
     _require_usable(row, result, len(stored))
+    crash_point("finalize.after_upload")
 
     # Phase 3: settle.
     out = FinalizeResult(False, "", stored=stored)
@@ -216,6 +218,8 @@ def finalize_job_with_media(
                 conn, row.workflow_execution_id, row.node_id, job_id
             )
         out.character_updated = _character_ready(conn, job_id, stored, result)
+        crash_point("finalize.in_settle")
+    crash_point("finalize.after_commit")
     out.duration_ms = _ms(started)
     return out
 
@@ -382,6 +386,7 @@ def _fail_and_refund(conn: sa.Connection, job_id: uuid.UUID, error_message: str)
     refund = credits.refund_reserved_credits_for_job(conn, job_id)
     jobs_db.notify_job_event(conn, job_id, "failed", "reconcile")
     _character_failed(conn, job_id, error_message)
+    crash_point("refund.in_settle")
     return Failed(refund)
 
 

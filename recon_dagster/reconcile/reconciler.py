@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from recon_dagster import lora
 from recon_dagster.breaker import NotFoundBreaker
 from recon_dagster.db import credits
+from recon_dagster.crashpoints import crash_point
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim, JobRow
 from recon_dagster.kinds import KINDS, MAX_ATTEMPTS, RECONCILE_CADENCE
@@ -277,6 +278,7 @@ class Reconciler:
                 outcome=Outcome.ERROR,
                 poll_ms=_ms(started),
             )
+        crash_point("reconcile.after_poll")
         decision = self.breaker.judge(status)
         if decision.action is Action.FINALIZE:
             return Polled(row, Step.FINALIZE, decision.reason, status, poll_ms=_ms(started))
