@@ -82,7 +82,9 @@ def reconcile_once(
         job = defs.resolve_job_def("reconcile_job")
         for rr in result.run_requests or []:
             report.runs += 1
-            ok = _execute(job, inst, rr.run_config, rr.partition_key, rr.tags, report.summary)
+            # The daemon tags its runs with their run key; so do we, so a job's attempts map to runs.
+            tags = {**rr.tags, "dagster/run_key": rr.run_key} if rr.run_key else rr.tags
+            ok = _execute(job, inst, rr.run_config, rr.partition_key, tags, report.summary)
             report.failed_runs += 0 if ok else 1
         if sweep:
             report.runs += 1
