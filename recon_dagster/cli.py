@@ -76,7 +76,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
 
     from recon_dagster.db.engine import get_engine, resolve_database_url
     from recon_dagster.db.migrate import migrate
-    from recon_dagster.instance import prepare_dagster_home
+    from recon_dagster.instance import dagster_dev_argv, prepare_dagster_home
 
     url = resolve_database_url()
     migrate(get_engine(url))
@@ -84,7 +84,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     if not env.get("DAGSTER_HOME"):
         env.update(prepare_dagster_home(Path.cwd() / ".recon" / "dagster_home", url))
     extra = args.dagster_args[1:] if args.dagster_args[:1] == ["--"] else args.dagster_args
-    cmd = [sys.executable, "-m", "dagster", "dev", "-m", "recon_dagster.definitions", *extra]
+    cmd = dagster_dev_argv(Path(env["DAGSTER_HOME"]), extra)
     return subprocess.call(cmd, env=env)
 
 
