@@ -19,7 +19,7 @@ from recon_dagster.explain_job import explain_job
 from recon_dagster.jobs import reconcile_job, sync_sweep_job
 from recon_dagster.media.store import media_store_from_env
 from recon_dagster.providers import providers_from_env
-from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource
+from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource, with_nested_resources_on_top
 from recon_dagster.schedules import sync_sweep_schedule
 from recon_dagster.sensors import stale_inflight_jobs_sensor
 
@@ -48,7 +48,7 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
         ],
         sensors=[stale_inflight_jobs_sensor],
         schedules=[sync_sweep_schedule, reconcile_health_schedule, lora_training_migration_schedule],
-        resources={**default_resources(), **(resources or {})},
+        resources=with_nested_resources_on_top({**default_resources(), **(resources or {})}),
     )
 
 

@@ -27,7 +27,7 @@ def test_definitions_load_with_every_job_sensor_and_schedule():
         "reconcile_health_schedule",
         "lora_training_migration_schedule",
     }
-    assert set(defs.resources) == {"database", "providers", "media_store", "reconcile_settings"}
+    assert set(defs.resources) >= {"database", "providers", "media_store", "reconcile_settings"}
 
 
 def test_reconcile_job_is_partitioned_by_every_provider_kind_and_runs_in_process():
@@ -132,3 +132,38 @@ def test_demo_serve_starts_dagster_dev_on_the_location_recon_dagster(db, tmp_pat
         os.environ.update(saved)
     [argv] = calls
     assert _workspace_location(argv) == ("recon_dagster.definitions", "recon_dagster")
+
+
+def _nested_resource_links(d: dg.Definitions) -> dict[str, str]:
+    """What the UI's resource pages get: ``parent.attribute -> TOP_LEVEL or ANONYMOUS``."""
+    from dagster._core.remote_representation.external_data import RepositorySnap
+
+    snap = RepositorySnap.from_def(d.get_repository_def())
+    return {
+        f"{r.name}.{attr}": f"{n.type.value}:{n.name}"
+        for r in snap.resources
+        for attr, n in r.nested_resources.items()
+    }
+
+
+def test_every_nested_resource_has_a_page_of_its_own(monkeypatch):
+    # The UI links providers.kie to /resources/kie; only a top-level resource named after the
+    # attribute has that page ("Could not load resource" otherwise). Same rule for the S3 store.
+    from recon_dagster.definitions import build_defs
+
+    links = _nested_resource_links(defs)
+    assert {k for k in links if k.startswith("providers.")} == {
+        "providers.kie",
+        "providers.replicate",
+        "providers.elevenlabs",
+        "providers.anthropic",
+    }
+    monkeypatch.setenv("RECON_S3_BUCKET", "media")
+    from recon_dagster.media.store import media_store_from_env
+
+    links.update(_nested_resource_links(build_defs({"media_store": media_store_from_env()})))
+    assert any(k.startswith("media_store.") for k in links), links
+    bad = {k: v for k, v in links.items() if v != f"TOP_LEVEL:{k.split('.', 1)[1]}"}
+    assert not bad, f"nested resources without a page of their own: {bad}"
+    providers = defs.resources["providers"]
+    assert defs.resources["kie"] is providers.kie, "the page must show the very resource the runs use"
