@@ -153,6 +153,7 @@ reconcile_health_schedule = dg.ScheduleDefinition(
     job=reconcile_health_job,
     cron_schedule="*/5 * * * *",
     default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Every 5 minutes: refresh the in-flight backlog and run the credit-leak and stuck-job checks.",
 )
 
 
@@ -192,7 +193,7 @@ def lora_training_cohort(
     asset=LORA_COHORT,
     description="Shadow compare: every training the new path settled ends where the legacy "
     "reconcileOrphanedTrainings cron would have put it. A passing check over a cohort is the "
-    "signal to retire the legacy cron.",
+    "signal to retire the legacy cron, given a minimum cohort: 20 compared, 0 mismatches, 0 orphans.",
 )
 def lora_cohort_matches_legacy(
     database: DatabaseResource, providers: ProvidersResource
@@ -242,4 +243,5 @@ lora_training_migration_schedule = dg.ScheduleDefinition(
     job=lora_training_migration_job,
     cron_schedule="*/15 * * * *",
     default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Every 15 minutes: adopt legacy LoRA trainings and shadow-compare the cohort with the legacy cron.",
 )

@@ -63,6 +63,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(serve=args.serve, port=args.port)
 
 
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from recon_dagster.explain import explain_command
+
+    return explain_command(args.job_id, as_json=args.json)
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
     import os
     import subprocess
@@ -70,7 +76,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
 
     from recon_dagster.db.engine import get_engine, resolve_database_url
     from recon_dagster.db.migrate import migrate
-    from recon_dagster.instance import prepare_dagster_home
+    from recon_dagster.instance import dagster_dev_argv, prepare_dagster_home
 
     url = resolve_database_url()
     migrate(get_engine(url))
@@ -78,7 +84,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     if not env.get("DAGSTER_HOME"):
         env.update(prepare_dagster_home(Path.cwd() / ".recon" / "dagster_home", url))
     extra = args.dagster_args[1:] if args.dagster_args[:1] == ["--"] else args.dagster_args
-    cmd = [sys.executable, "-m", "dagster", "dev", "-m", "recon_dagster.definitions", *extra]
+    cmd = dagster_dev_argv(Path(env["DAGSTER_HOME"]), extra)
     return subprocess.call(cmd, env=env)
 
 
@@ -107,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="in-flight and stale counts per provider kind")
     st.set_defaults(func=_cmd_status)
+
+    ex = sub.add_parser("explain", help="one job's whole story: attempts, run links, upstream, credits")
+    ex.add_argument("job_id", help="the app's jobs.id (a UUID)")
+    ex.add_argument("--json", action="store_true", help="print JSON instead of text")
+    ex.set_defaults(func=_cmd_explain)
 
     dv = sub.add_parser(
         "dev", help="`dagster dev` on this code location, with instance storage on the app's PostgreSQL"

@@ -16,6 +16,7 @@ from recon_dagster.assets import (
     reconcile_health_schedule,
 )
 from recon_dagster.checks import no_not_found_burst
+from recon_dagster.explain_job import explain_job
 from recon_dagster.jobs import HANDOFF_IO, reconcile_job, sync_sweep_job
 from recon_dagster.media.store import media_store_from_env
 from recon_dagster.outcomes import (
@@ -27,7 +28,7 @@ from recon_dagster.outcomes import (
     reconcile_run_failure_alert,
 )
 from recon_dagster.providers import providers_from_env
-from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource
+from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource, with_nested_resources_on_top
 from recon_dagster.schedules import sync_sweep_schedule
 from recon_dagster.sensors import stale_inflight_jobs_sensor
 
@@ -55,10 +56,16 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
             no_new_exhausted_jobs,
             *error_rate_checks,
         ],
-        jobs=[reconcile_job, sync_sweep_job, reconcile_health_job, lora_training_migration_job],
+        jobs=[
+            reconcile_job,
+            sync_sweep_job,
+            reconcile_health_job,
+            lora_training_migration_job,
+            explain_job,
+        ],
         sensors=[stale_inflight_jobs_sensor, reconcile_run_failure_alert],
         schedules=[sync_sweep_schedule, reconcile_health_schedule, lora_training_migration_schedule],
-        resources={**default_resources(), **(resources or {})},
+        resources=with_nested_resources_on_top({**default_resources(), **(resources or {})}),
     )
 
 

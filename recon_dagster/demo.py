@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ import sqlalchemy as sa
 from recon_dagster.db import credits
 from recon_dagster.db.engine import get_engine, redact, resolve_database_url
 from recon_dagster.db.migrate import migrate
-from recon_dagster.instance import prepare_dagster_home
+from recon_dagster.instance import dagster_dev_argv, prepare_dagster_home
 
 
 @dataclass(frozen=True)
@@ -191,7 +190,7 @@ def run_demo(*, serve: bool = False, port: int = 0) -> int:
         print("\nstarting `dagster dev` (Ctrl-C to stop) ...")
         try:
             return subprocess.call(
-                [sys.executable, "-m", "dagster", "dev", "-m", "recon_dagster.definitions"],
+                dagster_dev_argv(Path(home)),
                 env=dict(os.environ),
             )
         except KeyboardInterrupt:

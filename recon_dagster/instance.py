@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -70,3 +71,23 @@ def prepare_dagster_home(home: Path, app_url: str) -> dict[str, str]:
     env = {"DAGSTER_HOME": str(home)}
     env[POSTGRES_URL_ENV] = os.environ.get(POSTGRES_URL_ENV) or ensure_dagster_database(app_url)
     return env
+
+
+LOCATION_NAME = "recon_dagster"
+DEFINITIONS_MODULE = "recon_dagster.definitions"
+
+
+def dagster_dev_argv(home: Path, extra: list[str] | None = None) -> list[str]:
+    """``dagster dev`` on this code location under the name ``recon_dagster``.
+
+    ``dagster dev -m <module>`` names the location after the module (``recon_dagster.definitions``
+    in the UI); a workspace file can name it. It is written into ``home`` (DAGSTER_HOME) under a
+    name of our own, so a workspace.yaml the user keeps there is left alone.
+    """
+    workspace = home / "recon_dagster_workspace.yaml"
+    home.mkdir(parents=True, exist_ok=True)
+    workspace.write_text(
+        "load_from:\n  - python_module:\n"
+        f"      module_name: {DEFINITIONS_MODULE}\n      location_name: {LOCATION_NAME}\n"
+    )
+    return [sys.executable, "-m", "dagster", "dev", "-w", str(workspace), *(extra or [])]

@@ -5,6 +5,7 @@ environment. Provider clients live in ``recon_dagster.providers``; media stores 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -103,3 +104,24 @@ class ReconcileSettingsResource(dg.ConfigurableResource):
             headers_for=headers_for,
             deadline_s=self.media_deadline_seconds,
         )
+
+
+def with_nested_resources_on_top(resources: Mapping[str, Any]) -> dict[str, Any]:
+    """``resources`` plus every nested ``ConfigurableResource`` bound at the top level under its
+    attribute name (the same object, so one client and one configuration).
+
+    The UI links a nested resource (``providers.kie``) to ``/resources/<attribute>``, and only
+    top-level resources have a page there: an unbound nested resource's page fails to load. A
+    name already taken by another top-level resource is left alone.
+    """
+    out = dict(resources)
+    pending = list(resources.values())
+    while pending:
+        parent = pending.pop()
+        if not isinstance(parent, dg.ConfigurableResource):
+            continue
+        for attr, nested in parent.nested_resources.items():
+            if isinstance(nested, dg.ConfigurableResource) and attr not in out:
+                out[attr] = nested
+                pending.append(nested)
+    return out

@@ -562,6 +562,56 @@ def daemon_process(
         _stop_tree(proc, timeout_s=stop_timeout_s)
 
 
+@dataclass
+class DevProcess:
+    """A running ``recon-dagster dev`` (webserver + daemon) and the URL it serves."""
+
+    process: subprocess.Popen = field(repr=False)
+    url: str
+    log_path: Path
+
+    def log_tail(self, limit: int = 6000) -> str:
+        return _tail(self.log_path, limit)
+
+
+@contextlib.contextmanager
+def dagster_dev_process(
+    home: DagsterHome, env: Mapping[str, str] | None = None, *, port: int, startup_timeout_s: float = 150.0
+) -> Iterator[DevProcess]:
+    """``recon-dagster dev -- -h 127.0.0.1 -p PORT`` on ``home``; yields once the webserver answers.
+
+    On exit the whole process group (webserver, daemon, code servers, run workers) is stopped.
+    """
+    full_env = {**os.environ, **home.env(), **(env or {})}
+    log = home.path / f"dev-{secrets.token_hex(3)}.log"
+    cmd = [_venv_script("recon-dagster"), "dev", "--", "-h", "127.0.0.1", "-p", str(port)]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
+            cwd=str(home.path), start_new_session=True,
+        )  # fmt: skip
+    dev = DevProcess(proc, f"http://127.0.0.1:{port}", log)
+    try:
+
+        def answering() -> bool:
+            if proc.poll() is not None:
+                raise HarnessError(f"recon-dagster dev exited with {proc.returncode}:\n{dev.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"{dev.url}/server_info", timeout=2).status_code == 200
+            return False
+
+        wait_for(
+            answering,
+            timeout_s=startup_timeout_s,
+            what="the Dagster webserver",
+            interval_s=1,
+            logs=dev.log_tail,
+        )
+        yield dev
+    finally:
+        _stop_tree(proc, timeout_s=5)
+
+
 def run_worker_script(
     script: str, args: list[str], env: Mapping[str, str], *, timeout_s: float = 60.0
 ) -> tuple[int, str]:
@@ -594,6 +644,7 @@ __all__ = [
     "SandboxProcess",
     "dagster_home",
     "daemon_process",
+    "dagster_dev_process",
     "drop_database",
     "ensure_database",
     "last_json_line",
