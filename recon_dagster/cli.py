@@ -182,7 +182,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from recon_dagster.demo import run_demo
 
-    return run_demo(serve=args.serve, port=args.port)
+    return run_demo(serve=args.serve, port=args.port, verbose=args.verbose or args.debug)
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
