@@ -82,7 +82,9 @@ def stale_inflight_jobs_sensor(
     for row in unroutable:
         # A legacy row (no provider_kind) belongs to the sweep by design; an unknown kind is news.
         log = context.log.info if row.provider_kind is None else context.log.warning
-        log(f"job {row.id}: provider_kind {row.provider_kind!r} has no reconcile partition; left to sync_sweep_job")
+        log(
+            f"job {row.id}: provider_kind {row.provider_kind!r} has no reconcile partition; left to sync_sweep_job"
+        )
 
     won: list[Batch] = []
     errors = 0
