@@ -46,3 +46,48 @@ def test_dg_cli_is_pinned_to_the_dagster_line():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     pins = dict(re.match(r"([\w-]+)==(\S+)", d).groups() for d in deps if "==" in d)  # type: ignore[union-attr]
     assert pins["dagster-dg-cli"] == pins["dagster"]
+
+
+# --- the README and docs/ stand on their own ---------------------------------------------------------
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+# A backticked path into the repository: starts at one of its top-level folders.
+_PATH = re.compile(r"`((?:recon_dagster|recon_dagster_tests|migrations|benchmarks|docs|\.ci)/[\w./*-]*)`")
+
+
+def test_docs_exist_and_never_point_outside_the_repository():
+    assert (ROOT / "docs" / "design.md").is_file()
+    for doc in [*DOCS, ROOT / "pyproject.toml"]:
+        text = doc.read_text()
+        for outside in ("shared/", "../shared", "issue notes", "dagster-notes"):
+            assert outside not in text.replace("dagster_shared", ""), (doc.name, outside)
+
+
+def test_every_relative_link_and_referenced_path_resolves():
+    checked = 0
+    for doc in DOCS:
+        text = doc.read_text()
+        for target in _LINK.findall(text):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (doc.parent / path).resolve() if path else doc
+            assert resolved.exists(), f"{doc.name}: link {target} -> {resolved} does not exist"
+            if anchor and resolved.suffix == ".md":
+                headings = {
+                    re.sub(r"[^\w\- ]", "", h.lower()).strip().replace(" ", "-")
+                    for h in re.findall(r"^#+ (.+)$", resolved.read_text(), re.M)
+                }
+                assert anchor in headings, f"{doc.name}: anchor #{anchor} not in {resolved.name}"
+            checked += 1
+        for ref in _PATH.findall(text):
+            assert list(ROOT.glob(ref.rstrip("/") + "*")), f"{doc.name}: `{ref}` does not exist"
+            checked += 1
+    assert checked >= 10
+
+
+def test_the_readme_opens_with_the_two_setup_commands():
+    first = (ROOT / "README.md").read_text().splitlines()[:4]
+    assert first[0] == "```sh"
+    assert first[1].endswith(".venv/bin/recon-dagster demo") and first[2].endswith(".venv/bin/pytest")
