@@ -1,66 +1,188 @@
-"""``recon-dagster``: migrate, demo, sandbox, reconcile --once, status."""
+"""``recon-dagster``: migrate, demo, dev, sandbox, reconcile --once, status.
+
+Every command goes through ``main``'s one error wrapper: a failure is one line on stderr,
+``recon-dagster <command>: <what went wrong>; <how to fix it>``, exit 1 (2 for usage), and the
+traceback only with ``--debug`` or ``RECON_DEBUG=1``. A new command raises ``CliError`` (or lets a
+known exception through, see ``as_cli_error``) and is registered in ``build_parser``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+import os
 import sys
+import warnings
+from collections.abc import Callable
+from typing import NoReturn
+
+DEBUG_ENV = "RECON_DEBUG"
+
+# Dagster's own warnings that mean nothing to a user of this CLI (its pydantic v1-style calls,
+# beta flags on its own defaults). The same list as pytest's filterwarnings in pyproject.toml,
+# in the same syntax (a test keeps the two equal).
+DAGSTER_NOISE = (
+    "ignore::pydantic.warnings.PydanticDeprecatedSince20:dagster_shared",
+    "ignore:Parameter `owners`:dagster.BetaWarning",
+    "ignore:InitResourceContext.dagster_run is deprecated:DeprecationWarning",
+)
+
+FIX_URL = "set RECON_DATABASE_URL or --database-url to postgresql://user:password@host:port/dbname"
+FIX_UNAVAILABLE = "start PostgreSQL there, or point RECON_DATABASE_URL / --database-url at a running one"
+FIX_MIGRATE = "run `recon-dagster migrate`"
+FIX_DEBUG = "re-run with --debug for the traceback"
+
+
+class CliError(Exception):
+    """A failure the user can act on: what went wrong, and how to fix it (``code`` 2: usage)."""
+
+    def __init__(self, what: str, fix: str, code: int = 1) -> None:
+        super().__init__(f"{what}; {fix}")
+        # "; " separates what from the fix in the one line; keep it out of the "what".
+        self.what = _one_line(what).replace("; ", ", ")
+        self.fix = _one_line(fix)
+        self.code = code
+
+
+def _one_line(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+def quiet_dagster_warnings() -> None:
+    """Apply ``DAGSTER_NOISE`` (pytest's ``action:message:category:module`` filters)."""
+    for spec in DAGSTER_NOISE:
+        action, message, category, module = (spec.split(":") + ["", "", ""])[:4]
+        cls: type[Warning] = Warning
+        if category:
+            mod, _, name = category.rpartition(".")
+            cls = getattr(importlib.import_module(mod or "builtins"), name)
+        warnings.filterwarnings(action, message=message, category=cls, module=module)  # type: ignore[arg-type]
+
+
+def as_cli_error(exc: BaseException) -> CliError:
+    """Any exception as one ``what; how to fix`` pair; unknown ones say how to see more."""
+    import sqlalchemy as sa
+
+    from recon_dagster.db.embedded import EmbeddedPostgresError, embedded_pgdata
+    from recon_dagster.db.engine import DatabaseUnavailable, InvalidDatabaseUrl
+    from recon_dagster.db.migrate import MigrationError
+
+    if isinstance(exc, CliError):
+        return exc
+    if isinstance(exc, InvalidDatabaseUrl):
+        return CliError(str(exc), FIX_URL)
+    if isinstance(exc, DatabaseUnavailable):
+        return CliError(f"database unavailable at {exc.reason}", FIX_UNAVAILABLE)
+    if isinstance(exc, EmbeddedPostgresError):
+        return CliError(
+            _one_line(str(exc)),
+            f"see {embedded_pgdata() / 'log'}, or set RECON_DATABASE_URL to a running PostgreSQL",
+        )
+    if isinstance(exc, MigrationError):
+        return CliError(str(exc), "fix the migration named here, then run `recon-dagster migrate` again")
+    if isinstance(exc, sa.exc.ProgrammingError) and type(exc.orig).__name__ in (
+        "UndefinedTable",
+        "UndefinedColumn",
+    ):
+        return CliError(f"the database schema is behind this code ({_one_line(str(exc.orig))})", FIX_MIGRATE)
+    if isinstance(exc, ValueError) and str(exc).startswith(("RECON_", "DAGSTER_")):
+        return CliError(str(exc), "fix that environment variable (README: Configuration)")
+    return CliError(f"unexpected {type(exc).__name__}: {_one_line(str(exc))}", FIX_DEBUG)
+
+
+# --- the database: URL, reachable, migrated ----------------------------------------------------------
+
+
+def use_database_url(args: argparse.Namespace) -> None:
+    """Make ``--database-url`` (or ``RECON_DATABASE_URL``) the URL every part of this process and
+    its children use, validated before anything else runs."""
+    from recon_dagster.db.engine import DATABASE_URL_ENV, normalize_url
+
+    given = getattr(args, "database_url", None)
+    configured = given or os.environ.get(DATABASE_URL_ENV, "").strip()
+    if configured:
+        os.environ[DATABASE_URL_ENV] = normalize_url(configured)  # raises InvalidDatabaseUrl
+
+
+def require_migrated() -> str:
+    """The resolved database URL, once the database answers and has every migration applied."""
+    import sqlalchemy as sa
+
+    from recon_dagster.db.engine import describe, get_engine, resolve_database_url
+    from recon_dagster.db.migrate import BOOKKEEPING_TABLE, MigrationError, discover
+
+    url = resolve_database_url()
+    with get_engine(url).connect() as conn:
+        tracked = conn.execute(sa.text(f"SELECT to_regclass('{BOOKKEEPING_TABLE}') IS NOT NULL")).scalar()
+        applied = (
+            set(conn.execute(sa.text(f"SELECT version FROM {BOOKKEEPING_TABLE}")).scalars())
+            if tracked
+            else set()
+        )
+    try:
+        pending = [m.name for m in discover() if m.version not in applied]
+    except MigrationError:  # installed without the migrations folder: trust the bookkeeping table
+        pending = []
+    if not tracked or pending:
+        detail = "no migrations applied" if not tracked or not applied else f"pending: {', '.join(pending)}"
+        raise CliError(f"database {describe(url)} is not migrated ({detail})", FIX_MIGRATE)
+    return url
+
+
+# --- commands ----------------------------------------------------------------------------------------
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    from recon_dagster.db.migrate import migrate_command
+    from recon_dagster.db.engine import get_engine, redact, resolve_database_url
+    from recon_dagster.db.migrate import migrate
 
-    return migrate_command(args.database_url)
+    url = resolve_database_url()
+    applied = migrate(get_engine(url))
+    if applied:
+        print(f"migrate: applied {len(applied)} migration(s) to {redact(url)}: {', '.join(applied)}")
+    else:
+        print(f"migrate: {redact(url)} is up to date")
+    return 0
 
 
 def _cmd_sandbox(args: argparse.Namespace) -> int:
     from recon_dagster.sandbox import serve_forever
 
-    serve_forever(args.host, args.port, args.latency)
+    try:
+        serve_forever(args.host, args.port, args.latency)
+    except OSError as exc:
+        # strerror: the sandbox's own "cannot listen on host:port: <reason>" (or the OS reason).
+        reason = (exc.strerror or str(exc)).rpartition(": ")[2]
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {reason}", "pick another --port") from exc
     return 0
 
 
 def _cmd_reconcile(args: argparse.Namespace) -> int:
     if not args.once:
-        print(
-            "recon-dagster reconcile needs --once (continuous reconciliation is the Dagster daemon's "
-            "job: run `dagster dev` or `dagster-daemon run`)",
-            file=sys.stderr,
+        raise CliError(
+            "--once is required (continuous reconciliation is the Dagster daemon's job)",
+            "run `recon-dagster reconcile --once`, or `recon-dagster dev` for the daemon",
+            code=2,
         )
-        return 2
-    from recon_dagster.once import reconcile_once
+    require_migrated()
+    from recon_dagster.once_cli import run_reconcile_once
 
-    report = reconcile_once(sweep=not args.no_sweep)
-    if report.skip_reason and report.runs <= 1:
-        print(f"sensor: {report.skip_reason}")
-    print(report.line())
-    return 1 if report.failed_runs else 0
+    return run_reconcile_once(sweep=not args.no_sweep, debug=args.debug)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from recon_dagster.db.engine import get_engine
-    from recon_dagster.db.jobs import inflight_counts
+    require_migrated()
+    from recon_dagster.status import print_status
 
-    with get_engine().connect() as conn:
-        rows = inflight_counts(conn)
-    if not rows:
-        print("no jobs in flight")
-        return 0
-    header = f"{'provider_kind':<22} {'inflight':>8} {'stale':>6} {'leased':>6} {'max_attempts':>12}"
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        print(
-            f"{r['provider_kind']:<22} {r['inflight']:>8} {r['stale']:>6} {r['leased']:>6} "
-            f"{r['max_attempts'] or 0:>12}"
-        )
-    return 0
+    return print_status()
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from recon_dagster.demo import run_demo
 
-    return run_demo(serve=args.serve, port=args.port)
+    return run_demo(serve=args.serve, port=args.port, verbose=args.verbose or args.debug)
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
@@ -70,7 +192,6 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
-    import os
     import subprocess
     from pathlib import Path
 
@@ -88,52 +209,98 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=env)
 
 
+# --- parser -------------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line too: ``recon-dagster <cmd>: <problem>; see `... --help```, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}; see `{self.prog} --help`\n")
+
+
+def _common(p: argparse.ArgumentParser, *, database: bool) -> None:
+    # SUPPRESS: a subcommand's default must not overwrite a --debug given before the subcommand.
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    if database:
+        p.add_argument(
+            "--database-url", help="the app's PostgreSQL (default: RECON_DATABASE_URL, else the embedded one)"
+        )
+
+
+def _command(
+    sub: argparse._SubParsersAction,
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    help: str,
+    *,
+    database: bool,
+) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help)
+    _common(p, database=database)
+    p.set_defaults(func=func, uses_database=database)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="recon-dagster",
         description="Reconcile external provider calls that outlived the worker that made them.",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("--debug", action="store_true", help=f"show tracebacks (also {DEBUG_ENV}=1)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    m = sub.add_parser("migrate", help="apply migrations/ to the database")
-    m.add_argument("--database-url", help="defaults to RECON_DATABASE_URL, else the embedded PostgreSQL")
-    m.set_defaults(func=_cmd_migrate)
+    _command(sub, "migrate", _cmd_migrate, "apply migrations/ to the database", database=True)
 
-    s = sub.add_parser("sandbox", help="serve the loopback provider sandbox")
+    s = _command(sub, "sandbox", _cmd_sandbox, "serve the loopback provider sandbox", database=False)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8787)
     s.add_argument("--latency", type=float, default=0.0, help="seconds added to every provider call")
-    s.set_defaults(func=_cmd_sandbox)
 
-    r = sub.add_parser("reconcile", help="evaluate the sensor and run what it asks, in-process")
+    r = _command(
+        sub,
+        "reconcile",
+        _cmd_reconcile,
+        "evaluate the sensor and run what it asks, in-process",
+        database=True,
+    )
     r.add_argument("--once", action="store_true", help="one tick, then exit")
     r.add_argument("--no-sweep", action="store_true", help="skip the sync sweep after the sensor's runs")
-    r.set_defaults(func=_cmd_reconcile)
 
-    st = sub.add_parser("status", help="in-flight and stale counts per provider kind")
-    st.set_defaults(func=_cmd_status)
+    _command(
+        sub, "status", _cmd_status, "in-flight, stale and due jobs per provider kind, and why", database=True
+    )
 
-    ex = sub.add_parser("explain", help="one job's whole story: attempts, run links, upstream, credits")
+    ex = _command(
+        sub, "explain", _cmd_explain, "one job's whole story: attempts, run links, upstream, credits", database=True
+    )
     ex.add_argument("job_id", help="the app's jobs.id (a UUID)")
     ex.add_argument("--json", action="store_true", help="print JSON instead of text")
-    ex.set_defaults(func=_cmd_explain)
 
-    dv = sub.add_parser(
-        "dev", help="`dagster dev` on this code location, with instance storage on the app's PostgreSQL"
+    dv = _command(
+        sub,
+        "dev",
+        _cmd_dev,
+        "`dagster dev` on this code location, with instance storage on the app's PostgreSQL",
+        database=True,
     )
     dv.add_argument("dagster_args", nargs=argparse.REMAINDER, help="passed on to `dagster dev`")
-    dv.set_defaults(func=_cmd_dev)
 
-    d = sub.add_parser("demo", help="embedded PostgreSQL + sandbox + the incident, reconciled")
+    d = _command(
+        sub, "demo", _cmd_demo, "embedded PostgreSQL + sandbox + the incident, reconciled", database=True
+    )
     d.add_argument("--serve", action="store_true", help="then keep the sandbox up and start `dagster dev`")
     d.add_argument("--port", type=int, default=0, help="sandbox port (0: any free port)")
-    d.set_defaults(func=_cmd_demo)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the subcommand it was given to, like every other usage error
+        _Parser(prog=f"{parser.prog} {args.command}").error(f"unrecognized arguments: {' '.join(extra)}")
+    args.debug = args.debug or os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -142,15 +309,23 @@ def main(argv: list[str] | None = None) -> int:
         # Dagster's console logger is DEBUG by default; keep the per-job outcome lines (INFO).
         logging.getLogger("dagster").setLevel(logging.INFO)
     try:
+        if not args.debug:
+            quiet_dagster_warnings()
+        if args.uses_database:
+            use_database_url(args)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # a clear one-line error for operators; -v for the traceback
-        if args.verbose:
+    except Exception as exc:  # the one place a failure becomes the user's one line
+        if args.debug:
             raise
-        print(f"recon-dagster {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        err = as_cli_error(exc)
+        print(f"recon-dagster {args.command}: {err.what}; {err.fix}", file=sys.stderr)
+        return err.code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Through the importable module, so CliError raised by helper modules is this CliError.
+    from recon_dagster.cli import main as _main
+
+    sys.exit(_main())

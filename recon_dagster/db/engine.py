@@ -44,13 +44,19 @@ def project_root() -> Path | None:
 
 def parse_url(url: str) -> URL:
     """A PostgreSQL URL as SQLAlchemy parses it; InvalidDatabaseUrl (never echoing it) otherwise."""
-    scheme = url.split("://", 1)[0] if "://" in url else ""
+    # Messages name the bad part, never the URL itself: it may carry a password.
+    if "://" not in url:
+        raise InvalidDatabaseUrl("database URL has no scheme (it must start with postgresql://)")
+    scheme = url.split("://", 1)[0]
     if scheme not in _ACCEPTED_SCHEMES:
-        # Never echo the URL itself: it may carry a password.
         raise InvalidDatabaseUrl(
-            f"unsupported database URL scheme {scheme!r}; use postgresql://user@host:port/dbname "
-            f"(accepted schemes: {', '.join(_ACCEPTED_SCHEMES)})"
+            f"unsupported database URL scheme {scheme!r} (accepted: {', '.join(_ACCEPTED_SCHEMES)})"
         )
+    port = _port_part(url)
+    if port is not None and not port.isdigit():
+        raise InvalidDatabaseUrl(f"database URL port {port!r} is not a number")
+    if port and not 0 < int(port) < 65536:
+        raise InvalidDatabaseUrl(f"database URL port {port!r} is out of range (1-65535)")
     if scheme == "postgres":
         url = "postgresql" + url[len("postgres") :]
     try:
@@ -58,6 +64,15 @@ def parse_url(url: str) -> URL:
     except Exception:
         # from None: sqlalchemy's ArgumentError quotes the whole URL, password included.
         raise InvalidDatabaseUrl(f"cannot parse database URL with scheme {scheme!r}") from None
+
+
+def _port_part(url: str) -> str | None:
+    """The text after the host's ':' in ``scheme://[user[:pw]@]host[:port][/db]``, if any."""
+    # After the last '@' first: a password (even an unencoded one with '/' or ':') is never read.
+    hostport = url.split("://", 1)[1].rpartition("@")[2].split("/", 1)[0].split("?", 1)[0]
+    if hostport.startswith("["):  # [ipv6]:port
+        hostport = hostport.partition("]")[2]
+    return hostport.rpartition(":")[2] if ":" in hostport else None
 
 
 def _with_driver(url: str, driver: str) -> str:

@@ -21,8 +21,8 @@ import sqlalchemy as sa
 
 from recon_dagster import lora
 from recon_dagster.breaker import NotFoundBreaker
-from recon_dagster.db import credits
 from recon_dagster.crashpoints import crash_point
+from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim, JobRow
 from recon_dagster.kinds import KINDS, MAX_ATTEMPTS, RECONCILE_CADENCE
