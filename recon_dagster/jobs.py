@@ -289,10 +289,12 @@ def record_outcomes(
     report_outcomes(context, flat, database)
     output = _report(context, flat, summary)
     worked = [o for o in flat if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE)]
-    if worked and all(o.outcome is Outcome.ERROR for o in worked):
+    # An outage: no job made progress, each errored or was force-failed after erroring to the cap
+    # (a batch in an outage carries a few jobs at their last attempt).
+    if summary.errors and all(o.outcome in (Outcome.ERROR, Outcome.EXHAUSTED) for o in worked):
         raise dg.Failure(
-            f"every job of this run errored ({len(worked)}): the provider or the media path is failing; "
-            "attempts were counted",
+            f"every job of this run errored ({summary.errors}) or was force-failed ({summary.exhausted}): "
+            "the provider or the media path is failing; attempts were counted",
             metadata={"errors": len(worked), "sample": dg.MetadataValue.json([o.detail for o in worked[:5]])},
         )
     if summary.errors:

@@ -35,7 +35,6 @@ CHROMIUM = os.environ.get("RECON_CHROMIUM", "/usr/bin/chromium")
 LOCATION = "recon_dagster"
 SHOTS = (project_root() or Path.cwd()) / ".recon" / "screenshots"
 OUTAGE_KIND = "kie-standard"
-NEW_SHAPE = "the run graph of issue 10 items 1-3 (branch wave/ui)"
 
 
 def _need_browser() -> None:
@@ -321,11 +320,7 @@ def test_the_credit_leak_check_fails_on_the_leaked_reservation(console: Console)
 def test_the_outage_run_is_shown_failed(console: Console, outage: dict):
     page = console.open(f"/runs/{outage['batch_run']}", wait_text="reconcile")
     console.shot("outage-run")
-    if outage["batch_status"] != "FAILURE":
-        pytest.xfail(
-            f"the all-errors batch run ended {outage['batch_status']}: failing a run in which every job "
-            f"errored comes with {NEW_SHAPE}"
-        )
+    assert outage["batch_status"] == "FAILURE", f"the outage batch run ended {outage['batch_status']}"
     page.get_by_text("Failure", exact=False).first.wait_for(timeout=30_000)
     console.open("/runs?q%5B0%5D=status%3AFAILURE", wait_text="reconcile_job")
     console.shot("runs-failed-filter")
@@ -333,16 +328,14 @@ def test_the_outage_run_is_shown_failed(console: Console, outage: dict):
 
 def test_outcome_plots_render(console: Console, outage: dict):
     keys = [k for k in outage["asset_jobs"] if "outcome" in k]
-    if not keys:
-        pytest.xfail(f"no per-provider_kind outcome materializations yet: they come with {NEW_SHAPE}")
+    assert keys, f"no outcome asset among {sorted(outage['asset_jobs'])}"
     page = console.open(f"/assets/{keys[0]}?view=plots", wait_text=keys[0].split("/")[-1])
     page.locator("canvas, svg").first.wait_for(timeout=60_000)
     console.shot("outcome-plots")
 
 
 def test_credit_anomaly_check_renders_failed(console: Console, outage: dict):
-    if "credit_anomalies" not in outage["asset_jobs"]:
-        pytest.xfail(f"no credit_anomalies asset and check yet: they come with {NEW_SHAPE}")
+    assert "credit_anomalies" in outage["asset_jobs"], sorted(outage["asset_jobs"])
     page = console.open("/assets/credit_anomalies?view=checks", wait_text="credit_anomalies")
     page.get_by_text("Failed", exact=False).first.wait_for(timeout=60_000)
     console.shot("checks-credit-anomalies")
