@@ -4,9 +4,9 @@ the outcome, credits, provider task id, assets) from the app database and the Da
 Used by the ``explain_job`` Dagster job (Launchpad) and ``recon-dagster explain JOB_ID``. The
 queries are in ``load_story`` and ``resolve_run_ids``; everything else is pure formatting.
 
-Run ids: a ``reconcile_events.run_id`` column is read when the schema has one; otherwise an
-event's ``run_key`` is mapped to its run: ``sweep:<run id>`` names the sweep run itself, and a
-sensor's run key is the run's ``dagster/run_key`` tag.
+Run ids: each event records the run that made it (``reconcile_events.run_id``, migration 141);
+an event written before that column existed is mapped through its ``run_key``: ``sweep:<run id>``
+names the sweep run itself, and a sensor's run key is the run's ``dagster/run_key`` tag.
 """
 
 from __future__ import annotations
@@ -128,18 +128,6 @@ def run_url(run_id: str, base: str | None) -> str:
 # --- queries ------------------------------------------------------------------------------------
 
 
-def _has_column(conn: sa.Connection, table: str, column: str) -> bool:
-    return bool(
-        conn.execute(
-            sa.text(
-                "SELECT 1 FROM information_schema.columns "
-                "WHERE table_schema = current_schema() AND table_name = :t AND column_name = :c"
-            ),
-            {"t": table, "c": column},
-        ).first()
-    )
-
-
 def load_story(engine: sa.Engine, job_id: uuid.UUID | str) -> JobStory:
     """Read the job row, its reconcile events, credits, assets and anomalies (one snapshot)."""
     jid = parse_job_id(str(job_id))
@@ -158,12 +146,10 @@ def load_story(engine: sa.Engine, job_id: uuid.UUID | str) -> JobStory:
         ).first()
         if row is None:
             raise JobNotFound(f"no job {jid} in the jobs table")
-        run_id_col = "run_id" if _has_column(conn, "reconcile_events", "run_id") else "NULL"
         events = conn.execute(
             sa.text(
-                f"""
-                SELECT created_at, attempt, outcome, detail, run_key, duration_ms,
-                       {run_id_col} AS run_id
+                """
+                SELECT created_at, attempt, outcome, detail, run_key, duration_ms, run_id
                 FROM reconcile_events WHERE job_id = :j ORDER BY created_at, id
                 """
             ),

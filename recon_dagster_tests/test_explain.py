@@ -34,7 +34,7 @@ def batch(db, sandbox, instance, media_dir):  # noqa: ANN001
     failed, _ = _stuck(db, sandbox, user, "kie-standard", Scenario(outcome="fail", polls_before_done=0))
     running, running_task = _stuck(db, sandbox, user, "kie-standard", Scenario(outcome="run_forever"))
     running2, _ = _stuck(db, sandbox, user, "kie-standard", Scenario(outcome="run_forever"))
-    legacy = make_job(db, user, created_minutes_ago=30)
+    legacy = make_job(db, user, created_minutes_ago=200)  # past the 3-hour pre-call budget
     reserve(db, legacy, user, 5)
     defs = make_defs(media_dir, single_run_below=2, cadence_seconds=0)
     first = tick(defs, instance)
@@ -61,7 +61,7 @@ def test_a_job_inside_a_batch_has_its_attempt_run_credits_task_id_and_asset(db, 
 
     assert story.status == "completed"
     assert story.provider_task_id == task
-    assert [(a.attempt, a.outcome, a.run_id) for a in story.attempts] == [(0, "recovered", batch_run.run_id)]
+    assert [(a.attempt, a.outcome, a.run_id) for a in story.attempts] == [(1, "recovered", batch_run.run_id)]
     assert [c.status for c in story.credits] == ["committed"]
     assert {k: float(v) for k, v in story.credits[0].pools.items()} == {"from_sub": 20.0, "from_topup": 10.0}
     assert len(story.assets) == 1
@@ -99,18 +99,13 @@ def test_failed_and_swept_jobs_show_the_refund_and_the_run_that_did_it(db, insta
     assert swept.provider_kind is None and swept.credits[0].status == "refunded"
 
 
-def test_a_run_id_column_on_reconcile_events_is_used_when_present(db, instance, batch):  # noqa: ANN001
-    # The shape of a later schema (reconcile_events.run_id): the recorded run id wins, no lookup.
+def test_the_run_id_recorded_on_reconcile_events_wins_over_a_lookup(db, instance, batch):  # noqa: ANN001
+    # reconcile_events.run_id (migration 141) names the run directly: no lookup by run key.
     job, _ = batch["recovered"]
     with db.begin() as conn:
-        conn.exec_driver_sql("ALTER TABLE reconcile_events ADD COLUMN IF NOT EXISTS run_id text")
         conn.exec_driver_sql(f"UPDATE reconcile_events SET run_id = 'recorded-run' WHERE job_id = '{job}'")
-    try:
-        story = ex.explain(db, None, job)
-        assert [a.run_id for a in story.attempts] == ["recorded-run"]
-    finally:
-        with db.begin() as conn:
-            conn.exec_driver_sql("ALTER TABLE reconcile_events DROP COLUMN IF EXISTS run_id")
+    story = ex.explain(db, None, job)
+    assert [a.run_id for a in story.attempts] == ["recorded-run"]
 
 
 def test_explain_job_run_writes_the_story_into_log_and_metadata(db, instance, batch):  # noqa: ANN001

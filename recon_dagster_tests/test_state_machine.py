@@ -38,7 +38,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule, 
 
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
-from recon_dagster.kinds import LEGACY_STALE_THRESHOLD, get_kind
+from recon_dagster.kinds import get_kind, precall_budget
 from recon_dagster.media.errors import MediaError
 from recon_dagster.media.store import LocalMediaStore
 from recon_dagster.providers import providers_from_env
@@ -336,15 +336,15 @@ def make_machine(engine: sa.Engine, media_root: str) -> type[RuleBasedStateMachi
                         SELECT id, provider_kind,
                           reconcile_lease_expires_at > now() AS leased,
                           reconcile_next_at > now() AS waiting,
-                          now() - COALESCE(provider_call_started_at, started_at, created_at) AS age
+                          now() - COALESCE(provider_call_started_at, started_at, created_at) AS age,
+                          provider_call_started_at IS NULL AS before_call
                         FROM jobs WHERE status IN ('pending', 'processing')
                         """
                     )
                 ).all()
             for r in rows:
-                threshold = (
-                    get_kind(r.provider_kind).stale_threshold if r.provider_kind else LEGACY_STALE_THRESHOLD
-                )
+                # A row that has not reached its provider call waits out the pre-call budget.
+                threshold = precall_budget() if r.before_call else get_kind(r.provider_kind).stale_threshold
                 young = r.age < threshold
                 assert (
                     uuid.UUID(str(r.id)) in {uuid.UUID(str(d)) for d in due} or r.leased or r.waiting or young
