@@ -77,7 +77,8 @@ DEMO_JOBS: tuple[DemoJob, ...] = (
     DemoJob("ElevenLabs dubbing", "elevenlabs-async", "audio", 20, {"polls_before_done": 0}),
     DemoJob("ElevenLabs TTS", "elevenlabs-sync", "audio", 6, None),
     DemoJob("Anthropic ai-writer", "anthropic-sync", "text", 6, None),
-    DemoJob("Legacy row (no provider)", None, "image", 8, None),
+    # Past the 3-hour pre-call budget: a row that never reached a provider call is swept only then.
+    DemoJob("Legacy row (no provider)", None, "image", 200, None),
 )
 
 

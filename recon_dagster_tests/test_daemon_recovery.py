@@ -44,7 +44,7 @@ from recon_dagster.db.engine import get_engine
 from recon_dagster.media.store import media_store_from_env
 from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile.finalize import ProviderResult, finalize_job_with_media
-from recon_dagster.worker import run_or_resume
+from recon_dagster.worker import JobNoLongerInFlight, run_or_resume
 
 job_id, kind, polls_before_done = sys.argv[1], sys.argv[2], int(sys.argv[3])
 providers = providers_from_env()
@@ -55,12 +55,16 @@ payload = {
     "callBackUrl": f"https://app.example/callbacks/{job_id}",
     "sandbox_scenario": {"polls_before_done": polls_before_done},
 }
-status = run_or_resume(
-    job_id,
-    kind,
-    lambda cb: providers.run(kind, payload, on_task_created=cb, poll_interval_s=0.2, budget_s=60),
-    providers=providers,
-)
+try:
+    status = run_or_resume(
+        job_id,
+        kind,
+        lambda cb: providers.run(kind, payload, on_task_created=cb, poll_interval_s=0.2, budget_s=60),
+        providers=providers,
+    )
+except JobNoLongerInFlight as exc:
+    print(json.dumps({"no_longer_in_flight": str(exc)}))
+    sys.exit(0)
 result = finalize_job_with_media(
     get_engine(), media_store_from_env(), job_id, ProviderResult.from_status(status), source="worker"
 )
@@ -220,8 +224,8 @@ def test_worker_killed_mid_poll_is_recovered_by_the_daemon_exactly_once(
     stored = [p for p in media_dir.rglob("*") if p.is_file()]
     assert len(stored) == 1, stored
 
-    # 5. A stall-retry of the worker resumes the persisted task (no new create) and finds the job
-    #    already completed: its finalize does nothing.
+    # 5. A stall-retry of the worker finds the job already completed: it starts no upstream work at
+    #    all (no create, no resume) and says why.
     code, output = run_worker_script(
         WORKER_SCRIPT,
         [str(job), KIND, str(polls_before_done)],
@@ -229,8 +233,7 @@ def test_worker_killed_mid_poll_is_recovered_by_the_daemon_exactly_once(
     )
     assert code == 0, output
     result = last_json_line(output)
-    assert result["task_id"] == task_id and result["state"] == "succeeded"
-    assert result["ok"] is False and result["reason"] == "already completed", result
+    assert "is completed, no longer in flight" in result["no_longer_in_flight"], result
     assert sandbox_proc.creates_for(str(job)) == 1
     assert sandbox_proc.creates_total() == 1
     assert usage_status(db, job) == "committed"
