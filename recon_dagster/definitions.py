@@ -15,6 +15,7 @@ from recon_dagster.assets import (
     reconcile_health_job,
     reconcile_health_schedule,
 )
+from recon_dagster.checks import no_not_found_burst
 from recon_dagster.jobs import reconcile_job, sync_sweep_job
 from recon_dagster.media.store import media_store_from_env
 from recon_dagster.providers import providers_from_env
@@ -37,7 +38,7 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
     """The definitions with the default resources, some of them replaced (tests, the demo)."""
     return dg.Definitions(
         assets=[inflight_backlog, lora_training_cohort],
-        asset_checks=[no_credit_leak, no_stuck_jobs, lora_cohort_matches_legacy],
+        asset_checks=[no_credit_leak, no_stuck_jobs, lora_cohort_matches_legacy, no_not_found_burst],
         jobs=[reconcile_job, sync_sweep_job, reconcile_health_job, lora_training_migration_job],
         sensors=[stale_inflight_jobs_sensor],
         schedules=[sync_sweep_schedule, reconcile_health_schedule, lora_training_migration_schedule],

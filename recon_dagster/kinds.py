@@ -7,6 +7,9 @@ media) reads it from here. Adding a provider variant is one new ``ProviderKind``
 
 from __future__ import annotations
 
+import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
@@ -121,13 +124,45 @@ KIND_NAMES: tuple[str, ...] = tuple(KINDS)
 ASYNC_KINDS: tuple[str, ...] = tuple(k.name for k in _KINDS if k.is_async)
 SYNC_KINDS: tuple[str, ...] = tuple(k.name for k in _KINDS if not k.is_async)
 
-# Rows written before Phase 1 have no provider_kind; the sweep takes them after this long.
+# A row whose provider call started under a provider_kind the registry does not know is swept
+# after this long (it can never be polled).
 LEGACY_STALE_THRESHOLD = timedelta(minutes=5)
+
+# A row with no provider_call_started_at has not reached its provider call: it waits in the app's
+# queue or in pre-call work (or is a pre-135 legacy row, which looks the same). During a backlog
+# that wait is long and normal, so such a row is swept only after this budget, measured from
+# COALESCE(started_at, created_at). RECON_PRECALL_BUDGET_S overrides it.
+PRECALL_BUDGET = timedelta(hours=3)
+PRECALL_BUDGET_ENV = "RECON_PRECALL_BUDGET_S"
+
+
+def precall_budget(environ: Mapping[str, str] | None = None) -> timedelta:
+    """The pre-call budget: ``RECON_PRECALL_BUDGET_S`` seconds when set, else 3 hours.
+
+    Raises ValueError naming the variable for anything but a finite positive number.
+    """
+    raw = (os.environ if environ is None else environ).get(PRECALL_BUDGET_ENV, "").strip()
+    if not raw:
+        return PRECALL_BUDGET
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(
+            f"{PRECALL_BUDGET_ENV} must be a positive number of seconds (e.g. 10800 for 3 hours), got {raw!r}"
+        )
+    return timedelta(seconds=seconds)
 
 # Job types that never call a provider themselves (spec 9.1: pipeline wrapper jobs deliberately
 # carry no provider_kind). A row of these types with no provider_kind is not a legacy stuck call,
 # so the sweep leaves it alone.
 NON_PROVIDER_JOB_TYPES: tuple[str, ...] = ("pipeline",)
+
+# Async kinds whose provider may finish with a text result instead of media (KIE market text models
+# answer ``resultObject``; Replicate runs language models too). For these the job's own job_type
+# says whether media was promised; every other async kind always promises media.
+TEXT_RESULT_KINDS: frozenset[str] = frozenset({"kie-standard", "replicate-prediction"})
 
 # 18 attempts x the 5-minute cadence ~= 90 minutes: covers kie-lip-sync's 75-minute threshold
 # with 15 minutes of headroom before a job is presumed stuck rather than slow (spec 5.5).

@@ -51,6 +51,23 @@ class Comparison:
         return self.legacy_status is None or self.legacy_status == self.new_status
 
 
+# The legacy cron may be retired only on this much evidence: at least this many settled trainings
+# compared with what it would have decided, none different, and no legacy training it alone sees.
+MIN_RETIREMENT_COHORT = 20
+
+
+def retirement_blockers(compared: int, mismatches: int, orphans: int) -> list[str]:
+    """What still stands between the cohort and retiring the legacy cron (empty: nothing)."""
+    blockers = []
+    if compared < MIN_RETIREMENT_COHORT:
+        blockers.append(f"only {compared} training(s) compared, {MIN_RETIREMENT_COHORT} needed")
+    if mismatches:
+        blockers.append(f"{mismatches} training(s) settled differently from the legacy cron")
+    if orphans:
+        blockers.append(f"{orphans} legacy training(s) with no jobs row, which only the legacy cron sees")
+    return blockers
+
+
 def legacy_decision(status: UpstreamStatus) -> str | None:
     """What the legacy cron did with a training: ready on success, failed on failure or lost
     output, nothing while it runs (the character stays 'training')."""

@@ -6,6 +6,9 @@
 * ``mark_provider_call_start(job_id, kind)``: the sync-call equivalent, right before the call (5.8).
 * ``run_or_resume(job_id, kind, create_and_run, providers=...)``: the stall-retry guard (5.3): when
   the row already carries a task id, resume that task instead of creating a second one.
+
+All three refuse a row that is no longer in flight (``JobNoLongerInFlight``): a job swept or
+cancelled while it waited in the app's queue never gets upstream work started for it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,20 @@ OnTaskCreated = Callable[[str], None]
 
 class JobNotFound(LookupError):
     pass
+
+
+class JobNoLongerInFlight(RuntimeError):
+    """The job row is already completed, failed or cancelled: no upstream work may start for it.
+
+    ``run_or_resume`` raises it before creating anything; the ``on_task_created`` callback raises
+    it (after recording a credit anomaly) when the row ended while the create was in progress, so
+    the provider's ``run`` stops instead of polling a task whose result would be refused.
+    """
+
+    def __init__(self, job_id: uuid.UUID, status: str) -> None:
+        super().__init__(f"job {job_id} is {status}, no longer in flight: no upstream work started for it")
+        self.job_id = job_id
+        self.status = status
 
 
 class TaskAlreadyPersisted(RuntimeError):
@@ -62,8 +79,30 @@ def make_on_task_created(
         with eng.begin() as conn:
             persisted = jobs_db.record_task_created(conn, job_uuid, kind, task_id)
             if persisted is None:
-                raise JobNotFound(f"job {job_uuid} does not exist")
-            if persisted != task_id:
+                # Not written: the row is missing, or it ended (swept, cancelled) while we created.
+                row = jobs_db.load_job(conn, job_uuid)
+                if row is None:
+                    raise JobNotFound(f"job {job_uuid} does not exist")
+                # The upstream task exists and may bill, but the row's credits are already settled:
+                # nobody will collect or pay for it. Recorded for review (and an upstream cancel).
+                log.error(
+                    "job %s is %s but upstream %s task %s was created for it; not persisted",
+                    job_uuid,
+                    row.status,
+                    kind,
+                    task_id,
+                )
+                credits.log_credit_anomaly(
+                    conn,
+                    job_id=job_uuid,
+                    user_id=row.user_id,
+                    reason="upstream_task_for_ended_job",
+                    details={"kind": kind, "task_id": task_id, "job_status": row.status},
+                )
+                ended = JobNoLongerInFlight(job_uuid, row.status)
+            else:
+                ended = None
+            if persisted is not None and persisted != task_id:
                 # Two attempts both created upstream; ours is an orphan that may bill.
                 row = jobs_db.load_job(conn, job_uuid)
                 credits.log_credit_anomaly(
@@ -73,7 +112,9 @@ def make_on_task_created(
                     reason="duplicate_upstream_task",
                     details={"kind": kind, "persisted_task_id": persisted, "orphan_task_id": task_id},
                 )
-        if persisted != task_id:
+        if ended is not None:
+            raise ended
+        if persisted is not None and persisted != task_id:
             raise TaskAlreadyPersisted(job_uuid, persisted, task_id)
 
     return on_task_created
@@ -82,9 +123,13 @@ def make_on_task_created(
 def mark_provider_call_start(job_id: uuid.UUID | str, kind: str, *, engine: sa.Engine | None = None) -> None:
     """Sync routes: record kind and start time before the call. Never touches status (5.8)."""
     get_kind(kind)
+    job_uuid = uuid.UUID(str(job_id))
     with (engine or get_engine()).begin() as conn:
-        if not jobs_db.mark_provider_call_start(conn, uuid.UUID(str(job_id)), kind):
-            raise JobNotFound(f"job {job_id} does not exist")
+        if not jobs_db.mark_provider_call_start(conn, job_uuid, kind):
+            row = jobs_db.load_job(conn, job_uuid)
+            if row is None:
+                raise JobNotFound(f"job {job_uuid} does not exist")
+            raise JobNoLongerInFlight(job_uuid, row.status)
 
 
 def run_or_resume(
@@ -107,6 +152,9 @@ def run_or_resume(
         row = jobs_db.load_job(conn, job_uuid)
     if row is None:
         raise JobNotFound(f"job {job_uuid} does not exist")
+    if not row.inflight:
+        # Swept, cancelled or finished while it waited: neither create nor resume anything.
+        raise JobNoLongerInFlight(job_uuid, row.status)
     if row.provider_task_id and spec.is_async:
         resume_kind = row.provider_kind or kind
         log.info(

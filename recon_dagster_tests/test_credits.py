@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from recon_dagster.db import credits
 from recon_dagster_tests.factories import balances, make_job, make_user, reserve
@@ -361,3 +363,97 @@ def test_reserve_with_more_precision_than_the_ledger_refunds_to_the_same_pools(d
     assert got is not None
     assert balances(db, user) == (D(100), D(50))
     assert anomalies(db) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 7 rule 4: refund splits tolerate the app's floats
+# ---------------------------------------------------------------------------------------------
+
+
+def test_rule4_refund_splits_tolerate_the_apps_floats(db: sa.Engine) -> None:
+    user = make_user(db, sub=10, topup=10)
+    job = make_job(db, user)
+    log_id = reserve(db, job, user, D("0.3"), from_sub=D("0.1"), from_topup=D("0.2"))
+    # What JavaScript writes for 0.3 - 0.1.
+    set_metadata(db, log_id, '{"from_sub": 0.1, "from_topup": 0.19999999999999998}')
+
+    got = refund(db, job)
+
+    assert got is not None
+    assert (got.to_subscription, got.to_topup) == (D("0.1"), D("0.2"))
+    assert balances(db, user) == (D(10), D(10))
+    assert anomalies(db) == []
+
+
+@pytest.mark.parametrize(
+    ("metadata", "split", "usable"),
+    [
+        ({"from_sub": 0.1, "from_topup": 0.19999999999999998}, (D("0.1"), D("0.2")), True),
+        ({"from_sub": 0.30000000000000004, "from_topup": 0}, (D("0.3"), D(0)), True),
+        ({"from_sub": "0.10004", "from_topup": "0.2"}, (D("0.1"), D("0.2")), True),  # within half a digit
+        ({"from_sub": "0.1001", "from_topup": "0.2"}, (D(0), D("0.3")), False),  # a whole digit off
+        ({"from_sub": -0.00001, "from_topup": 0.30001}, (D(0), D("0.3")), True),
+        ({"from_sub": True, "from_topup": 0}, (D(0), D("0.3")), False),
+    ],
+)
+def test_rule4_split_refund_is_decimal_with_half_a_ledger_digit_of_tolerance(
+    metadata: dict[str, Any], split: tuple[Decimal, Decimal], usable: bool
+) -> None:
+    assert credits.split_refund(D("0.3"), metadata) == (*split, usable)
+
+
+_FOUR_DECIMALS = st.integers(min_value=0, max_value=10**10).map(lambda n: D(n).scaleb(-4))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sub=_FOUR_DECIMALS, topup=_FOUR_DECIMALS, js_subtracts=st.booleans())
+def test_rule4_refund_split_property_pools_get_back_exactly_the_reserved_amount(
+    db: sa.Engine, sub: Decimal, topup: Decimal, js_subtracts: bool
+) -> None:
+    """Random pool splits written as JavaScript doubles, amounts with 4 decimals: the pools get
+    back exactly the amount, split exactly as reserved, and no anomaly."""
+    amount = sub + topup
+    if amount == 0:
+        return
+    # The app writes numbers as doubles, and either records both parts or derives the top-up part.
+    meta = {"from_sub": float(sub), "from_topup": float(amount) - float(sub) if js_subtracts else float(topup)}
+    user = make_user(db, sub=sub, topup=topup)
+    job = make_job(db, user)
+    log_id = reserve(db, job, user, amount, from_sub=sub, from_topup=topup)
+    set_metadata(db, log_id, json.dumps(meta))
+    assert balances(db, user) == (0, 0)
+
+    got = refund(db, job)
+
+    assert got is not None
+    assert (got.to_subscription, got.to_topup) == (sub, topup)
+    assert balances(db, user) == (sub, topup)
+    assert [a for a in anomalies(db) if a["job_id"] == job] == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sub=_FOUR_DECIMALS,
+    topup=_FOUR_DECIMALS,
+    digits_off=st.integers(min_value=-50, max_value=50),
+    js_subtracts=st.booleans(),
+)
+def test_rule4_split_property_anomaly_only_when_the_metadata_really_disagrees(
+    sub: Decimal, topup: Decimal, digits_off: int, js_subtracts: bool
+) -> None:
+    """A split whose parts add up to the amount give or take a JavaScript rounding is used as is; one
+    off by a whole ledger digit or more is not (everything to top-up, and the caller logs it)."""
+    amount = sub + topup
+    recorded_topup = topup + D(digits_off).scaleb(-4)
+    meta = {
+        "from_sub": float(sub),
+        "from_topup": float(amount + D(digits_off).scaleb(-4)) - float(sub) if js_subtracts else float(recorded_topup),
+    }
+
+    to_sub, to_topup, usable = credits.split_refund(amount, meta)
+
+    assert to_sub + to_topup == amount
+    if digits_off == 0:
+        assert (to_sub, to_topup, usable) == (sub, topup, True)
+    elif recorded_topup >= 0:
+        assert (to_sub, to_topup, usable) == (D(0), amount, False)

@@ -85,7 +85,15 @@ def test_a_lip_sync_row_is_not_swept_at_the_standard_threshold(db: sa.Engine, us
     assert scanned_ids(db) == [short]
 
 
-def test_legacy_rows_without_kind_or_call_time_are_due_after_five_minutes_by_created_at(
+@pytest.fixture(autouse=True)
+def five_minute_precall_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the scan's mechanics (order, limit, lease, cadence): a pre-call budget
+    of 5 minutes keeps their rows with no provider call time small. The 3-hour default and what it
+    protects are pinned in test_money_rules.py."""
+    monkeypatch.setenv("RECON_PRECALL_BUDGET_S", "300")
+
+
+def test_legacy_rows_without_kind_or_call_time_are_due_after_the_precall_budget_by_created_at(
     db: sa.Engine, user: uuid.UUID
 ) -> None:
     old = make_job(db, user, created_minutes_ago=6)

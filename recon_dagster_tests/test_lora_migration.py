@@ -60,7 +60,9 @@ def test_legacy_training_is_adopted_recovered_and_matches_the_legacy_decision(
     check = _check(_cohort(defs, instance))
     assert check.passed
     assert check.metadata["compared"].value == 1
-    assert check.metadata["legacy_cron_can_be_retired"].value is True
+    # One matching training is not a cohort (issue 7 rule 9: 20 compared are needed).
+    assert check.metadata["legacy_cron_can_be_retired"].value is False
+    assert "only 1 training(s) compared, 20 needed" in check.metadata["retirement_blocked_by"].value
 
 
 def test_failed_training_fails_the_character_like_the_legacy_cron(db, instance, media_dir, sandbox):

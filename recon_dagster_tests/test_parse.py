@@ -105,8 +105,13 @@ def test_kie_record_info_null_is_not_found(kind):
 
 
 def test_kie_422_with_message_key_and_data_null_is_not_found():
-    s = parse_poll_response("kie-veo", {"code": 422, "message": "whatever", "data": None})
+    s = parse_poll_response("kie-veo", {"code": 422, "message": "recordInfo is null", "data": None})
     assert s.state is NF
+
+
+def test_kie_422_with_data_null_and_another_message_is_an_error_not_not_found():
+    with pytest.raises(KieEnvelopeError):
+        parse_poll_response("kie-veo", {"code": 422, "message": "whatever", "data": None})
 
 
 @pytest.mark.parametrize("code", [400, 401, 402, 404, 429, 433, 455, 500, 501, 505])
@@ -190,7 +195,7 @@ def test_veo_success_without_urls_is_protocol_error():
 @pytest.mark.parametrize(
     ("status", "state"),
     [("PENDING", R), ("TEXT_SUCCESS", R), ("FIRST_SUCCESS", R), ("SUCCESS", S), ("CREATE_TASK_FAILED", F),
-     ("GENERATE_AUDIO_FAILED", F), ("CALLBACK_EXCEPTION", F), ("SENSITIVE_WORD_ERROR", F)],
+     ("GENERATE_AUDIO_FAILED", F), ("CALLBACK_EXCEPTION", S), ("SENSITIVE_WORD_ERROR", F)],
 )  # fmt: skip
 def test_suno_statuses(status, state):
     tracks = [{"id": "a", "audioUrl": "https://cdn.x/a.mp3"}, {"id": "b", "audioUrl": "https://cdn.x/b.mp3"}]
@@ -274,8 +279,9 @@ def test_replicate_text_output_is_a_result_not_media():
     assert (s.state, s.media, s.result) == (S, (), {"output": ["Hel", "lo"]})
 
 
-@pytest.mark.parametrize("extra", [{"output": None, "data_removed": True}, {"output": [IMG], "data_removed": True},
-                                   {"output": None}])  # fmt: skip
+@pytest.mark.parametrize(
+    "extra", [{"output": None, "data_removed": True}, {"output": [IMG], "data_removed": True}]
+)
 def test_replicate_removed_outputs_are_expired(extra):
     assert parse_poll_response("replicate-prediction", pred("succeeded", **extra)).state is E
 
@@ -420,6 +426,7 @@ def _templates():
     rep = [pred(s_, output=o, metrics={"predict_time": 1.5}) for s_, o in
            (("starting", None), ("succeeded", [IMG]), ("succeeded", VID), ("succeeded", {"weights": IMG}),
             ("failed", None), ("succeeded", None))]  # fmt: skip
+    rep.append(pred("succeeded", output=None, data_removed=True))
     dub = [
         {"dubbing_id": "d", "status": s_, "target_languages": ["es"]}
         for s_ in ("dubbing", "dubbed", "failed")
@@ -471,7 +478,8 @@ def _check(kind, body):
     assert isinstance(status, UpstreamStatus)
     assert status.provider_kind == kind and status.raw == body
     if status.state is UpstreamState.SUCCEEDED:
-        assert status.media or status.result is not None
+        # A success always carries something to deliver: media, or a non-empty result.
+        assert status.media or status.result
     return status.state.value
 
 

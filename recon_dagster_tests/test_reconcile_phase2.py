@@ -40,9 +40,9 @@ def test_pending_kie_llm_without_reservation_is_failed_without_a_refund(db, inst
     assert balances(db, user) == (Decimal(100), Decimal(50))
 
 
-def test_legacy_row_without_provider_kind_is_swept(db, instance, media_dir, sandbox):
+def test_legacy_row_without_provider_kind_is_swept_after_the_precall_budget(db, instance, media_dir, sandbox):
     user = make_user(db)
-    job = make_job(db, user, created_minutes_ago=6)
+    job = make_job(db, user, created_minutes_ago=181)
     reserve(db, job, user, 5)
 
     assert _sweep(make_defs(media_dir), instance).success
@@ -106,8 +106,8 @@ def test_sync_sweep_schedule_runs_the_sweep_every_five_minutes():
 def test_pipeline_wrapper_jobs_without_provider_kind_are_not_swept(db, instance, media_dir, sandbox):
     """Spec 9.1: pipeline wrappers never call a provider, so no provider_kind is expected."""
     user = make_user(db)
-    wrapper = make_job(db, user, job_type="pipeline", created_minutes_ago=60)
-    legacy = make_job(db, user, job_type="image", created_minutes_ago=60)
+    wrapper = make_job(db, user, job_type="pipeline", created_minutes_ago=600)
+    legacy = make_job(db, user, job_type="image", created_minutes_ago=600)
 
     assert _sweep(make_defs(media_dir), instance).success
 

@@ -270,9 +270,9 @@ def test_watermark_follows_the_rows_should_watermark(db, instance, media_dir, sa
     clean_keys = one(db, "SELECT storage_key FROM assets WHERE job_id = :j", j=clean)
     assert ".watermarked." in marked_keys
     assert ".watermarked." not in clean_keys
-    original = Path(media_dir, marked_keys.replace(".watermarked", "")).read_bytes()
-    watermarked = Path(media_dir, marked_keys).read_bytes()
-    assert original != watermarked
+    # Only the watermarked variant is stored (issue 7 rule 5): no clean original to find.
+    assert Path(media_dir, marked_keys).is_file()
+    assert not Path(media_dir, marked_keys.replace(".watermarked", "")).exists()
 
 
 def test_sensor_requests_partitioned_runs_with_deterministic_keys_and_tags(db, instance, media_dir, sandbox):

@@ -39,6 +39,8 @@ class Refund:
     amount: Decimal
     to_subscription: Decimal
     to_topup: Decimal
+    # Further usage logs of the same job refunded with it (an app that reserved twice).
+    extra: tuple[uuid.UUID, ...] = ()
 
 
 _LEDGER_QUANTUM = Decimal("0.0001")  # numeric(14, 4) in usage_logs and user_credits
@@ -82,7 +84,14 @@ def record_reservation(
     from_sub: Decimal,
     from_topup: Decimal,
 ) -> uuid.UUID:
-    """Take a decided split from the pools and write the ``reserved`` usage log that records it."""
+    """Take a decided split from the pools and write the ``reserved`` usage log that records it.
+
+    Every value must be a finite non-negative number and the parts must add up to the amount;
+    otherwise ValueError, before any balance moves.
+    """
+    amount, from_sub, from_topup = (ledger_amount(v) for v in (amount, from_sub, from_topup))
+    if from_sub + from_topup != amount:
+        raise ValueError(f"split {from_sub} + {from_topup} does not add up to {amount}")
     conn.execute(
         sa.text(
             """
@@ -127,57 +136,155 @@ def find_reserved_usage_log(conn: sa.Connection, job_id: uuid.UUID) -> UsageLog 
     return UsageLog(r.id, r.job_id, r.user_id, r.status, r.amount, r.metadata or {})
 
 
+# Half the ledger's last digit: two split values that differ by less than this round to the same
+# stored amount. The app is JavaScript: 0.3 reserved as 0.1 + 0.2 is written as
+# {"from_sub": 0.1, "from_topup": 0.19999999999999998}, which is the same split.
+SPLIT_TOLERANCE = _LEDGER_QUANTUM / 2
+
+
+def valid_amount(value: object) -> Decimal | None:
+    """A stored money value as a Decimal, or None when it is not finite and non-negative (NaN)."""
+    try:
+        amount = value if isinstance(value, Decimal) else Decimal(str(value))
+    except ArithmeticError:
+        return None
+    return amount if amount.is_finite() and amount >= 0 else None
+
+
+def _reserved_logs(conn: sa.Connection, job_id: uuid.UUID) -> list[sa.Row[Any]]:
+    """Every ``reserved`` usage log of a job, oldest first, locked (a concurrent settler waits,
+    then sees them settled and skips them)."""
+    return list(
+        conn.execute(
+            sa.text(
+                """
+                SELECT id, user_id, amount, metadata FROM usage_logs
+                WHERE job_id = :j AND status = 'reserved'
+                ORDER BY created_at, id FOR UPDATE
+                """
+            ),
+            {"j": str(job_id)},
+        ).all()
+    )
+
+
+def _settle(conn: sa.Connection, usage_log_id: uuid.UUID, status: str, cost: Decimal | None = None) -> bool:
+    """Compare-and-set one usage log from ``reserved`` to ``status``."""
+    r = conn.execute(
+        sa.text(
+            """
+            UPDATE usage_logs SET status = :s, settled_at = now(),
+              provider_cost_usd = COALESCE(CAST(:cost AS numeric), provider_cost_usd)
+            WHERE id = :id AND status = 'reserved' RETURNING id
+            """
+        ),
+        {"id": str(usage_log_id), "s": status, "cost": cost},
+    ).first()
+    return r is not None
+
+
+def _usable(conn: sa.Connection, job_id: uuid.UUID, logs: list[sa.Row[Any]]) -> list[sa.Row[Any]]:
+    """The logs whose amount is a real money value; each other one becomes a credit anomaly and
+    stays ``reserved``, its balances untouched, for a person to resolve."""
+    out = []
+    for r in logs:
+        if valid_amount(r.amount) is not None:
+            out.append(r)
+            continue
+        log_credit_anomaly(
+            conn,
+            job_id=job_id,
+            user_id=r.user_id,
+            reason="invalid_credit_amount",
+            details={"usage_log_id": str(r.id), "amount": str(r.amount), "left": "reserved"},
+        )
+    return out
+
+
+def _flag_extra_reservations(
+    conn: sa.Connection, job_id: uuid.UUID, logs: list[sa.Row[Any]], settled_as: str
+) -> None:
+    if len(logs) < 2:
+        return
+    log_credit_anomaly(
+        conn,
+        job_id=job_id,
+        user_id=logs[0].user_id,
+        reason="extra_reservation",
+        amount=sum((r.amount for r in logs[1:]), Decimal(0)),
+        details={
+            "usage_logs": [{"id": str(r.id), "amount": str(r.amount)} for r in logs],
+            "first": settled_as,
+            "extra": "refunded",
+        },
+    )
+
+
 def commit_job_credits(
     conn: sa.Connection, job_id: uuid.UUID, provider_cost_usd: float | Decimal | None
 ) -> uuid.UUID | None:
     """Settle the reservation as spent, recording the provider's actual cost.
 
-    Returns the usage log id, or None when nothing was reserved any more (already settled).
+    A job is charged once: with more than one ``reserved`` log, the oldest is committed and every
+    other one is refunded to its pools, with an ``extra_reservation`` anomaly. A log whose amount
+    is not a finite non-negative number is never settled (``invalid_credit_amount`` anomaly).
+    Returns the committed usage log id, or None when nothing was reserved any more.
     """
-    r = conn.execute(
-        sa.text(
-            """
-            UPDATE usage_logs SET status = 'committed', provider_cost_usd = :cost, settled_at = now()
-            WHERE id = (SELECT id FROM usage_logs WHERE job_id = :j AND status = 'reserved'
-                        ORDER BY created_at LIMIT 1)
-              AND status = 'reserved'
-            RETURNING id
-            """
-        ),
-        {"j": str(job_id), "cost": None if provider_cost_usd is None else Decimal(str(provider_cost_usd))},
-    ).first()
-    return None if r is None else uuid.UUID(str(r.id))
+    logs = _usable(conn, job_id, _reserved_logs(conn, job_id))
+    if not logs:
+        return None
+    cost = None if provider_cost_usd is None else Decimal(str(provider_cost_usd))
+    if cost is not None and not cost.is_finite():
+        cost = None  # an unusable cost figure is not worth refusing the commit over
+    first, extra = logs[0], logs[1:]
+    committed = _settle(conn, first.id, "committed", cost)
+    for r in extra:
+        _refund_log(conn, job_id, r)
+    _flag_extra_reservations(conn, job_id, logs, "committed")
+    return uuid.UUID(str(first.id)) if committed else None
 
 
 def refund_reserved_credits_for_job(conn: sa.Connection, job_id: uuid.UUID) -> Refund | None:
     """Give a job's reserved credits back to the pools they came from.
 
-    None when nothing was reserved (already committed or refunded): no double refund. A
-    reservation without a usable pool split is refunded to the top-up pool (top-up credits do not
-    expire, so the user cannot lose them) and logged as a credit anomaly for review.
+    Every ``reserved`` log of the job is refunded (a failed job keeps none of its reservations);
+    more than one is an ``extra_reservation`` anomaly. The returned ``Refund`` carries the oldest
+    log's id and the totals. None when nothing was reserved (already committed or refunded): no
+    double refund. A reservation without a usable pool split is refunded to the top-up pool
+    (top-up credits do not expire, so the user cannot lose them) and logged as a credit anomaly.
+    A log whose amount is not a finite non-negative number moves no balance (see commit).
     """
-    r = conn.execute(
-        sa.text(
-            """
-            UPDATE usage_logs SET status = 'refunded', settled_at = now()
-            WHERE id = (SELECT id FROM usage_logs WHERE job_id = :j AND status = 'reserved'
-                        ORDER BY created_at LIMIT 1)
-              AND status = 'reserved'
-            RETURNING id, user_id, amount, metadata
-            """
-        ),
-        {"j": str(job_id)},
-    ).first()
-    if r is None:
+    logs = _usable(conn, job_id, _reserved_logs(conn, job_id))
+    refunds = [rf for r in logs if (rf := _refund_log(conn, job_id, r)) is not None]
+    if not refunds:
         return None
-    to_sub, to_topup, ok = _split(r.amount, r.metadata or {})
+    _flag_extra_reservations(conn, job_id, logs, "refunded")
+    first = refunds[0]
+    return Refund(
+        first.usage_log_id,
+        first.user_id,
+        sum((rf.amount for rf in refunds), Decimal(0)),
+        sum((rf.to_subscription for rf in refunds), Decimal(0)),
+        sum((rf.to_topup for rf in refunds), Decimal(0)),
+        extra=tuple(rf.usage_log_id for rf in refunds[1:]),
+    )
+
+
+def _refund_log(conn: sa.Connection, job_id: uuid.UUID, r: sa.Row[Any]) -> Refund | None:
+    """Refund one reserved usage log to its pools (CAS on ``reserved``)."""
+    amount = valid_amount(r.amount)
+    if amount is None or not _balances_usable(conn, job_id, r.user_id):
+        return None
+    if not _settle(conn, r.id, "refunded"):
+        return None
+    to_sub, to_topup, ok = split_refund(amount, r.metadata or {})
     if not ok:
         log_credit_anomaly(
             conn,
             job_id=job_id,
             user_id=r.user_id,
             reason="refund_split_missing",
-            amount=r.amount,
+            amount=amount,
             details={"metadata": r.metadata, "refunded_to": "topup"},
         )
     conn.execute(
@@ -193,25 +300,61 @@ def refund_reserved_credits_for_job(conn: sa.Connection, job_id: uuid.UUID) -> R
         ),
         {"u": str(r.user_id), "s": to_sub, "t": to_topup},
     )
-    return Refund(uuid.UUID(str(r.id)), uuid.UUID(str(r.user_id)), r.amount, to_sub, to_topup)
+    return Refund(uuid.UUID(str(r.id)), uuid.UUID(str(r.user_id)), amount, to_sub, to_topup)
 
 
-def _split(amount: Decimal, metadata: dict[str, Any]) -> tuple[Decimal, Decimal, bool]:
+def _balances_usable(conn: sa.Connection, job_id: uuid.UUID, user_id: uuid.UUID) -> bool:
+    """False (and a credit anomaly) when the user's balance already holds a NaN: adding to it
+    would keep it NaN, and the ledger's NaN guard refuses that write, so nothing moves."""
+    bal = conn.execute(
+        sa.text("SELECT subscription_credits, topup_credits FROM user_credits WHERE user_id = :u FOR UPDATE"),
+        {"u": str(user_id)},
+    ).first()
+    if bal is None or all(valid_amount(v) is not None for v in bal):
+        return True
+    log_credit_anomaly(
+        conn,
+        job_id=job_id,
+        user_id=user_id,
+        reason="invalid_user_balance",
+        details={"subscription_credits": str(bal.subscription_credits), "topup_credits": str(bal.topup_credits)},
+    )
+    return False
+
+
+def _metadata_number(value: object) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+        raise TypeError(f"not a number: {value!r}")
+    # str() of a float is its shortest round-trip form: 0.19999999999999998 stays that, exactly.
+    return Decimal(str(value).strip())
+
+
+def split_refund(amount: Decimal, metadata: object) -> tuple[Decimal, Decimal, bool]:
+    """(to subscription, to top-up, usable) for refunding ``amount`` per the recorded split.
+
+    The split is usable when both parts are finite, not below zero and add up to ``amount``
+    within half the ledger's last digit. The subscription part is then rounded to the ledger's
+    4 decimals and the top-up pool gets the rest, so the pools get back exactly ``amount``.
+    Otherwise everything goes to the top-up pool and ``usable`` is False.
+    """
     try:
-        from_sub = Decimal(str(metadata["from_sub"]))
-        from_topup = Decimal(str(metadata["from_topup"]))
+        if not isinstance(metadata, dict):
+            raise TypeError("metadata is not an object")
+        from_sub = _metadata_number(metadata["from_sub"])
+        from_topup = _metadata_number(metadata["from_topup"])
         usable = (
             from_sub.is_finite()
             and from_topup.is_finite()
-            and from_sub >= 0
-            and from_topup >= 0
-            and from_sub + from_topup == amount
+            and from_sub >= -SPLIT_TOLERANCE
+            and from_topup >= -SPLIT_TOLERANCE
+            and abs(from_sub + from_topup - amount) <= SPLIT_TOLERANCE
         )
     except (KeyError, ArithmeticError, ValueError, TypeError):
         usable = False
     if not usable:
         return Decimal(0), amount, False
-    return from_sub, from_topup, True
+    to_sub = min(max(from_sub.quantize(_LEDGER_QUANTUM, rounding=ROUND_HALF_UP), Decimal(0)), amount)
+    return to_sub, amount - to_sub, True
 
 
 def log_credit_anomaly(

@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from recon_dagster.kinds import KINDS, LEGACY_STALE_THRESHOLD, NON_PROVIDER_JOB_TYPES
+from recon_dagster.kinds import KINDS, LEGACY_STALE_THRESHOLD, NON_PROVIDER_JOB_TYPES, precall_budget
 
 INFLIGHT_STATUSES = ("pending", "processing")
 TERMINAL_STATUSES = ("completed", "failed", "cancelled")
@@ -26,7 +26,11 @@ TERMINAL_STATUSES = ("completed", "failed", "cancelled")
 
 @dataclass(frozen=True)
 class JobRow:
-    """The columns reconciliation reads. ``usage_log_id`` is deliberately absent (spec D7)."""
+    """The columns reconciliation reads. ``usage_log_id`` is deliberately absent (spec D7).
+
+    A timestamp PostgreSQL holds as ``infinity`` / ``-infinity`` (Python's datetime cannot) is read
+    as None and its column named in ``nonfinite``, so one such row never breaks a read of many.
+    """
 
     id: uuid.UUID
     status: str
@@ -44,23 +48,44 @@ class JobRow:
     workflow_execution_id: uuid.UUID | None
     node_id: str | None
     progress: int
-    created_at: datetime
+    created_at: datetime | None
     started_at: datetime | None
+    nonfinite: tuple[str, ...] = ()
 
     @property
     def inflight(self) -> bool:
         return self.status in INFLIGHT_STATUSES
 
 
+_TIMESTAMP_COLUMNS = ("provider_call_started_at", "reconcile_lease_expires_at", "created_at", "started_at")
+
+
+def _finite(column: str) -> str:
+    return f"CASE WHEN isfinite({column}) THEN {column} END AS {column}"
+
+
+def _nonfinite_list() -> str:
+    arms = ", ".join(f"CASE WHEN NOT isfinite({c}) THEN '{c}' END" for c in _TIMESTAMP_COLUMNS)
+    return f"array_remove(ARRAY[{arms}]::text[], NULL) AS nonfinite"
+
+
+# The conversion to Python happens here, on the SQL side: infinite timestamps become NULL plus a
+# named flag, for every reader (scan, load, lease renewal) alike.
 _ROW_COLUMNS = (
-    "id, status, user_id, job_type, provider_kind, provider_task_id, provider_call_started_at, "
-    "reconcile_attempts, reconcile_last_error, reconcile_lease_owner, reconcile_lease_expires_at, "
-    "should_watermark, is_public, workflow_execution_id, node_id, progress, created_at, started_at"
+    "id, status, user_id, job_type, provider_kind, provider_task_id, "
+    f"{_finite('provider_call_started_at')}, "
+    "reconcile_attempts, reconcile_last_error, reconcile_lease_owner, "
+    f"{_finite('reconcile_lease_expires_at')}, "
+    "should_watermark, is_public, workflow_execution_id, node_id, progress, "
+    f"{_finite('created_at')}, {_finite('started_at')}, {_nonfinite_list()}"
 )
+_ROW_NAMES = ", ".join(JobRow.__dataclass_fields__)
 
 
 def _row(m: sa.RowMapping) -> JobRow:
-    return JobRow(**{k: m[k] for k in JobRow.__dataclass_fields__})
+    values = {k: m[k] for k in JobRow.__dataclass_fields__}
+    values["nonfinite"] = tuple(values["nonfinite"] or ())
+    return JobRow(**values)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,7 +96,7 @@ def _row(m: sa.RowMapping) -> JobRow:
 def _threshold_case(column: str) -> str:
     """Per-kind stale thresholds as a CASE over provider_kind, built from the registry.
 
-    Unknown kinds and NULL (legacy, pre-Phase-1 rows) fall to the 5-minute sweep threshold.
+    Unknown kinds fall to the 5-minute sweep threshold.
     """
     arms = " ".join(
         f"WHEN '{k.name}' THEN interval '{int(k.stale_threshold.total_seconds())} seconds'"
@@ -81,67 +106,90 @@ def _threshold_case(column: str) -> str:
     return f"CASE {column} {arms} ELSE interval '{legacy} seconds' END"
 
 
+def _precall_interval(budget: timedelta | None) -> str:
+    seconds = (budget if budget is not None else precall_budget()).total_seconds()
+    return f"make_interval(secs => {float(seconds)!r})"
+
+
 _MIN_THRESHOLD_S = int(
     min([k.stale_threshold for k in KINDS.values()] + [LEGACY_STALE_THRESHOLD]).total_seconds()
 )
 
 _NON_PROVIDER_TYPES = ", ".join(f"'{t}'" for t in NON_PROVIDER_JOB_TYPES)
 
+# A legacy LoRA training (its Replicate training id only on characters, see recon_dagster.lora) is
+# waiting for adoption, which gives it a task id to poll; sweeping it first would fail and refund
+# a training Replicate may still be running. Same test as adopt_legacy_trainings.
+_AWAITS_ADOPTION = """provider_task_id IS NULL AND EXISTS (
+      SELECT 1 FROM characters c WHERE c.training_job_id = jobs.id
+        AND c.training_status IN ('pending', 'training') AND c.replicate_training_id IS NOT NULL)"""
+
 # Two branches, both served by jobs_inflight_idx (its predicate is status IN (pending, processing)):
 #  a) rows with provider_call_started_at: a range scan up to the smallest threshold, refined per
 #     kind, walked oldest first so LIMIT stops early;
-#  b) rows with no provider_call_started_at (legacy rows, or an app bug): an IS NULL probe of the
-#     same index, aged by started_at / created_at instead. Pipeline wrapper jobs, which never
-#     call a provider and so never get a provider_kind (spec 9.1), are not legacy rows.
-# Rows leased by a live reconcile run, or waiting out the reconcile cadence, are not due.
-STALE_SCAN_SQL = f"""
+#  b) rows with no provider_call_started_at: an IS NULL probe of the same index. Such a row has
+#     not reached its provider call (queued, pre-call work, or a pre-135 legacy row), so it is due
+#     only after the pre-call budget, aged by started_at / created_at. Pipeline wrapper jobs, which
+#     never call a provider and so never get a provider_kind (spec 9.1), are not due at all.
+# Rows leased by a live reconcile run, or waiting out the reconcile cadence, are not due. ORDER BY
+# names jobs.* so it sorts by the stored column (the index order), not the finite-mapped output.
+_STALE_SCAN_TEMPLATE = f"""
 WITH timed AS (
-  SELECT {_ROW_COLUMNS}, provider_call_started_at AS stale_since
+  SELECT {_ROW_COLUMNS}, jobs.provider_call_started_at AS stale_since
   FROM jobs
   WHERE status IN ('pending', 'processing')
-    AND provider_call_started_at < now() - interval '{_MIN_THRESHOLD_S} seconds'
-    AND provider_call_started_at < now() - {_threshold_case("provider_kind")}
-    AND (reconcile_lease_expires_at IS NULL OR reconcile_lease_expires_at < now())
+    AND jobs.provider_call_started_at < now() - interval '{_MIN_THRESHOLD_S} seconds'
+    AND jobs.provider_call_started_at < now() - {_threshold_case("provider_kind")}
+    AND NOT ({_AWAITS_ADOPTION})
+    AND (jobs.reconcile_lease_expires_at IS NULL OR jobs.reconcile_lease_expires_at < now())
     AND (reconcile_next_at IS NULL OR reconcile_next_at <= now())
-  ORDER BY provider_call_started_at
+  ORDER BY jobs.provider_call_started_at
   LIMIT :limit
 ), untimed AS (
-  SELECT {_ROW_COLUMNS}, COALESCE(started_at, created_at) AS stale_since
+  SELECT {_ROW_COLUMNS}, COALESCE(jobs.started_at, jobs.created_at) AS stale_since
   FROM jobs
   WHERE status IN ('pending', 'processing')
-    AND provider_call_started_at IS NULL
+    AND jobs.provider_call_started_at IS NULL
     AND NOT (provider_kind IS NULL AND job_type IN ({_NON_PROVIDER_TYPES}))
-    AND COALESCE(started_at, created_at) < now() - {_threshold_case("provider_kind")}
-    AND (reconcile_lease_expires_at IS NULL OR reconcile_lease_expires_at < now())
+    AND COALESCE(jobs.started_at, jobs.created_at) < now() - {{precall}}
+    AND NOT ({_AWAITS_ADOPTION})
+    AND (jobs.reconcile_lease_expires_at IS NULL OR jobs.reconcile_lease_expires_at < now())
     AND (reconcile_next_at IS NULL OR reconcile_next_at <= now())
-  ORDER BY COALESCE(started_at, created_at)
+  ORDER BY COALESCE(jobs.started_at, jobs.created_at)
   LIMIT :limit
 )
-SELECT * FROM (SELECT * FROM timed UNION ALL SELECT * FROM untimed) due
+SELECT {_ROW_NAMES} FROM (SELECT * FROM timed UNION ALL SELECT * FROM untimed) due
 ORDER BY stale_since
 LIMIT :limit
 """
 
 
-def stale_scan_sql() -> str:
-    """The stale-scan statement (exposed for EXPLAIN tests and the benchmark)."""
-    return STALE_SCAN_SQL
+def stale_scan_sql(precall: timedelta | None = None) -> str:
+    """The stale-scan statement (exposed for EXPLAIN tests and the benchmark).
+
+    ``precall`` is the pre-call budget for rows with no provider_call_started_at; None reads
+    ``RECON_PRECALL_BUDGET_S`` (default 3 hours).
+    """
+    return _STALE_SCAN_TEMPLATE.replace("{precall}", _precall_interval(precall))
 
 
-def scan_stale(conn: sa.Connection, limit: int = 500) -> list[JobRow]:
+def scan_stale(conn: sa.Connection, limit: int = 500, *, precall: timedelta | None = None) -> list[JobRow]:
     """In-flight rows past their kind's threshold and due for an attempt, oldest first, bounded."""
-    rows = conn.execute(sa.text(STALE_SCAN_SQL), {"limit": limit}).mappings()
+    rows = conn.execute(sa.text(stale_scan_sql(precall)), {"limit": limit}).mappings()
     return [_row(r) for r in rows]
 
 
-def inflight_counts(conn: sa.Connection) -> list[dict[str, Any]]:
-    """Per kind: rows in flight, rows past threshold, rows leased by a reconcile run."""
+def inflight_counts(conn: sa.Connection, *, precall: timedelta | None = None) -> list[dict[str, Any]]:
+    """Per kind: rows in flight, rows past threshold (the pre-call budget for rows that have not
+    reached their provider call), rows leased by a reconcile run."""
     sql = f"""
     SELECT COALESCE(provider_kind, '(none)') AS provider_kind,
            count(*) AS inflight,
            count(*) FILTER (
-             WHERE COALESCE(provider_call_started_at, started_at, created_at)
-                   < now() - {_threshold_case("provider_kind")}) AS stale,
+             WHERE CASE WHEN provider_call_started_at IS NULL
+                        THEN COALESCE(started_at, created_at) < now() - {_precall_interval(precall)}
+                        ELSE provider_call_started_at < now() - {_threshold_case("provider_kind")}
+                   END) AS stale,
            count(*) FILTER (WHERE reconcile_lease_expires_at > now()) AS leased,
            max(reconcile_attempts) AS max_attempts
     FROM jobs
@@ -423,7 +471,9 @@ def record_task_created(conn: sa.Connection, job_id: uuid.UUID, kind: str, task_
     ``provider_call_started_at`` is kept if already set: a stall-retry never moves it (D8).
     If a different task id is already persisted (two workers raced on create), nothing is
     overwritten; the persisted id is returned so the caller can resume it instead.
-    Returns the task id now on the row, or None when the row does not exist.
+    Writes only while the row is in flight: a row already completed, failed or cancelled is
+    never given a task id. Returns the task id now on the row, or None when no in-flight row has
+    this id (missing or terminal; the caller tells which apart).
     Raises ValueError (changing nothing) for an empty or non-string task id: such a row could
     never be resumed.
     """
@@ -438,7 +488,7 @@ def record_task_created(conn: sa.Connection, job_id: uuid.UUID, kind: str, task_
               provider_task_id = COALESCE(provider_task_id, :task_id),
               provider_call_started_at = COALESCE(provider_call_started_at, now()),
               updated_at = now()
-            WHERE id = :id
+            WHERE id = :id AND status IN ('pending', 'processing')
             RETURNING provider_task_id
             """
         ),
@@ -448,13 +498,15 @@ def record_task_created(conn: sa.Connection, job_id: uuid.UUID, kind: str, task_
 
 
 def mark_provider_call_start(conn: sa.Connection, job_id: uuid.UUID, kind: str) -> bool:
-    """Sync calls: record kind + start time right before the call; never touches status (5.8)."""
+    """Sync calls: record kind + start time right before the call; never touches status (5.8).
+
+    Writes only while the row is in flight; False when no in-flight row has this id."""
     r = conn.execute(
         sa.text(
             """
             UPDATE jobs SET provider_kind = :kind, provider_call_started_at = now(),
               updated_at = now()
-            WHERE id = :id RETURNING id
+            WHERE id = :id AND status IN ('pending', 'processing') RETURNING id
             """
         ),
         {"id": str(job_id), "kind": kind},

@@ -180,6 +180,17 @@ def kie_envelope_message(body: Mapping[str, Any]) -> str | None:
     return None
 
 
+# KIE's documented answer for a task it has no record of: ``{"code": 422, "msg": "recordInfo is
+# null", "data": null}``. Other 422s (a malformed task id, a validation error) prove nothing about
+# the task, so only this message is read as "no such task".
+_KIE_NO_SUCH_RECORD = "recordinfo is null"
+
+
+def is_kie_no_such_record(message: str | None) -> bool:
+    """Whether a KIE envelope message is the documented "no such record" one."""
+    return bool(message) and _KIE_NO_SUCH_RECORD in " ".join(str(message).lower().split())
+
+
 def _kie_data(b: _Body, body: dict[str, Any], task_id: str | None) -> dict[str, Any] | UpstreamStatus:
     """Open KIE's ``{code, msg, data}`` envelope: the data object, a not_found status, or an error."""
     code = body.get("code")
@@ -187,8 +198,8 @@ def _kie_data(b: _Body, body: dict[str, Any], task_id: str | None) -> dict[str, 
         raise b.fail(f"KIE envelope code must be an integer, got {_show(code)}")
     message = kie_envelope_message(body)
     data = body.get("data")
-    if code == 422 and (data is None or (message and "recordinfo is null" in message.lower())):
-        return _status(b.kind, body, NOT_FOUND, task_id, error=message or "recordInfo is null")
+    if code == 422 and data is None and is_kie_no_such_record(message):
+        return _status(b.kind, body, NOT_FOUND, task_id, error=message)
     if code != 200:
         raise KieEnvelopeError(b.kind, code, message)
     if not isinstance(data, dict):
@@ -228,8 +239,12 @@ def _kie_market(b: _Body, body: dict[str, Any], data: dict[str, Any], tid: str |
     if "resultUrls" in result:
         media = _refs(b.urls(result["resultUrls"], "data.resultJson.resultUrls"))
         return _status(b.kind, body, SUCCEEDED, tid, media=media, progress=100)
-    if isinstance(result.get("resultObject"), dict):
-        return _status(b.kind, body, SUCCEEDED, tid, result=result["resultObject"], progress=100)
+    if "resultObject" in result:
+        text_result = result["resultObject"]
+        # A text result is the product; an empty one is a success with nothing to deliver.
+        if not isinstance(text_result, dict) or not text_result:
+            raise b.fail(f"data.resultJson.resultObject must be a non-empty object, got {_show(text_result)}")
+        return _status(b.kind, body, SUCCEEDED, tid, result=text_result, progress=100)
     raise b.fail(f"data.resultJson has neither resultUrls nor resultObject: {_show(raw_result)}")
 
 
@@ -271,9 +286,10 @@ def _kontext_media(b: _Body) -> Callable[[dict[str, Any]], tuple[MediaRef, ...]]
 
 
 _SUNO_RUNNING = frozenset({"PENDING", "TEXT_SUCCESS", "FIRST_SUCCESS"})
-_SUNO_FAILED = frozenset(
-    {"CREATE_TASK_FAILED", "GENERATE_AUDIO_FAILED", "CALLBACK_EXCEPTION", "SENSITIVE_WORD_ERROR"}
-)
+_SUNO_FAILED = frozenset({"CREATE_TASK_FAILED", "GENERATE_AUDIO_FAILED", "SENSITIVE_WORD_ERROR"})
+# KIE's callback to the app failed. That says nothing against the music: with every track's audio
+# present it is a success to recover (like Luma's successFlag 4); without, it proves nothing.
+_SUNO_CALLBACK_FAILED = "CALLBACK_EXCEPTION"
 
 
 def _kie_suno(b: _Body, body: dict[str, Any], data: dict[str, Any], tid: str | None) -> UpstreamStatus:
@@ -283,8 +299,17 @@ def _kie_suno(b: _Body, body: dict[str, Any], data: dict[str, Any], tid: str | N
     if _one_of(status, _SUNO_FAILED):
         error = _kie_error(data, "errorCode", "errorMessage")
         return _status(b.kind, body, FAILED, tid, error=f"{status}: {error}")
+    if status == _SUNO_CALLBACK_FAILED:
+        try:
+            return _suno_tracks(b, body, data, tid)
+        except ProviderProtocolError as exc:
+            raise b.fail(f"{status} (the callback failed) without every track's audio: {exc}") from None
     if status != "SUCCESS":
         raise b.unknown_state("data.status", status)
+    return _suno_tracks(b, body, data, tid)
+
+
+def _suno_tracks(b: _Body, body: dict[str, Any], data: dict[str, Any], tid: str | None) -> UpstreamStatus:
     response = b.obj(data, "response", "data.response")
     tracks = response.get("sunoData")
     if not isinstance(tracks, list) or not tracks:
@@ -387,8 +412,11 @@ def _parse_replicate(b: _Body, family: Family, body: dict[str, Any], task_id: st
         raise b.fail(f"data_removed must be a boolean, got {_show(removed)}")
     output = body.get("output")
     # Replicate deletes API outputs an hour after completion: output becomes null, data_removed true.
-    if removed or output is None:
+    # Only data_removed proves that; a null output without it proves nothing (count the attempt).
+    if removed:
         return _status(b.kind, body, EXPIRED, tid, error="replicate output removed (data_removed)", **metrics)
+    if output is None:
+        raise b.fail("succeeded with output null but data_removed not true: neither a result nor expired")
     if family is Family.REPLICATE_TRAINING:
         if not isinstance(output, dict):
             raise b.fail(f"training output must be an object with weights, got {_show(output)}")
@@ -402,8 +430,22 @@ def _parse_replicate(b: _Body, family: Family, body: dict[str, Any], task_id: st
         return _status(b.kind, body, SUCCEEDED, tid, media=_refs([output]), progress=100, **metrics)
     if isinstance(output, list) and output and all(_looks_like_url(u) for u in output):
         return _status(b.kind, body, SUCCEEDED, tid, media=_refs(output), progress=100, **metrics)
-    # Text and structured models (token lists, objects): the output itself is the result.
+    _check_text_output(b, output)
+    # Text and structured models (token lists, objects): the output itself is the result. Whether
+    # the job wanted media instead is the finalizer's question (it knows the job).
     return _status(b.kind, body, SUCCEEDED, tid, result={"output": output}, progress=100, **metrics)
+
+
+def _check_text_output(b: _Body, output: object) -> None:
+    """A Replicate output that is not media must still be a result: not empty, not half media."""
+    if output in ("", [], {}) or (isinstance(output, str) and not output.strip()):
+        raise b.fail(f"succeeded with an empty output {_show(output)}: nothing to deliver")
+    if isinstance(output, list):
+        if any(_looks_like_url(u) for u in output):
+            # Some media and something else: the media is promised but the answer is malformed.
+            raise b.fail(f"output mixes URLs with other values: {_show(output)}")
+        if not all(isinstance(u, str) for u in output) or not "".join(output).strip():
+            raise b.fail(f"output list must hold text tokens or URLs, got {_show(output)}")
 
 
 # --- ElevenLabs ------------------------------------------------------------------------------

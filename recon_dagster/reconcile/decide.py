@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from recon_dagster.db.jobs import JobRow
-from recon_dagster.kinds import KINDS, MAX_ATTEMPTS
+from recon_dagster.kinds import KINDS, MAX_ATTEMPTS, TEXT_RESULT_KINDS
+from recon_dagster.media.base import media_folder
 from recon_dagster.providers.status import UpstreamState, UpstreamStatus
 
 
@@ -53,13 +54,23 @@ def route(row: JobRow) -> Route:
     return Route.POLL
 
 
-def decide_on_status(status: UpstreamStatus) -> Decision:
-    """Map a successful poll to an action (attempt accounting is decide_after_attempt's job)."""
+def decide_on_status(status: UpstreamStatus, *, breaker_open: bool = False) -> Decision:
+    """Map a successful poll to an action (attempt accounting is decide_after_attempt's job).
+
+    ``breaker_open``: the provider's recent answers are a burst of not-found (a wrong token,
+    account or base path, not lost tasks), so a not-found proves nothing and only counts an attempt.
+    """
     match status.state:
         case UpstreamState.SUCCEEDED:
             return Decision(Action.FINALIZE, "upstream succeeded")
         case UpstreamState.FAILED:
             return Decision(Action.FAIL, f"upstream failed: {status.error or 'no message'}")
+        case UpstreamState.NOT_FOUND if breaker_open:
+            return Decision(
+                Action.RETRY_LATER,
+                "upstream task not found, but the provider's not-found breaker is open "
+                "(a burst of not-found answers: likely a misconfiguration); not failing",
+            )
         case UpstreamState.NOT_FOUND:
             return Decision(Action.FAIL, "upstream task not found")
         case UpstreamState.EXPIRED:
@@ -77,3 +88,53 @@ def decide_after_attempt(attempts_after_bump: int, max_attempts: int = MAX_ATTEM
 def failure_message(reason: str) -> str:
     """The error_message a reconcile failure leaves on the job row."""
     return f"reconcile: {reason}"
+
+
+# --- what a success must carry -------------------------------------------------------------------
+
+
+def promised_media(provider_kind: str | None, job_type: str) -> bool:
+    """Whether a job of this kind and type can only be completed with stored media.
+
+    Every async kind promises media, except the text-capable ones (``TEXT_RESULT_KINDS``), where the
+    job type decides: a type naming images, video, audio or weights promises media. Sync and unknown
+    kinds promise nothing here: their results never pass through a media URL this library fetches.
+    """
+    kind = KINDS.get(provider_kind or "")
+    if kind is None or not kind.is_async:
+        return False
+    if kind.name in TEXT_RESULT_KINDS:
+        return media_folder(job_type) != "files"
+    return True
+
+
+def unusable_result(*, media: int, result: object, promised: bool) -> str | None:
+    """Why a success cannot be completed and charged (None: it can).
+
+    ``media`` is the number of objects stored (or about to be); ``result`` the text result.
+    """
+    if promised and media == 0:
+        return "the job promised media and none was stored"
+    if media == 0 and not result:
+        return "the success carried no media and no result"
+    return None
+
+
+# --- the per-provider not-found breaker (issue 7 rule 7) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class BreakerPolicy:
+    """When a burst of not-found answers from one provider stops counting as lost tasks."""
+
+    # Open once MORE than this many not-found answers arrived within the window...
+    burst: int = 5
+    # ...and they are more than this share of the provider's answers in the window.
+    share: float = 0.5
+    window_s: float = 600.0
+
+
+def not_found_breaker_open(not_found: int, answers: int, policy: BreakerPolicy) -> bool:
+    """The breaker's rule over one provider's answers within the window (both counts include the
+    answer being judged)."""
+    return not_found > policy.burst and not_found > policy.share * answers

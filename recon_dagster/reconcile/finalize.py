@@ -36,6 +36,7 @@ from recon_dagster.media.store import MediaStore, StoredObject, guess_ext, media
 from recon_dagster.media.transfer import DEFAULT_CONTENT_TYPE, fetch_bytes, fetch_to_store
 from recon_dagster.media.watermark import watermark_image
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
+from recon_dagster.reconcile.decide import promised_media, unusable_result
 
 DEFAULT_MAX_MEDIA_BYTES = 2 * 1024**3
 DEFAULT_MAX_IMAGE_BYTES = 64 * 1024**2
@@ -105,6 +106,24 @@ class MediaPolicy:
     watermark_text: str = "recon"
 
 
+class UnusableResult(ValueError):
+    """A success that does not carry what the job promised (media for a media job, or anything at
+    all). Nothing is completed or charged; the caller counts a failed attempt, so the attempt cap
+    still ends the job with a refund."""
+
+    def __init__(self, job_id: uuid.UUID, provider_kind: str, problem: str) -> None:
+        super().__init__(f"{provider_kind} job {job_id}: {problem}; not completed, nothing charged")
+        self.problem = problem
+
+
+def _require_usable(row: jobs_db.JobRow, result: ProviderResult, media: int) -> None:
+    problem = unusable_result(
+        media=media, result=result.result, promised=promised_media(result.provider_kind, row.job_type)
+    )
+    if problem is not None:
+        raise UnusableResult(row.id, result.provider_kind, problem)
+
+
 @dataclass
 class FinalizeResult:
     ok: bool
@@ -131,6 +150,8 @@ def finalize_job_with_media(
     Returns ``ok=False`` without side effects on the row when it is already terminal or another
     writer wins the guarded completion; media errors (an expired signed URL, a refused host)
     propagate so the caller counts a failed attempt instead of completing the row without media.
+    A success without the media the job promised (or without anything) raises ``UnusableResult``
+    the same way: a success is charged only with the media it promised, stored.
     """
     policy = policy or MediaPolicy()
     started = time.monotonic()
@@ -144,11 +165,12 @@ def finalize_job_with_media(
         if not row.inflight:
             return FinalizeResult(False, f"already {row.status}")
         reservation = credits.find_reserved_usage_log(conn, job_id)
+    _require_usable(row, result, len(result.media))
 
     # Phase 2: media (the row's own should_watermark, never the user's current tier).
-    stored = store_result_media(
-        store, row, result, should_watermark=bool(row.should_watermark), policy=policy
-    )
+    watermark = watermark_required(row)
+    stored = store_result_media(store, row, result, should_watermark=watermark, policy=policy)
+    _require_usable(row, result, len(stored))
 
     # Phase 3: settle.
     out = FinalizeResult(False, "", stored=stored)
@@ -161,7 +183,11 @@ def finalize_job_with_media(
             provider_cost=result.cost_usd,
             display_cost=result.display_cost
             if result.display_cost is not None
-            else (float(reservation.amount) if reservation else None),
+            else (
+                float(amount)
+                if reservation and (amount := credits.valid_amount(reservation.amount)) is not None
+                else None
+            ),
         ):
             out.reason = "another writer finished the job first"
             out.duration_ms = _ms(started)
@@ -169,15 +195,22 @@ def finalize_job_with_media(
         out.ok = True
         out.reason = "completed"
         out.credits_committed = credits.commit_job_credits(conn, job_id, result.cost_usd) is not None
-        primary = _primary(stored, bool(row.should_watermark))
+        primary = _primary(stored, watermark)
         if primary is not None:
             out.asset_created = _create_asset(conn, row, primary, result)
         jobs_db.notify_job_event(conn, job_id, "completed", source)
         if row.workflow_execution_id is not None and row.node_id is not None:
-            out.workflow_reopened = _reopen_sole_cause_workflow(conn, row.workflow_execution_id, row.node_id)
+            out.workflow_reopened = _reopen_sole_cause_workflow(
+                conn, row.workflow_execution_id, row.node_id, job_id
+            )
         out.character_updated = _character_ready(conn, job_id, stored, result)
     out.duration_ms = _ms(started)
     return out
+
+
+def watermark_required(row: jobs_db.JobRow) -> bool:
+    """The row's own ``should_watermark``; NULL is the free-tier default: watermark."""
+    return row.should_watermark is not False
 
 
 def store_result_media(
@@ -188,7 +221,11 @@ def store_result_media(
     should_watermark: bool,
     policy: MediaPolicy,
 ) -> list[StoredObject]:
-    """Stream every media reference into the store under the job's deterministic keys."""
+    """Stream every media reference into the store under the job's deterministic keys.
+
+    Where the row says watermark, an image is stored only as its watermarked variant: the clean
+    original is never written, so no key or URL of it can reach output_data, assets or logs.
+    """
     out: list[StoredObject] = []
     for index, ref in enumerate(result.media):
         headers = (
@@ -215,13 +252,10 @@ def store_result_media(
             )
             continue
         # Images are small and must be decoded to be watermarked: buffer this one (capped).
-        data, content_type = fetch_bytes(
+        data, _ = fetch_bytes(
             ref.url, max_bytes=policy.max_image_bytes,
             allowed_hosts=policy.allowed_hosts, headers=headers, client=client,
         )  # fmt: skip
-        content_type = content_type or DEFAULT_CONTENT_TYPE
-        key = media_key(row.id, row.job_type, index, _ext(content_type, ref))
-        out.append(store.put_stream(key, iter([data]), content_type))
         marked, marked_type = watermark_image(data, policy.watermark_text)
         marked_key = media_key(row.id, row.job_type, index, _ext(marked_type, ref), variant="watermarked")
         out.append(store.put_stream(marked_key, iter([marked]), marked_type))
@@ -289,23 +323,31 @@ def _fail_and_refund(conn: sa.Connection, job_id: uuid.UUID, error_message: str)
     return Failed(refund)
 
 
-def _reopen_sole_cause_workflow(conn: sa.Connection, workflow_execution_id: uuid.UUID, node_id: str) -> bool:
-    """Spec 5.7: reopen a workflow that failed only because of this node; CAS on 'failed'.
+def _reopen_sole_cause_workflow(
+    conn: sa.Connection, workflow_execution_id: uuid.UUID, node_id: str, job_id: uuid.UUID
+) -> bool:
+    """Spec 5.7: reopen a workflow that failed only because of this job; CAS on 'failed'.
 
-    The sole-cause test and the compare-and-set are one statement, so a user cancel (or a second
-    failed node) landing in between leaves the workflow as it is.
+    Sole cause: the workflow lists only this node as failed, and no other job of that node in
+    this execution is failed (a node can run several jobs; one recovered job does not recover a
+    sibling that really failed). The test and the compare-and-set are one statement, so a user
+    cancel (or a second failed node) landing in between leaves the workflow as it is.
     """
     r = conn.execute(
         sa.text(
             """
-            UPDATE workflow_executions
+            UPDATE workflow_executions w
             SET status = 'completed', failed_nodes = '[]'::jsonb, error_message = NULL, updated_at = now()
-            WHERE id = :id AND status = 'failed'
-              AND failed_nodes = jsonb_build_array(CAST(:node AS text))
-            RETURNING id
+            WHERE w.id = :id AND w.status = 'failed'
+              AND w.failed_nodes = jsonb_build_array(CAST(:node AS text))
+              AND NOT EXISTS (
+                SELECT 1 FROM jobs o
+                WHERE o.workflow_execution_id = w.id AND o.node_id = :node
+                  AND o.status = 'failed' AND o.id <> :job)
+            RETURNING w.id
             """
         ),
-        {"id": str(workflow_execution_id), "node": node_id},
+        {"id": str(workflow_execution_id), "node": node_id, "job": str(job_id)},
     ).first()
     return r is not None
 

@@ -18,17 +18,19 @@ from typing import Protocol
 
 import sqlalchemy as sa
 
+from recon_dagster import lora
+from recon_dagster.breaker import NotFoundBreaker
+from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import JobRow
 from recon_dagster.kinds import KINDS, MAX_ATTEMPTS, RECONCILE_CADENCE
 from recon_dagster.media.store import MediaStore
-from recon_dagster.providers.status import MediaRef, UpstreamStatus
+from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
 from recon_dagster.reconcile.decide import (
     Action,
     Outcome,
     Route,
     decide_after_attempt,
-    decide_on_status,
     failure_message,
     route,
 )
@@ -127,11 +129,14 @@ class Reconciler:
         settings: ReconcileSettings | None = None,
         media_policy: MediaPolicy | None = None,
         on_outcome: Callable[[JobOutcome], None] | None = None,
+        breaker: NotFoundBreaker | None = None,
     ) -> None:
         self.engine = engine
         self.upstream = upstream
         self.store = store
         self.settings = settings or ReconcileSettings()
+        # Poll answers are recorded per provider in the database: every run process shares them.
+        self.breaker = breaker or NotFoundBreaker(engine)
         self.media_policy = media_policy or MediaPolicy(headers_for=upstream.media_headers)
         self.on_outcome = on_outcome
 
@@ -158,6 +163,13 @@ class Reconciler:
         return outcome
 
     def _reconcile_row(self, row: JobRow, owner: str, started: float) -> JobOutcome:
+        if row.nonfinite:
+            self._flag_nonfinite(row)
+            if route(row) is Route.SWEEP:
+                # Its age is unknowable: no sweep on it. Counted attempts still end it (the cap
+                # fails and refunds it with an anomaly), so it never sits in flight forever.
+                why = f"non-finite {', '.join(row.nonfinite)}: not swept on an unknowable age"
+                return self._attempt_failed(row, owner, why, Outcome.ERROR, started)
         if route(row) is Route.SWEEP:
             won = sweep_no_recovery(self.engine, row.id)
             why = _sweep_reason(row)
@@ -174,11 +186,12 @@ class Reconciler:
         try:
             status = self.upstream.poll(row.provider_kind, row.provider_task_id)
         except Exception as exc:
+            self.breaker.record_error(row.provider_kind, exc)
             return self._attempt_failed(
                 row, owner, f"poll failed: {type(exc).__name__}: {exc}", Outcome.ERROR, started
             )
 
-        decision = decide_on_status(status)
+        decision = self.breaker.judge(status)
         if decision.action is Action.FINALIZE:
             try:
                 result = finalize_job_with_media(
@@ -219,9 +232,8 @@ class Reconciler:
             )
 
         progress = f" ({status.progress}%)" if status.progress is not None else ""
-        return self._attempt_failed(
-            row, owner, f"{decision.reason}{progress}", Outcome.STILL_RUNNING, started
-        )
+        kind = Outcome.STILL_RUNNING if status.state is UpstreamState.RUNNING else Outcome.ERROR
+        return self._attempt_failed(row, owner, f"{decision.reason}{progress}", kind, started)
 
     def _attempt_failed(self, row: JobRow, owner: str, why: str, kind: Outcome, started: float) -> JobOutcome:
         with self.engine.begin() as conn:
@@ -254,6 +266,21 @@ class Reconciler:
             )
         return self._outcome(row.id, row.provider_kind, kind, attempts, why, started)
 
+    def _flag_nonfinite(self, row: JobRow) -> None:
+        """A timestamp at +/-infinity: logged with the job id and kept as a credit anomaly (once)."""
+        log.warning("job %s has non-finite %s", row.id, ", ".join(row.nonfinite))
+        try:
+            with self.engine.begin() as conn:
+                credits.log_credit_anomaly(
+                    conn,
+                    job_id=row.id,
+                    user_id=row.user_id,
+                    reason="nonfinite_timestamp",
+                    details={"columns": list(row.nonfinite), "provider_kind": row.provider_kind},
+                )
+        except Exception:  # the flag is bookkeeping; the attempt goes on without it
+            log.exception("could not record the non-finite timestamp anomaly of job %s", row.id)
+
     # -- many jobs -----------------------------------------------------------------------------
 
     def reconcile_many(self, job_ids: Sequence[uuid.UUID | str], owner: str) -> list[JobOutcome]:
@@ -268,7 +295,13 @@ class Reconciler:
     def sweep_stale(self, owner: str, *, limit: int = 500) -> tuple[int, list[JobOutcome]]:
         """Phase 2 on its own: lease and sweep every stale row that cannot be recovered.
 
+        Legacy LoRA trainings are adopted first (the scan leaves them alone until then): adopted,
+        they carry their Replicate training id and are polled like any other job, never swept.
+
         Returns (rows scanned, outcomes)."""
+        with self.engine.begin() as conn:
+            for adopted in lora.adopt_legacy_trainings(conn):
+                log.info("adopted legacy training %s of job %s before sweeping", adopted.training_id, adopted.job_id)
         with self.engine.begin() as conn:
             rows = jobs_db.scan_stale(conn, limit)
             claims = [jobs_db.Claim(r.id, r.reconcile_attempts) for r in rows if route(r) is Route.SWEEP]

@@ -84,6 +84,9 @@ class Scenario:
     fail_state: str | None = None
     # Luma: report success as successFlag 4 (generation succeeded, callback failed).
     luma_callback_failed: bool = False
+    # Suno: report success as CALLBACK_EXCEPTION with every track (KIE's callback to the app
+    # failed; the music exists).
+    suno_callback_failed: bool = False
     retry_after_s: int = 1
     # Status of injected server errors; None: 503 for Replicate, 500 elsewhere.
     server_error_status: int | None = None

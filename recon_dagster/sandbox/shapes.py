@@ -245,7 +245,7 @@ def _kie_suno(task: Task, phase: str, i: int, links: Links) -> dict:
     sc = task.scenario
     status = running_value(task.family, i) if phase == "running" else None
     if phase == "succeeded":
-        status = "SUCCESS"
+        status = "CALLBACK_EXCEPTION" if sc.suno_callback_failed else "SUCCESS"
     elif phase == "failed":
         status = fail_value(task.family, sc)
 
@@ -273,7 +273,7 @@ def _kie_suno(task: Task, phase: str, i: int, links: Links) -> dict:
             "taskId": task.task_id,
             "sunoData": [track(n, n == 0) for n in range(count)],
         }
-    elif status == "SUCCESS":
+    elif phase == "succeeded":
         response = {"taskId": task.task_id, "sunoData": [track(n, True) for n in range(count)]}
     failed = phase == "failed"
     data = {
