@@ -20,13 +20,16 @@ import sqlalchemy as sa
 from recon_dagster.db import credits
 from recon_dagster.db.engine import libpq_url
 from recon_dagster.media.store import LocalMediaStore
+from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile.finalize import (
+    MediaPolicy,
     ProviderResult,
     fail_and_refund,
     finalize_job_with_media,
     force_fail_and_refund,
     sweep_no_recovery,
 )
+from recon_dagster.sandbox import SandboxServer, Scenario
 from recon_dagster_tests.factories import balances, job_row, make_job, make_user, reserve
 
 D = Decimal
@@ -121,8 +124,29 @@ def store(media_dir: str) -> LocalMediaStore:
 
 
 def finalize(db: sa.Engine, store: LocalMediaStore, job: uuid.UUID, **result: Any) -> Any:
+    """Finalize a text success (a kind and job type that promise no media): no HTTP involved."""
     result.setdefault("provider_kind", "kie-standard")
+    result.setdefault("result", {"text": "done"})
     return finalize_job_with_media(db, store, job, ProviderResult(**result), source="test")
+
+
+def text_job(db: sa.Engine, user: uuid.UUID) -> uuid.UUID:
+    return make_job(db, user, job_type="text", provider_kind="kie-standard", provider_task_id="t")
+
+
+def finalize_training(db: sa.Engine, store: LocalMediaStore, sandbox: SandboxServer, job: uuid.UUID) -> Any:
+    """Finalize a LoRA training the sandbox finished (its weights fetched over loopback HTTP)."""
+    providers = providers_from_env()
+    task = sandbox.add_task("replicate-training", Scenario(polls_before_done=0))
+    result = ProviderResult.from_status(providers.poll("replicate-training", task))
+    policy = MediaPolicy(headers_for=providers.media_headers)
+    return finalize_job_with_media(db, store, job, result, source="test", policy=policy)
+
+
+def training_job(db: sa.Engine, user: uuid.UUID) -> uuid.UUID:
+    return make_job(
+        db, user, job_type="lora-training", provider_kind="replicate-training", provider_task_id="t-1"
+    )
 
 
 # --- a late fail does nothing at all ------------------------------------------------------------
@@ -273,10 +297,10 @@ def test_finalize_commits_with_the_provider_cost_and_writes_it_on_the_job(
     db: sa.Engine, store: LocalMediaStore, listener: Listener
 ) -> None:
     user = make_user(db, sub=100, topup=0)
-    job = make_job(db, user, provider_kind="kie-standard", provider_task_id="t")
+    job = text_job(db, user)
     reserve(db, job, user, D("7.5"))
 
-    out = finalize(db, store, job, cost_usd=0.125, result={"text": "done"})
+    out = finalize(db, store, job, cost_usd=0.125)
 
     assert out.ok and out.credits_committed
     (log,) = usage_logs(db, job)
@@ -291,7 +315,7 @@ def test_finalize_display_cost_falls_back_to_the_reserved_amount(
     db: sa.Engine, store: LocalMediaStore
 ) -> None:
     user = make_user(db)
-    job = make_job(db, user)
+    job = text_job(db, user)
     reserve(db, job, user, D("7.5"))
     assert finalize(db, store, job).ok
     assert job_row(db, job)["display_cost"] == D("7.5")
@@ -299,7 +323,7 @@ def test_finalize_display_cost_falls_back_to_the_reserved_amount(
 
 def test_finalize_display_cost_given_by_the_caller_wins(db: sa.Engine, store: LocalMediaStore) -> None:
     user = make_user(db)
-    job = make_job(db, user)
+    job = text_job(db, user)
     reserve(db, job, user, D("7.5"))
     assert finalize(db, store, job, display_cost=3.0).ok
     assert job_row(db, job)["display_cost"] == D(3)
@@ -307,7 +331,7 @@ def test_finalize_display_cost_given_by_the_caller_wins(db: sa.Engine, store: Lo
 
 def test_finalize_without_a_reservation_has_no_display_cost(db: sa.Engine, store: LocalMediaStore) -> None:
     user = make_user(db)
-    job = make_job(db, user)
+    job = text_job(db, user)
     out = finalize(db, store, job, cost_usd=None)
     assert out.ok and not out.credits_committed
     row = job_row(db, job)
@@ -316,7 +340,7 @@ def test_finalize_without_a_reservation_has_no_display_cost(db: sa.Engine, store
 
 def test_finalize_clears_an_old_error_message_and_the_lease(db: sa.Engine, store: LocalMediaStore) -> None:
     user = make_user(db)
-    job = make_job(db, user)
+    job = text_job(db, user)
     execute(
         db,
         "UPDATE jobs SET error_message = 'worker timed out', reconcile_lease_owner = 'run-1', "
@@ -334,13 +358,15 @@ def test_finalize_clears_an_old_error_message_and_the_lease(db: sa.Engine, store
 
 
 @pytest.mark.parametrize("status", ["ready", "failed"])
-def test_finalize_never_flips_a_settled_character(db: sa.Engine, store: LocalMediaStore, status: str) -> None:
+def test_finalize_never_flips_a_settled_character(
+    db: sa.Engine, store: LocalMediaStore, sandbox: SandboxServer, status: str
+) -> None:
     user = make_user(db)
-    job = make_job(db, user, provider_kind="replicate-training", provider_task_id="t-1")
+    job = training_job(db, user)
     char = make_character(db, user, job, status)
     before = character(db, char)
 
-    out = finalize(db, store, job, provider_kind="replicate-training")
+    out = finalize_training(db, store, sandbox, job)
 
     assert out.ok and not out.character_updated
     assert character(db, char) == before
@@ -348,22 +374,23 @@ def test_finalize_never_flips_a_settled_character(db: sa.Engine, store: LocalMed
 
 @pytest.mark.parametrize("status", ["pending", "training"])
 def test_finalize_makes_a_training_character_ready(
-    db: sa.Engine, store: LocalMediaStore, status: str
+    db: sa.Engine, store: LocalMediaStore, sandbox: SandboxServer, status: str
 ) -> None:
     user = make_user(db)
-    job = make_job(db, user, provider_kind="replicate-training", provider_task_id="t-1")
+    job = training_job(db, user)
     char = make_character(db, user, job, status)
 
-    out = finalize(db, store, job, provider_kind="replicate-training")
+    out = finalize_training(db, store, sandbox, job)
 
     assert out.ok and out.character_updated
     c = character(db, char)
     assert (c["training_status"], c["error_message"]) == ("ready", None)
+    assert c["lora_weights_url"] == out.stored[0].url
 
 
 def test_finalize_of_another_kind_leaves_a_character_alone(db: sa.Engine, store: LocalMediaStore) -> None:
     user = make_user(db)
-    job = make_job(db, user, provider_kind="kie-standard", provider_task_id="t-1")
+    job = text_job(db, user)
     char = make_character(db, user, job, "training")
     out = finalize(db, store, job)
     assert out.ok and not out.character_updated
@@ -375,7 +402,7 @@ def test_a_late_finalize_changes_nothing(
     db: sa.Engine, store: LocalMediaStore, listener: Listener, terminal: str
 ) -> None:
     user = make_user(db)
-    job = make_job(db, user)
+    job = text_job(db, user)
     reserve(db, job, user, 10)
     execute(db, "UPDATE jobs SET status = :s WHERE id = :id", s=terminal, id=job)
     before = (balances(db, user), usage_logs(db, job), job_row(db, job))
