@@ -18,6 +18,9 @@ was settled twice: every usage_log settled exactly once, committed for completed
 for failed ones, credits conserved per user, one reconcile outcome per job, no upstream create.
 Targets (2 cores): phase 1 >= 2,000 jobs/min, >= 40x phase 2.
 
+``--ceiling`` runs the account-budget benchmark instead (``benchmarks/ceiling.py``): a backlog of
+two providers drained under one shared read budget per account, then with per-process limits.
+
     .venv/bin/python benchmarks/backlog.py [--jobs 10000] [--latency 0.1] [--sample 60]
         [--database-url URL] [--max-concurrent-runs 10] [--batch-size 500] [--concurrency 16]
 """
@@ -80,6 +83,66 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def insert_jobs(
+    engine: sa.Engine,
+    job_ids: list[str],
+    user_of: list[str],
+    kinds: list[str],
+    task_ids: list[str | None],
+    ages: list[float],
+) -> None:
+    """Bulk-insert in-flight jobs (provider call started ``ages`` seconds ago), their users'
+    balances and their reserved credits, in one transaction."""
+    per_user = Counter(user_of)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO user_credits (user_id, subscription_credits, topup_credits) "
+                "SELECT u, :credits - CAST(n AS numeric) * :cost, 0 FROM unnest(:users, :counts) AS t(u, n)"
+            ).bindparams(
+                sa.bindparam("users", type_=pg.ARRAY(pg.UUID)),
+                sa.bindparam("counts", type_=pg.ARRAY(sa.Integer)),
+            ),
+            {
+                "users": list(per_user),
+                "counts": list(per_user.values()),
+                "credits": USER_CREDITS,
+                "cost": JOB_COST,
+            },
+        )
+        conn.execute(
+            sa.text(
+                """
+                INSERT INTO jobs (id, user_id, job_type, status, provider_kind, provider_task_id,
+                                  provider_call_started_at, created_at)
+                SELECT id, u, 'image', 'processing', k, t,
+                       now() - make_interval(secs => a), now() - make_interval(secs => a + 5)
+                FROM unnest(:ids, :users, :kinds, :tasks, :ages) AS s(id, u, k, t, a)
+                """
+            ).bindparams(
+                sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)),
+                sa.bindparam("users", type_=pg.ARRAY(pg.UUID)),
+                sa.bindparam("kinds", type_=pg.ARRAY(sa.Text)),
+                sa.bindparam("tasks", type_=pg.ARRAY(sa.Text)),
+                sa.bindparam("ages", type_=pg.ARRAY(sa.Float)),
+            ),
+            {"ids": job_ids, "users": user_of, "kinds": kinds, "tasks": task_ids, "ages": ages},
+        )
+        conn.execute(
+            sa.text(
+                """
+                INSERT INTO usage_logs (job_id, user_id, status, amount, metadata)
+                SELECT id, u, 'reserved', :cost,
+                       jsonb_build_object('from_sub', CAST(:cost AS text), 'from_topup', '0')
+                FROM unnest(:ids, :users) AS s(id, u)
+                """
+            ).bindparams(
+                sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)), sa.bindparam("users", type_=pg.ARRAY(pg.UUID))
+            ),
+            {"ids": job_ids, "users": user_of, "cost": JOB_COST},
+        )
+
+
 def seed(
     engine: sa.Engine,
     sandbox,
@@ -122,53 +185,7 @@ def seed(
     started = time.monotonic()
     # Every row's provider call started well past its kind's threshold (the longest is 75 min).
     age_s = max(get_kind(k).stale_threshold.total_seconds() for k in set(kinds)) + 600
-    per_user = Counter(user_of)
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO user_credits (user_id, subscription_credits, topup_credits) "
-                "SELECT u, :credits - CAST(n AS numeric) * :cost, 0 FROM unnest(:users, :counts) AS t(u, n)"
-            ).bindparams(
-                sa.bindparam("users", type_=pg.ARRAY(pg.UUID)),
-                sa.bindparam("counts", type_=pg.ARRAY(sa.Integer)),
-            ),
-            {
-                "users": list(per_user),
-                "counts": list(per_user.values()),
-                "credits": USER_CREDITS,
-                "cost": JOB_COST,
-            },
-        )
-        conn.execute(
-            sa.text(
-                """
-                INSERT INTO jobs (id, user_id, job_type, status, provider_kind, provider_task_id,
-                                  provider_call_started_at, created_at)
-                SELECT id, u, 'image', 'processing', k, t,
-                       now() - make_interval(secs => :age), now() - make_interval(secs => :age + 5)
-                FROM unnest(:ids, :users, :kinds, :tasks) AS s(id, u, k, t)
-                """
-            ).bindparams(
-                sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)),
-                sa.bindparam("users", type_=pg.ARRAY(pg.UUID)),
-                sa.bindparam("kinds", type_=pg.ARRAY(sa.Text)),
-                sa.bindparam("tasks", type_=pg.ARRAY(sa.Text)),
-            ),
-            {"ids": job_ids, "users": user_of, "kinds": kinds, "tasks": task_ids, "age": age_s},
-        )
-        conn.execute(
-            sa.text(
-                """
-                INSERT INTO usage_logs (job_id, user_id, status, amount, metadata)
-                SELECT id, u, 'reserved', :cost,
-                       jsonb_build_object('from_sub', CAST(:cost AS text), 'from_topup', '0')
-                FROM unnest(:ids, :users) AS s(id, u)
-                """
-            ).bindparams(
-                sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)), sa.bindparam("users", type_=pg.ARRAY(pg.UUID))
-            ),
-            {"ids": job_ids, "users": user_of, "cost": JOB_COST},
-        )
+    insert_jobs(engine, job_ids, user_of, kinds, task_ids, [age_s] * count)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql("ANALYZE jobs")
         conn.exec_driver_sql("ANALYZE usage_logs")
@@ -358,6 +375,10 @@ def verify(engine: sa.Engine, seeded: Seeded) -> list[str]:
 
 
 def main() -> int:
+    if "--ceiling" in sys.argv[1:]:  # the account-budget benchmark (benchmarks/ceiling.py)
+        from ceiling import main as ceiling_main
+
+        return ceiling_main([a for a in sys.argv[1:] if a != "--ceiling"])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

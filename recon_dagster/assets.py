@@ -7,6 +7,7 @@ import sqlalchemy as sa
 from recon_dagster.db.credits import valid_amount
 from recon_dagster.db.jobs import inflight_counts
 from recon_dagster.kinds import KINDS, LEGACY_STALE_THRESHOLD, MAX_ATTEMPTS, RECONCILE_CADENCE, precall_budget
+from recon_dagster.outcomes import HEALTH_ASSETS
 from recon_dagster.providers import ProvidersResource
 from recon_dagster.resources import DatabaseResource
 
@@ -20,7 +21,8 @@ LEAK_GRACE_MINUTES = 10
     key=BACKLOG,
     group_name="reconciliation",
     description="Jobs in flight per provider_kind: how many, how many past their stale threshold, "
-    "how many leased by a reconcile run, and the highest reconcile_attempts.",
+    "how many leased by a reconcile run, and the highest reconcile_attempts (inflight/<kind> and "
+    "stale/<kind> for every kind, zeros included).",
 )
 def inflight_backlog(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult:
     with database.get_engine().connect() as conn:
@@ -33,9 +35,21 @@ def inflight_backlog(context: dg.AssetExecutionContext, database: DatabaseResour
             "inflight": total,
             "stale": stale,
             "by_kind": dg.MetadataValue.md(_table(rows)),
-            **{f"stale/{r['provider_kind']}": int(r["stale"]) for r in rows},
+            **_per_kind(rows),
         }
     )
+
+
+def _per_kind(rows: list[dict]) -> dict[str, int]:
+    """``inflight/<kind>`` and ``stale/<kind>`` for every known kind, zeros included, every time,
+    so each plot is a continuous series (rows of unknown or no kind add their own series)."""
+    by_kind = {r["provider_kind"]: r for r in rows}
+    out: dict[str, int] = {}
+    for kind in sorted(set(KINDS) | set(by_kind)):
+        r = by_kind.get(kind, {})
+        out[f"inflight/{kind}"] = int(r.get("inflight", 0))
+        out[f"stale/{kind}"] = int(r.get("stale", 0))
+    return out
 
 
 def _table(rows: list[dict]) -> str:
@@ -128,9 +142,10 @@ def no_stuck_jobs(database: DatabaseResource) -> dg.AssetCheckResult:
 
 reconcile_health_job = dg.define_asset_job(
     "reconcile_health_job",
-    selection=dg.AssetSelection.assets(BACKLOG),
+    selection=dg.AssetSelection.assets(BACKLOG, *HEALTH_ASSETS),
     executor_def=dg.in_process_executor,
-    description="Refresh the in-flight backlog and run the credit-leak and stuck-job checks.",
+    description="Refresh the in-flight backlog, credit anomalies and error rates per provider, and run "
+    "their checks (credit leak, stuck jobs, new force-fails, error rate per provider).",
 )
 
 reconcile_health_schedule = dg.ScheduleDefinition(

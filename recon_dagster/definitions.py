@@ -16,8 +16,16 @@ from recon_dagster.assets import (
     reconcile_health_schedule,
 )
 from recon_dagster.checks import no_not_found_burst
-from recon_dagster.jobs import reconcile_job, sync_sweep_job
+from recon_dagster.jobs import HANDOFF_IO, reconcile_job, sync_sweep_job
 from recon_dagster.media.store import media_store_from_env
+from recon_dagster.outcomes import (
+    credit_anomalies,
+    error_rate_checks,
+    no_new_exhausted_jobs,
+    reconcile_error_rates,
+    reconcile_outcomes,
+    reconcile_run_failure_alert,
+)
 from recon_dagster.providers import providers_from_env
 from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource
 from recon_dagster.schedules import sync_sweep_schedule
@@ -31,16 +39,24 @@ def default_resources() -> dict[str, Any]:
         "providers": providers_from_env(),
         "media_store": media_store_from_env(),
         "reconcile_settings": ReconcileSettingsResource(),
+        HANDOFF_IO: dg.mem_io_manager,
     }
 
 
 def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
     """The definitions with the default resources, some of them replaced (tests, the demo)."""
     return dg.Definitions(
-        assets=[inflight_backlog, lora_training_cohort],
-        asset_checks=[no_credit_leak, no_stuck_jobs, lora_cohort_matches_legacy, no_not_found_burst],
+        assets=[inflight_backlog, lora_training_cohort, reconcile_outcomes, credit_anomalies, reconcile_error_rates],
+        asset_checks=[
+            no_credit_leak,
+            no_stuck_jobs,
+            lora_cohort_matches_legacy,
+            no_not_found_burst,
+            no_new_exhausted_jobs,
+            *error_rate_checks,
+        ],
         jobs=[reconcile_job, sync_sweep_job, reconcile_health_job, lora_training_migration_job],
-        sensors=[stale_inflight_jobs_sensor],
+        sensors=[stale_inflight_jobs_sensor, reconcile_run_failure_alert],
         schedules=[sync_sweep_schedule, reconcile_health_schedule, lora_training_migration_schedule],
         resources={**default_resources(), **(resources or {})},
     )

@@ -7,14 +7,20 @@ resources the daemon uses, minus the daemon.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
+import sqlalchemy as sa
 
 from recon_dagster.reconcile.reconciler import Summary
+
+RUN_KEY_TAG = "dagster/run_key"
+# The op of each job whose output is the run's summary.
+REPORT_OPS = ("record_outcomes", "sweep_unrecoverable_jobs")
 
 
 @dataclass
@@ -82,7 +88,9 @@ def reconcile_once(
         job = defs.resolve_job_def("reconcile_job")
         for rr in result.run_requests or []:
             report.runs += 1
-            ok = _execute(job, inst, rr.run_config, rr.partition_key, rr.tags, report.summary)
+            # The run key is the lease owner, as under the daemon (and it shows in the run's tags).
+            tags = {**rr.tags, RUN_KEY_TAG: rr.run_key, "recon/trigger": "reconcile-once"}
+            ok = _execute(job, inst, rr.run_config, rr.partition_key, tags, report.summary)
             report.failed_runs += 0 if ok else 1
         if sweep:
             report.runs += 1
@@ -102,10 +110,29 @@ def _execute(
         run_config=run_config, instance=inst, partition_key=partition_key, tags=tags, raise_on_error=False
     )
     if not res.success:
+        # A failed run (an outage: every job errored) still did its bookkeeping: count it from
+        # the audit trail.
+        summary.add_counts(_recorded_outcomes(res.run_id))
         return False
     for node in res.job_def.nodes:
+        if node.name not in REPORT_OPS:
+            continue
         out = res.output_for_node(node.name)
         summary.scanned += int(out["scanned"])
         for outcome in out["outcomes"]:
             summary.counts[outcome] += 1
     return True
+
+
+def _recorded_outcomes(run_id: str) -> Counter[str]:
+    from recon_dagster.resources import DatabaseResource
+
+    try:
+        with DatabaseResource().get_engine().connect() as conn:
+            rows = conn.execute(
+                sa.text("SELECT outcome, count(*) AS n FROM reconcile_events WHERE run_id = :r GROUP BY outcome"),
+                {"r": run_id},
+            )
+            return Counter({r.outcome: int(r.n) for r in rows})
+    except Exception:  # noqa: BLE001 - the report is a summary; the run itself is in the instance
+        return Counter()

@@ -83,6 +83,10 @@ class ReconcileSettingsResource(dg.ConfigurableResource):
         description="Most stale rows dispatched per sensor tick.",
     )
     max_media_bytes: int = Field(default=DEFAULT_MAX_MEDIA_BYTES, description="Download cap per object.")
+    media_deadline_seconds: float | None = Field(
+        default=None,
+        description="All media of one finalize together; None: RECON_MEDIA_DEADLINE_S (600, inside the lease).",
+    )
 
     def settings(self) -> ReconcileSettings:
         return ReconcileSettings(
@@ -94,5 +98,8 @@ class ReconcileSettingsResource(dg.ConfigurableResource):
 
     def media_policy(self, headers_for=None) -> MediaPolicy:  # noqa: ANN001
         return MediaPolicy(
-            allowed_hosts=allowed_hosts_from_env(), max_bytes=self.max_media_bytes, headers_for=headers_for
+            allowed_hosts=allowed_hosts_from_env(),
+            max_bytes=self.max_media_bytes,
+            headers_for=headers_for,
+            deadline_s=self.media_deadline_seconds,
         )

@@ -242,6 +242,14 @@ class SandboxProcess:
         """Every create (async task or billable sync call) the sandbox has served."""
         return int(self.stats()["creates_total"])
 
+    def requests(
+        self, provider: str | None = None, op: str | None = None, *, window_s: float | None = None
+    ) -> dict[str, Any]:
+        """Provider API requests seen: ``count``, ``timestamps`` and, given ``window_s``, the
+        ``max_in_window`` (the most in any window of that length); ``op`` is read or create."""
+        params = {k: v for k, v in (("provider", provider), ("op", op), ("window_s", window_s)) if v}
+        return self._call("GET", "requests", params=params)
+
     def reset(self) -> None:
         """Forget all tasks, default scenarios and counters."""
         self._call("POST", "reset")
@@ -369,6 +377,7 @@ def _instance_yaml(
     sensor_workers: int,
     submit_workers: int,
     monitoring_poll_s: int,
+    provider_run_limits: Mapping[str, int] | None = None,
 ) -> str:
     limits = ""
     if kind_run_limit is not None:
@@ -379,6 +388,10 @@ def _instance_yaml(
             "        applyLimitPerUniqueValue: true\n"
             f"      limit: {kind_run_limit}\n"
         )
+    for provider, limit in (provider_run_limits or {}).items():
+        if not limits:
+            limits = "  tag_concurrency_limits:\n"
+        limits += f'    - key: "recon/provider"\n      value: "{provider}"\n      limit: {limit}\n'
     return (
         "# written by recon_dagster.testing.dagster_home\n"
         "storage:\n  postgres:\n    postgres_url:\n      env: DAGSTER_POSTGRES_URL\n"
@@ -434,6 +447,7 @@ def dagster_home(
     module: str = "recon_dagster.definitions",
     location: str = "recon_dagster",
     keep_storage: bool = False,
+    provider_run_limits: Mapping[str, int] | None = None,
 ) -> Iterator[DagsterHome]:
     """A temp ``DAGSTER_HOME`` whose storage is ``<db>_dagster`` on the same PostgreSQL.
 
@@ -458,6 +472,7 @@ def dagster_home(
                 sensor_workers=sensor_workers,
                 submit_workers=submit_workers,
                 monitoring_poll_s=monitoring_poll_s,
+                provider_run_limits=provider_run_limits,
             )
         )
         home.workspace_yaml.write_text(_workspace_yaml(module, location))
@@ -506,6 +521,21 @@ class DaemonProcess:
             return []
 
 
+def spawn_logged(cmd: list[str], log: Path, env: Mapping[str, str], cwd: Path) -> subprocess.Popen:
+    """``cmd`` in its own session (so its whole tree can be stopped), output to ``log``, with
+    ``env`` over this process's environment."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **env},
+            cwd=str(cwd),
+            start_new_session=True,
+        )
+
+
 @contextlib.contextmanager
 def daemon_process(
     home: DagsterHome,
@@ -519,19 +549,9 @@ def daemon_process(
     Yields as soon as the process is started (the sensor's first tick follows within seconds).
     On exit: SIGTERM, then SIGKILL after ``stop_timeout_s``, and every descendant is killed.
     """
-    full_env = {**os.environ, **home.env(), **(env or {})}
     log = Path(log_path) if log_path is not None else home.path / f"daemon-{secrets.token_hex(3)}.log"
     cmd = [_venv_script("dagster-daemon"), "run", "-w", str(home.workspace_yaml)]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=full_env,
-            cwd=str(home.path),
-            start_new_session=True,
-        )
+    proc = spawn_logged(cmd, log, {**home.env(), **(env or {})}, home.path)
     daemon = DaemonProcess(proc, home, log)
     try:
         time.sleep(0.2)
@@ -580,6 +600,7 @@ __all__ = [
     "run_worker_script",
     "sandbox_env",
     "sandbox_process",
+    "spawn_logged",
     "tree_cpu_seconds",
     "wait_for",
 ]

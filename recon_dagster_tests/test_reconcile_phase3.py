@@ -283,12 +283,13 @@ def test_sensor_requests_partitioned_runs_with_deterministic_keys_and_tags(db, i
 
     [rr] = result.run_requests
     assert rr.partition_key == "replicate-prediction"
-    assert rr.run_key == f"{job}:0"
+    assert rr.run_key == f"{job}:1"
     assert rr.tags["recon/job_id"] == str(job)
     assert rr.tags["recon/provider_kind"] == "replicate-prediction"
-    assert rr.tags["recon/attempt"] == "0"
-    # The job is leased to that run: a second tick does not launch the same attempt again.
-    assert evaluate_sensor(defs, instance).run_requests == []
+    assert rr.tags["recon/attempt"] == "1"
+    # Nothing is leased by the sensor: a second tick plans the same attempt under the same key,
+    # which Dagster never launches twice.
+    assert [r.run_key for r in evaluate_sensor(defs, instance).run_requests] == [rr.run_key]
 
 
 def test_sensor_packs_a_backlog_into_batches_and_drains_it(db, instance, media_dir, sandbox):

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from recon_dagster.kinds import KINDS, LEGACY_STALE_THRESHOLD, NON_PROVIDER_JOB_TYPES, precall_budget
+from recon_dagster.redaction import redact_secrets
 
 INFLIGHT_STATUSES = ("pending", "processing")
 TERMINAL_STATUSES = ("completed", "failed", "cancelled")
@@ -235,8 +236,13 @@ def claim_jobs(
     claims: Sequence[Claim],
     owner: str,
     ttl: timedelta,
+    *,
+    planned: bool = False,
 ) -> list[Claim]:
     """Take the reconcile lease on jobs whose attempt counter is still what the scan saw.
+
+    With ``planned``, each claim's ``attempt`` is instead the 1-based attempt the claimer planned
+    to make (counter + 1, + 1 more for a takeover): a run starting with the sensor's plan.
 
     Succeeds for rows that are in flight and unleased, leased by ``owner`` already, or whose lease
     expired. Taking over an expired lease of another owner means that run died mid-attempt, so it
@@ -254,7 +260,9 @@ def claim_jobs(
           SELECT * FROM unnest(:ids, :attempts) AS c(id, attempts)
         ), lockable AS (
           SELECT j.id FROM jobs j JOIN wanted c ON c.id = j.id
-          WHERE j.reconcile_attempts = c.attempts
+          WHERE j.reconcile_attempts + CASE WHEN NOT :planned THEN 0
+                WHEN j.reconcile_lease_owner IS NULL OR j.reconcile_lease_owner = :owner THEN 1
+                ELSE 2 END = c.attempts
             AND j.status IN ('pending', 'processing')
             AND (j.reconcile_lease_owner IS NULL
                  OR j.reconcile_lease_owner = :owner
@@ -288,6 +296,7 @@ def claim_jobs(
             "attempts": [c.attempt for c in claims],
             "owner": owner,
             "ttl_s": ttl.total_seconds(),
+            "planned": planned,
         },
     )
     return [Claim(uuid.UUID(str(r.id)), r.reconcile_attempts) for r in rows]
@@ -379,7 +388,7 @@ def fail_job(conn: sa.Connection, job_id: uuid.UUID, error_message: str) -> bool
             RETURNING id
             """
         ),
-        {"id": str(job_id), "err": error_message},
+        {"id": str(job_id), "err": redact_secrets(error_message)},
     ).first()
     return r is not None
 
@@ -392,17 +401,21 @@ def bump_attempts(
     last_error: str | None,
     next_in: timedelta,
     owner: str | None = None,
+    cap: int | None = None,
 ) -> int | None:
     """Count one reconcile attempt that ended without a terminal state.
 
     Compare-and-set on the attempt counter, so an attempt is never counted twice. Releases the
     lease and schedules the next attempt ``next_in`` from now. Returns the new count, or None if the
-    row moved on (terminal, or another run counted this attempt).
+    row moved on (terminal, or another run counted this attempt). With ``cap``, a row already at
+    or past it keeps its count (its force-fail is being retried; it must not climb).
     """
     r = conn.execute(
         sa.text(
             """
-            UPDATE jobs SET reconcile_attempts = reconcile_attempts + 1,
+            UPDATE jobs SET reconcile_attempts = CASE
+                WHEN CAST(:cap AS integer) IS NOT NULL AND reconcile_attempts >= :cap
+                THEN reconcile_attempts ELSE reconcile_attempts + 1 END,
               reconcile_last_error = :err,
               reconcile_next_at = now() + make_interval(secs => :next_s),
               reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL,
@@ -417,9 +430,10 @@ def bump_attempts(
         {
             "id": str(job_id),
             "expected": expected_attempts,
-            "err": last_error,
+            "err": None if last_error is None else redact_secrets(last_error),
             "next_s": next_in.total_seconds(),
             "owner": owner,
+            "cap": cap,
         },
     ).first()
     return None if r is None else int(r[0])

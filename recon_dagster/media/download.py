@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from recon_dagster.deadlines import sized_deadline_s
 from recon_dagster.media.errors import (
     MediaExpired,
     MediaFetchError,
@@ -290,6 +291,7 @@ def open_media_stream(
     client: httpx.Client | None = None,
     deadline_s: float | None = None,
     resolver: Resolver = system_resolver,
+    min_bytes_per_s: float | None = None,
 ) -> Iterator[MediaStream]:
     """Open ``url`` under the fetch policy and yield a ``MediaStream`` (closed on exit).
 
@@ -297,8 +299,10 @@ def open_media_stream(
     ElevenLabs byte endpoints) go only to the original origin. Raises ``MediaRefused``,
     ``MediaExpired`` (403/404/410), ``MediaTooLarge`` (declared length over the cap) or
     ``MediaFetchError``. ``timeout_s`` bounds each connect/read; ``deadline_s`` (optional) bounds
-    the whole download against a server that drips bytes (checked per chunk, so the worst case
-    is ``deadline_s + timeout_s``). ``resolver`` is for tests; ``client`` must not use a proxy.
+    the whole download against a server that drips bytes (checked per chunk; every connect and
+    read timeout is cut to what is left of it, so the download ends by the deadline). With
+    ``min_bytes_per_s``, an object that declares its length gets only ``MEDIA_FLOOR_S +
+    length / min_bytes_per_s`` of it. ``resolver`` is for tests; ``client`` must not use a proxy.
     """
     if max_bytes < 0:
         raise ValueError("max_bytes must be >= 0")
@@ -308,14 +312,24 @@ def open_media_stream(
         allowed = parse_allowed_hosts(allowed_hosts)
     else:
         allowed = parse_allowed_hosts(",".join(allowed_hosts))
-    deadline = None if deadline_s is None else time.monotonic() + deadline_s
+    started = time.monotonic()
+    deadline = None if deadline_s is None else started + deadline_s
     own_client = client is None
     http = client or httpx.Client(trust_env=False, follow_redirects=False)
     response: httpx.Response | None = None
     try:
         response, final_url = _open(
-            http, url, max_bytes, headers or {}, timeout_s, lambda u: check_url(u, allowed, resolver)
+            http,
+            url,
+            max_bytes,
+            headers or {},
+            timeout_s,
+            lambda u: check_url(u, allowed, resolver),
+            deadline,
         )
+        if deadline_s is not None:
+            share = sized_deadline_s(_content_length(response), deadline_s, min_bytes_per_s)
+            deadline = started + share
         yield MediaStream(response, final_url, max_bytes, deadline)
     finally:
         if response is not None:
@@ -331,11 +345,17 @@ def _open(
     headers: Mapping[str, str],
     timeout_s: float,
     check: Callable[[str | httpx.URL], Hop],
+    deadline: float | None = None,
 ) -> tuple[httpx.Response, httpx.URL]:
     """Send GET hop by hop, applying ``check`` (the fetch policy) to every URL before connecting."""
     first = check(url)
     hop = first
     for _ in range(MAX_REDIRECTS + 1):
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise MediaFetchError(hop.url, "download deadline passed before an answer")
+            timeout_s = min(timeout_s, left)
         request_headers = {"accept-encoding": "identity", "user-agent": "recon-dagster-media"}
         if _same_origin(hop.url, first.url):
             request_headers.update({k.lower(): v for k, v in headers.items()})

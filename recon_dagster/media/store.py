@@ -32,6 +32,7 @@ from recon_dagster.media.base import (
 )
 from recon_dagster.media.folder import FolderWriter
 from recon_dagster.media.s3 import S3ClientSettings, S3Writer, shared_s3_client
+from recon_dagster.redaction import register_secret
 
 __all__ = [
     "DEFAULT_MEDIA_DIR",
@@ -95,6 +96,8 @@ def s3_client_settings(s3: S3Resource) -> S3ClientSettings:
     """The plain client settings of an ``S3Resource`` (``EnvVar`` fields resolved)."""
     # process_config_and_initialize resolves EnvVar fields also outside a Dagster run.
     resolved = s3.process_config_and_initialize()
+    register_secret(resolved.aws_secret_access_key)  # masked wherever a message might carry it
+    register_secret(resolved.aws_session_token)
     return S3ClientSettings(
         region_name=resolved.region_name,
         endpoint_url=resolved.endpoint_url,

@@ -24,6 +24,7 @@ def fetch_to_store(
     timeout_s: float = 30,
     client: httpx.Client | None = None,
     deadline_s: float | None = None,
+    min_bytes_per_s: float | None = None,
 ) -> StoredObject:
     """Stream ``url`` into ``store`` at ``key`` (or ``key(stream)``, to pick the extension from the
     response's content type); all-or-nothing, memory bounded by one chunk or S3 part.
@@ -38,6 +39,7 @@ def fetch_to_store(
         timeout_s=timeout_s,
         client=client,
         deadline_s=deadline_s,
+        min_bytes_per_s=min_bytes_per_s,
     ) as stream:
         target = key(stream) if callable(key) else key
         media_type = content_type or stream.content_type or DEFAULT_CONTENT_TYPE
@@ -53,6 +55,7 @@ def fetch_bytes(
     timeout_s: float = 30,
     client: httpx.Client | None = None,
     deadline_s: float | None = None,
+    min_bytes_per_s: float | None = None,
 ) -> tuple[bytes, str | None]:
     """Fetch a small object (an image to watermark) into memory under the same policy and cap."""
     with open_media_stream(
@@ -63,5 +66,6 @@ def fetch_bytes(
         timeout_s=timeout_s,
         client=client,
         deadline_s=deadline_s,
+        min_bytes_per_s=min_bytes_per_s,
     ) as stream:
         return b"".join(stream.iter_chunks()), stream.content_type

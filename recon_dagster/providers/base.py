@@ -12,9 +12,12 @@ import dagster as dg
 import httpx
 from pydantic import Field, PrivateAttr
 
+from recon_dagster.deadlines import poll_deadline_s, poll_max_bytes
 from recon_dagster.kinds import Provider, ProviderKind, get_kind
 from recon_dagster.providers.http import HttpSettings, Limits, ProviderHttp, ProviderNotFound, json_body
+from recon_dagster.providers.limits import account_limits_from_env
 from recon_dagster.providers.status import MediaRef, ProviderError, UpstreamState, UpstreamStatus
+from recon_dagster.redaction import register_secret
 
 ProgressCallback = Callable[[UpstreamStatus], None]
 TaskCreatedCallback = Callable[[str], None]
@@ -114,6 +117,18 @@ class ProviderResource(dg.ConfigurableResource):
     create_burst: int = 1
     read_rate_per_s: float | None = Field(default=None, description="Polls/reads per second; None: no limit.")
     read_burst: int = 1
+    read_deadline_s: float | None = Field(
+        default=None,
+        description="Total seconds of one poll or read, retries included; None: RECON_POLL_DEADLINE_S (60).",
+    )
+    max_body_bytes: int | None = Field(
+        default=None, description="Decoded size cap of one answer; None: RECON_POLL_MAX_BYTES (8 MiB)."
+    )
+    shared_limits: bool = Field(
+        default=False,
+        description="Share the account budget (RECON_LIMIT_<PROVIDER>) with every process through "
+        "the app's PostgreSQL; False: per-process limits only.",
+    )
 
     _lazy: _LazyClient = PrivateAttr(default_factory=_LazyClient)
 
@@ -150,6 +165,8 @@ class ProviderResource(dg.ConfigurableResource):
             backoff_initial_s=self.backoff_initial_s,
             backoff_max_s=self.backoff_max_s,
             retry_after_max_s=self.retry_after_max_s,
+            read_deadline_s=self.read_deadline_s if self.read_deadline_s is not None else poll_deadline_s(),
+            max_body_bytes=self.max_body_bytes if self.max_body_bytes is not None else poll_max_bytes(),
             limits=Limits(
                 max_concurrency=self.max_concurrency,
                 create_rate_per_s=self.create_rate_per_s,
@@ -157,6 +174,7 @@ class ProviderResource(dg.ConfigurableResource):
                 read_rate_per_s=self.read_rate_per_s,
                 read_burst=self.read_burst,
             ),
+            account=account_limits_from_env(str(self.PROVIDER)) if self.shared_limits else None,
         )
 
     @property
@@ -166,7 +184,13 @@ class ProviderResource(dg.ConfigurableResource):
         if lazy.http is None:
             with lazy.lock:
                 if lazy.http is None:
-                    key = _resolve(self.api_key, f"{self.PROVIDER} api_key")
+                    raw = _resolve(self.api_key, f"{self.PROVIDER} api_key")
+                    # Masked in every form before anything can echo it; a key read from a file
+                    # or a secret store often ends in a newline, which no header may carry.
+                    register_secret(raw)
+                    key = raw.strip()
+                    if not key:
+                        raise ProviderConfigError(f"{self.PROVIDER} api_key is blank")
                     lazy.http = ProviderHttp(
                         provider=str(self.PROVIDER),
                         base_url=self.resolved_base_url(),

@@ -17,8 +17,12 @@ from recon_dagster.providers.base import (
 )
 from recon_dagster.providers.elevenlabs import ELEVENLABS_BASE_URL, ElevenLabsResource
 from recon_dagster.providers.kie import KIE_BASE_URL, KieResource
+from recon_dagster.providers.limits import resource_limit_fields
 from recon_dagster.providers.replicate import REPLICATE_BASE_URL, ReplicateResource
 from recon_dagster.providers.status import MediaRef, UpstreamStatus
+from recon_dagster.redaction import register_secret
+
+API_KEY_ENV_VARS = ("KIE_API_KEY", "REPLICATE_API_TOKEN", "ELEVENLABS_API_KEY", "ANTHROPIC_API_KEY")
 
 
 class ProvidersResource(dg.ConfigurableResource):
@@ -100,19 +104,30 @@ def _base_url(name: str, default: str) -> str:
 
 def providers_from_env() -> ProvidersResource:
     """The production wiring: keys from ``dg.EnvVar`` (never literals, so they stay out of run
-    config and the UI), base URLs from ``*_BASE_URL`` when set, else the real providers."""
+    config and the UI), base URLs from ``*_BASE_URL`` when set, else the real providers.
+
+    The keys present now are registered for masking at once, before any client is built."""
+    for name in API_KEY_ENV_VARS:
+        register_secret(os.environ.get(name))
     return ProvidersResource(
-        kie=KieResource(base_url=_base_url("KIE_BASE_URL", KIE_BASE_URL), api_key=dg.EnvVar("KIE_API_KEY")),
+        kie=KieResource(
+            base_url=_base_url("KIE_BASE_URL", KIE_BASE_URL),
+            api_key=dg.EnvVar("KIE_API_KEY"),
+            **resource_limit_fields("kie"),
+        ),
         replicate=ReplicateResource(
             base_url=_base_url("REPLICATE_BASE_URL", REPLICATE_BASE_URL),
             api_key=dg.EnvVar("REPLICATE_API_TOKEN"),
+            **resource_limit_fields("replicate"),
         ),
         elevenlabs=ElevenLabsResource(
             base_url=_base_url("ELEVENLABS_BASE_URL", ELEVENLABS_BASE_URL),
             api_key=dg.EnvVar("ELEVENLABS_API_KEY"),
+            **resource_limit_fields("elevenlabs"),
         ),
         anthropic=AnthropicResource(
             base_url=_base_url("ANTHROPIC_BASE_URL", ANTHROPIC_BASE_URL),
             api_key=dg.EnvVar("ANTHROPIC_API_KEY"),
+            **resource_limit_fields("anthropic"),
         ),
     )

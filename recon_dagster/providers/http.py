@@ -14,8 +14,9 @@ import logging
 import random
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +24,10 @@ from typing import Any
 import httpx
 import tenacity
 
+from recon_dagster.deadlines import DEFAULT_POLL_DEADLINE_S, DEFAULT_POLL_MAX_BYTES
+from recon_dagster.providers.limits import AccountLimits, account_limiter
 from recon_dagster.providers.status import AmbiguousCreateError, ProviderHTTPError, ProviderProtocolError
+from recon_dagster.redaction import redact_secrets
 
 log = logging.getLogger("recon_dagster.providers.http")
 
@@ -156,10 +160,11 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
 
 
 def redact(text: str, secret: str | None) -> str:
-    """``text`` with every occurrence of ``secret`` masked (providers sometimes echo a bad key)."""
+    """``text`` with ``secret`` and every registered key masked in all their forms (stripped,
+    URL-encoded, repr-escaped): providers and gateways sometimes echo a bad key."""
     if secret and secret in text:
-        return text.replace(secret, "[redacted]")
-    return text
+        text = text.replace(secret, "[redacted]")
+    return redact_secrets(text)
 
 
 def json_body(kind: str, response: httpx.Response) -> Any:
@@ -167,7 +172,7 @@ def json_body(kind: str, response: httpx.Response) -> Any:
     try:
         return response.json()
     except ValueError:
-        snippet = response.text[:120]
+        snippet = redact_secrets(response.text)[:120]
         raise ProviderProtocolError(
             kind, f"HTTP {response.status_code} answer is not JSON: {snippet!r}"
         ) from None
@@ -179,7 +184,8 @@ EnvelopeCheck = Callable[[httpx.Response], tuple[int, str] | None]
 
 def generic_error_message(response: httpx.Response) -> str:
     """A short description of an error answer when the provider's own shape is not recognised."""
-    text = response.text.strip().replace("\n", " ")
+    # Masked before it is cut, so a cut never leaves half a key.
+    text = redact_secrets(response.text).strip().replace("\n", " ")
     return text[:300] or response.reason_phrase or "no body"
 
 
@@ -197,6 +203,47 @@ class HttpSettings:
     # A Retry-After beyond this is capped: a worker must not sleep for an hour inside one call.
     retry_after_max_s: float = 120.0
     limits: Limits = field(default_factory=Limits)
+    # Total time of one idempotent call (poll, read), retries included; a server dripping bytes
+    # never trips a per-read timeout. None: no overall deadline. Creates and billed sync calls
+    # have none (an LLM answer may take minutes; cutting a create short would make it ambiguous).
+    read_deadline_s: float | None = DEFAULT_POLL_DEADLINE_S
+    # Decoded size of one idempotent call's answer (inflated step by step: a gzip bomb stops here).
+    max_body_bytes: int = DEFAULT_POLL_MAX_BYTES
+    # The account budget shared by every process (providers/limits.py); None: per-process only.
+    account: AccountLimits | None = None
+
+
+# Encodings decoded here, step by step with a bound on each step's output (httpx's own decoder
+# inflates a whole network chunk at once: 64 KiB of a gzip bomb is 64 MiB).
+ACCEPT_ENCODING = "gzip, deflate"
+_UNCAPPED = 1 << 62
+
+
+def _bounded_decode(response: httpx.Response, cap: int, label: str) -> Iterator[bytes]:
+    """The decoded body of a streamed response, never inflating more than ``cap + 1`` bytes at
+    once; an encoding this client did not offer is an error."""
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        yield from response.iter_raw()
+        return
+    if encoding in ("gzip", "x-gzip"):
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    elif encoding == "deflate":
+        inflater = zlib.decompressobj()
+    else:
+        raise ProviderHTTPError(label, response.status_code, f"answer in unsupported encoding {encoding!r}")
+    try:
+        for raw in response.iter_raw():
+            data = raw
+            while data:
+                out = inflater.decompress(data, cap + 1)
+                yield out
+                data = inflater.unconsumed_tail
+        yield inflater.flush()
+    except zlib.error as exc:
+        raise ProviderHTTPError(
+            label, response.status_code, f"answer is not valid {encoding}: {exc}"
+        ) from None
 
 
 class ProviderHttp:
@@ -222,6 +269,7 @@ class ProviderHttp:
         self._envelope_check = envelope_check
         self._sleep = sleep
         self._limiter = shared_limiter(provider, self.base_url, settings.limits)
+        self._account = account_limiter(settings.account)
         s = settings
         self.client = httpx.Client(
             base_url=self.base_url,
@@ -264,20 +312,39 @@ class ProviderHttp:
 
         ``label`` (a provider_kind, or the provider's name) names the call in errors and logs.
         ``idempotent=False`` marks a create or a billed call: never re-sent once it may have
-        reached the provider; a lost answer raises ``AmbiguousCreateError``.
+        reached the provider; a lost answer raises ``AmbiguousCreateError``. An idempotent call
+        ends within ``settings.read_deadline_s`` however the server paces its bytes.
         """
+        limit = self.settings.read_deadline_s if idempotent else None
+        deadline = time.monotonic() + limit if limit else None
+
+        def wait(state: tenacity.RetryCallState) -> float:
+            planned = self._wait(state)
+            return planned if deadline is None else min(planned, max(0.0, deadline - time.monotonic()))
+
+        def stop(state: tenacity.RetryCallState) -> bool:
+            if deadline is not None and time.monotonic() >= deadline:
+                return True
+            return state.attempt_number >= max(1, self.settings.max_attempts)
+
         retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(max(1, self.settings.max_attempts)),
-            wait=self._wait,
+            stop=stop,
+            wait=wait,
             retry=tenacity.retry_if_exception_type((RetryableError, _Transient)),
             before_sleep=lambda state: self._log_retry(method, path, label, state),
             sleep=self._sleep,
             reraise=True,
         )
         try:
-            return retrying(self._attempt, method, path, label, idempotent, json, params, headers)
+            return retrying(self._attempt, method, path, label, idempotent, json, params, headers, deadline)
         except _Transient as exc:
             # Exhausted: report as a plain HTTP-level failure without retry internals.
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ProviderHTTPError(
+                    exc.label,
+                    None,
+                    f"{method} {path}: no answer within the {limit:g} s deadline ({exc.detail})",
+                ) from None
             raise ProviderHTTPError(exc.label, None, exc.detail) from None
 
     def _attempt(
@@ -289,15 +356,23 @@ class ProviderHttp:
         json: Any,
         params: Mapping[str, str] | None,
         headers: Mapping[str, str] | None,
+        deadline: float | None = None,
     ) -> httpx.Response:
         bucket = self._limiter.read_bucket if idempotent else self._limiter.create_bucket
         if bucket is not None:
             bucket.acquire(self._sleep)
-        all_headers = {**self._auth, **(headers or {})}
+        all_headers = {"accept-encoding": ACCEPT_ENCODING, **self._auth, **(headers or {})}
         started = time.perf_counter()
+        account = self._account.request(label, create=not idempotent) if self._account else nullcontext()
         try:
-            with self._limiter.semaphore:
-                response = self.client.request(method, path, json=json, params=params, headers=all_headers)
+            with account, self._limiter.semaphore:
+                response = self._send_capped(
+                    method, path, label, idempotent, deadline,
+                    self.client.build_request(
+                        method, path, json=json, params=params, headers=all_headers,
+                        timeout=self._timeout_until(deadline),
+                    ),
+                )  # fmt: skip
         except _NOT_SENT as exc:
             raise _Transient(label, f"{method} {path}: {type(exc).__name__}: {self._clean(exc)}") from None
         except _CONFIG_ERRORS as exc:
@@ -318,7 +393,65 @@ class ProviderHttp:
             response.status_code,
             (time.perf_counter() - started) * 1000,
         )
-        return self._classify(response, method, path, label, idempotent)
+        try:
+            return self._classify(response, method, path, label, idempotent)
+        except RetryableError as exc:
+            if exc.retry_after_s and self._account is not None:
+                # The provider throttles the account: everyone sharing it waits, not only us.
+                self._account.block_for(min(exc.retry_after_s, self.settings.retry_after_max_s))
+            raise
+
+    def _timeout_until(self, deadline: float | None) -> httpx.Timeout:
+        """The client's timeouts, each cut to what is left before ``deadline``."""
+        s = self.settings
+        left = float("inf") if deadline is None else max(0.001, deadline - time.monotonic())
+        return httpx.Timeout(
+            connect=min(s.connect_timeout_s, left),
+            read=min(s.read_timeout_s, left),
+            write=min(s.write_timeout_s, left),
+            pool=min(s.pool_timeout_s, left),
+        )
+
+    def _send_capped(
+        self,
+        method: str,
+        path: str,
+        label: str,
+        idempotent: bool,
+        deadline: float | None,
+        request: httpx.Request,
+    ) -> httpx.Response:
+        """Send and read the answer, counting decoded bytes against ``max_body_bytes`` and the
+        clock against ``deadline``; returns a response whose body is read."""
+        # Creates and billed sync calls are not capped: a text-to-speech answer is the audio itself.
+        cap = self.settings.max_body_bytes if idempotent else _UNCAPPED
+        response = self.client.send(request, stream=True)
+        try:
+            chunks: list[bytes] = []
+            size = 0
+            for chunk in _bounded_decode(response, cap, label):
+                size += len(chunk)
+                if size > cap:
+                    problem = f"{method} {path}: answer larger than {cap} bytes decoded; refused"
+                    raise ProviderHTTPError(label, response.status_code, problem)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise ProviderHTTPError(
+                        label, None, f"{method} {path}: answer still arriving at the deadline ({size} bytes)"
+                    )
+                chunks.append(chunk)
+        finally:
+            response.close()
+        # The body is decoded already: the copy must not claim an encoding or an old length.
+        dropped = {"content-encoding", "content-length", "transfer-encoding"}
+        return httpx.Response(
+            response.status_code,
+            headers=[(k, v) for k, v in response.headers.multi_items() if k.lower() not in dropped],
+            content=b"".join(chunks),
+            request=request,
+            extensions={
+                k: v for k, v in response.extensions.items() if k in ("http_version", "reason_phrase")
+            },
+        )
 
     def _classify(
         self, response: httpx.Response, method: str, path: str, label: str, idempotent: bool

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from recon_dagster.redaction import redact_secrets
+
 
 class UpstreamState(StrEnum):
     RUNNING = "running"
@@ -56,7 +58,11 @@ class UpstreamStatus(BaseModel):
 
 
 class ProviderError(Exception):
-    """Base of every error raised by a provider client."""
+    """Base of every error raised by a provider client; its message never carries a key (every
+    registered secret is masked when the error is built, whatever path built it)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact_secrets(a) if isinstance(a, str) else a for a in args))
 
 
 class ProviderProtocolError(ProviderError):

@@ -1,19 +1,25 @@
-"""Turning a stale scan into leased units of work (what the sensor emits as runs).
+"""Units of work: what the sensor plans (pure) and what a run claims when it starts.
 
-The plan is pure: rows in, batches with deterministic run keys out. ``dispatch`` then takes the
-reconcile lease on each batch's jobs in the name of that run key, so a job is never handed to two
-runs at once, however often the sensor ticks while a run waits in the queue.
+The sensor only reads: rows in, batches with deterministic run keys out. The reconcile lease is
+taken by the run itself, when it starts (``claim_at_start``), in the name of its run key. So
+evaluating the sensor (a UI preview, a daemon that dies before submitting) changes no job row, and
+time a run spends in Dagster's queue is never counted as an attempt.
+
+Attempt numbers are 1-based: ``reconcile_attempts`` counts attempts that ended, so the attempt a
+run makes is ``reconcile_attempts + 1``, the number in its tags, run key and log.
 """
 
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
 
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim, JobRow
@@ -22,7 +28,7 @@ from recon_dagster.kinds import KINDS
 
 @dataclass(frozen=True)
 class Batch:
-    """One run's worth of jobs of one provider kind."""
+    """One run's worth of jobs of one provider kind; ``claims`` carry the attempt each expects."""
 
     provider_kind: str
     claims: tuple[Claim, ...]
@@ -32,10 +38,26 @@ class Batch:
     def job_ids(self) -> list[str]:
         return [str(c.job_id) for c in self.claims]
 
+    @property
+    def attempts(self) -> list[int]:
+        return [c.attempt for c in self.claims]
+
+    @property
+    def work_key(self) -> str:
+        """The run key without a retry suffix: the identity of this work (see ``with_retry``)."""
+        return self.run_key.split("~", 1)[0]
+
+    def with_retry(self, n: int) -> Batch:
+        """The same work under a fresh key, for when ``n`` runs of it ended without claiming it
+        (they failed before their first op): Dagster never launches a run key twice."""
+        key = self.work_key if n == 0 else f"{self.work_key}~{n}"
+        return Batch(self.provider_kind, self.claims, key)
+
 
 def next_attempt(row: JobRow) -> int:
-    """The attempt number a claim will carry: taking over an expired lease counts one attempt."""
-    return row.reconcile_attempts + (1 if row.reconcile_lease_owner is not None else 0)
+    """The attempt number the next run of this job makes. A lease still on the row is one a
+    dead run left behind (the scan only returns expired ones): that run's attempt counts."""
+    return row.reconcile_attempts + (1 if row.reconcile_lease_owner is not None else 0) + 1
 
 
 def run_key_for(provider_kind: str, claims: Sequence[Claim]) -> str:
@@ -68,15 +90,37 @@ def plan_batches(rows: Sequence[JobRow], *, batch_size: int, single_below: int) 
     return batches
 
 
-def dispatch(
-    conn: sa.Connection, rows: Sequence[JobRow], batches: Sequence[Batch], *, lease_ttl: timedelta
-) -> list[Batch]:
-    """Lease every planned batch to its run key; return the batches with the jobs actually won."""
-    seen = {r.id: r.reconcile_attempts for r in rows}
-    out: list[Batch] = []
-    for batch in batches:
-        expected = [Claim(c.job_id, seen[c.job_id]) for c in batch.claims]
-        won = jobs_db.claim_jobs(conn, expected, batch.run_key, lease_ttl)
-        if won:
-            out.append(Batch(batch.provider_kind, tuple(won), batch.run_key))
-    return out
+def claim_at_start(conn: sa.Connection, claims: Sequence[Claim], owner: str, ttl: timedelta) -> list[Claim]:
+    """Take the reconcile lease for a run that is starting; returns the claims that won.
+
+    Compare-and-set on the attempt the sensor planned: a job is claimed only if the attempt it
+    would now make is still ``claim.attempt`` (nobody counted one since) and it is in flight and
+    unleased, leased to ``owner`` already (a re-executed run), or its lease expired. Taking over an
+    expired lease counts the dead run's attempt (``reconcile_attempts + 1``), so the returned
+    ``attempt`` of such a claim is the counter after the takeover plus one: a caller must check it
+    against the cap. ``claim_jobs`` locks rows in id order and skips a row another claimer holds
+    right now, so two claimers never deadlock and never both win.
+    """
+    won = jobs_db.claim_jobs(conn, claims, owner, ttl, planned=True)
+    return [Claim(c.job_id, c.attempt + 1) for c in won]
+
+
+def renew_leases(
+    conn: sa.Connection, job_ids: Sequence[uuid.UUID], owner: str, ttl: timedelta
+) -> set[uuid.UUID]:
+    """Re-assert the run's lease on many jobs in one statement (before each act step); returns the
+    ids still ours and in flight."""
+    if not job_ids:
+        return set()
+    rows = conn.execute(
+        sa.text(
+            """
+            UPDATE jobs SET reconcile_lease_expires_at = now() + make_interval(secs => :ttl_s)
+            WHERE id = ANY(:ids) AND reconcile_lease_owner = :owner
+              AND status IN ('pending', 'processing')
+            RETURNING id
+            """
+        ).bindparams(sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))),
+        {"ids": [str(j) for j in job_ids], "owner": owner, "ttl_s": ttl.total_seconds()},
+    )
+    return {uuid.UUID(str(r.id)) for r in rows}

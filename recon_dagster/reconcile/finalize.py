@@ -18,6 +18,7 @@ completion and the credit commit cannot leave a completed job with credits reser
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -31,12 +32,15 @@ import sqlalchemy as sa
 
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
+from recon_dagster.deadlines import media_deadline_s, media_min_bytes_per_s
 from recon_dagster.media.download import MediaStream
 from recon_dagster.media.store import MediaStore, StoredObject, guess_ext, media_key
 from recon_dagster.media.transfer import DEFAULT_CONTENT_TYPE, fetch_bytes, fetch_to_store
 from recon_dagster.media.watermark import watermark_image
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
 from recon_dagster.reconcile.decide import promised_media, unusable_result
+
+log = logging.getLogger("recon_dagster.finalize")
 
 DEFAULT_MAX_MEDIA_BYTES = 2 * 1024**3
 DEFAULT_MAX_IMAGE_BYTES = 64 * 1024**2
@@ -104,6 +108,11 @@ class MediaPolicy:
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     headers_for: HeadersFor | None = None
     watermark_text: str = "recon"
+    # All media of one finalize together (None: RECON_MEDIA_DEADLINE_S, 600 s: inside the lease);
+    # an object that declares its size gets its share at min_bytes_per_s
+    # (None: RECON_MEDIA_MIN_BYTES_PER_S, 1 MiB/s).
+    deadline_s: float | None = None
+    min_bytes_per_s: float | None = None
 
 
 class UnusableResult(ValueError):
@@ -134,6 +143,8 @@ class FinalizeResult:
     workflow_reopened: bool = False
     character_updated: bool = False
     duration_ms: int = 0
+    # Keys this attempt wrote and removed again because it lost to a cancel or a failure.
+    discarded: list[str] = field(default_factory=list)
 
 
 def finalize_job_with_media(
@@ -190,6 +201,7 @@ def finalize_job_with_media(
             ),
         ):
             out.reason = "another writer finished the job first"
+            out.discarded = _discard_losing_media(store, job_id, stored, *_winner(conn, job_id))
             out.duration_ms = _ms(started)
             return out
         out.ok = True
@@ -221,13 +233,18 @@ def store_result_media(
     should_watermark: bool,
     policy: MediaPolicy,
 ) -> list[StoredObject]:
-    """Stream every media reference into the store under the job's deterministic keys.
+    """Stream every media reference into the store under the job's deterministic keys, all of
+    them within the policy's overall deadline.
 
     Where the row says watermark, an image is stored only as its watermarked variant: the clean
     original is never written, so no key or URL of it can reach output_data, assets or logs.
     """
     out: list[StoredObject] = []
+    budget_s = policy.deadline_s if policy.deadline_s is not None else media_deadline_s()
+    rate = policy.min_bytes_per_s if policy.min_bytes_per_s is not None else media_min_bytes_per_s()
+    deadline = time.monotonic() + budget_s
     for index, ref in enumerate(result.media):
+        left = max(0.0, deadline - time.monotonic())
         headers = (
             dict(policy.headers_for(result.provider_kind, ref))
             if ref.needs_auth and policy.headers_for
@@ -248,6 +265,8 @@ def store_result_media(
                     allowed_hosts=policy.allowed_hosts,
                     headers=headers,
                     client=client,
+                    deadline_s=left,
+                    min_bytes_per_s=rate,
                 )  # fmt: skip
             )
             continue
@@ -255,11 +274,54 @@ def store_result_media(
         data, _ = fetch_bytes(
             ref.url, max_bytes=policy.max_image_bytes,
             allowed_hosts=policy.allowed_hosts, headers=headers, client=client,
+            deadline_s=left, min_bytes_per_s=rate,
         )  # fmt: skip
         marked, marked_type = watermark_image(data, policy.watermark_text)
         marked_key = media_key(row.id, row.job_type, index, _ext(marked_type, ref), variant="watermarked")
         out.append(store.put_stream(marked_key, iter([marked]), marked_type))
     return out
+
+
+def media_to_discard(stored_keys: list[str], winner_status: str | None, winner_refs: str) -> list[str]:
+    """Which objects a losing finalize wrote must go (pure).
+
+    Keys are deterministic per job, so a completed winner may reference the very objects this
+    attempt overwrote: every key its output or asset names (``winner_refs``, their text) stays.
+    Against a cancel, a failure or a vanished row nothing references them: all go.
+    """
+    if winner_status == "completed":
+        return [k for k in stored_keys if k not in winner_refs]
+    return list(stored_keys)
+
+
+def _winner(conn: sa.Connection, job_id: uuid.UUID) -> tuple[str | None, str]:
+    """The row's final status and the text of everything that may reference its media."""
+    r = conn.execute(
+        sa.text(
+            """
+            SELECT j.status, coalesce(j.output_data::text, '') || ' ' || coalesce(
+              (SELECT string_agg(concat_ws(' ', a.storage_key, a.url), ' ') FROM assets a WHERE a.job_id = j.id),
+              '') AS refs
+            FROM jobs j WHERE j.id = :id
+            """
+        ),
+        {"id": str(job_id)},
+    ).first()
+    return (None, "") if r is None else (r.status, r.refs)
+
+
+def _discard_losing_media(
+    store: MediaStore, job_id: uuid.UUID, stored: list[StoredObject], winner_status: str | None, refs: str
+) -> list[str]:
+    """Delete what ``media_to_discard`` names; a failing delete is logged, never raised."""
+    gone: list[str] = []
+    for key in media_to_discard([o.key for o in stored], winner_status, refs):
+        try:
+            store.delete(key)
+            gone.append(key)
+        except Exception:
+            log.exception("job %s: could not delete media %s of a finalize that lost", job_id, key)
+    return gone
 
 
 @dataclass(frozen=True)

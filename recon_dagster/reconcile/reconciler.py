@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Protocol
+from enum import StrEnum
+from typing import Protocol, TypeVar
 
 import sqlalchemy as sa
 
@@ -22,7 +23,7 @@ from recon_dagster import lora
 from recon_dagster.breaker import NotFoundBreaker
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
-from recon_dagster.db.jobs import JobRow
+from recon_dagster.db.jobs import Claim, JobRow
 from recon_dagster.kinds import KINDS, MAX_ATTEMPTS, RECONCILE_CADENCE
 from recon_dagster.media.store import MediaStore
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
@@ -34,6 +35,7 @@ from recon_dagster.reconcile.decide import (
     failure_message,
     route,
 )
+from recon_dagster.reconcile.dispatch import claim_at_start, renew_leases
 from recon_dagster.reconcile.finalize import (
     MediaPolicy,
     ProviderResult,
@@ -42,8 +44,12 @@ from recon_dagster.reconcile.finalize import (
     force_fail_and_refund,
     sweep_no_recovery,
 )
+from recon_dagster.redaction import redact_secrets
 
 log = logging.getLogger("recon_dagster.reconcile")
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 class Upstream(Protocol):
@@ -99,6 +105,11 @@ class Summary:
         return self.counts[Outcome.FAILED] + self.counts[Outcome.SWEPT] + self.counts[Outcome.EXHAUSTED]
 
     @property
+    def exhausted(self) -> int:
+        """Force-failed at the attempt cap (also part of ``failed``, the spec's tick line)."""
+        return self.counts[Outcome.EXHAUSTED]
+
+    @property
     def still_running(self) -> int:
         return self.counts[Outcome.STILL_RUNNING]
 
@@ -116,9 +127,31 @@ class Summary:
         )
 
 
+class Step(StrEnum):
+    """What the act phase does with a polled job (the run graph has one op per step)."""
+
+    FINALIZE = "finalize"  # upstream succeeded: finalize_job_with_media
+    FAIL = "fail"  # upstream failed / lost the task / result expired: fail + refund
+    SWEEP = "sweep"  # sync kind, no task id, unknown kind: nothing to poll, fail + refund (5.6)
+    COUNT = "count"  # still running, or this attempt errored: count the attempt
+
+
+@dataclass(frozen=True)
+class Polled:
+    """The poll phase's hand-off: one claimed job, what upstream said, and the step it needs."""
+
+    row: JobRow
+    step: Step
+    reason: str
+    status: UpstreamStatus | None = None
+    outcome: Outcome = Outcome.STILL_RUNNING  # for COUNT: still_running or error
+    poll_ms: int = 0
+
+
 class Reconciler:
-    """Works leased jobs: poll upstream, then exactly one of finalize / fail+refund / count the
-    attempt (force-fail+refund at the cap); sync, task-less and unknown kinds are swept."""
+    """Works leased jobs in two phases: ``poll`` asks upstream (no writes), ``act`` then does
+    exactly one of finalize / fail+refund / sweep / count the attempt (force-fail+refund at the
+    cap). ``claim`` takes the lease when a run starts; ``reconcile`` composes the phases per job."""
 
     def __init__(
         self,
@@ -129,6 +162,7 @@ class Reconciler:
         settings: ReconcileSettings | None = None,
         media_policy: MediaPolicy | None = None,
         on_outcome: Callable[[JobOutcome], None] | None = None,
+        run_id: str | None = None,
         breaker: NotFoundBreaker | None = None,
     ) -> None:
         self.engine = engine
@@ -139,12 +173,232 @@ class Reconciler:
         self.breaker = breaker or NotFoundBreaker(engine)
         self.media_policy = media_policy or MediaPolicy(headers_for=upstream.media_headers)
         self.on_outcome = on_outcome
+        self.run_id = run_id
 
-    # -- one job -------------------------------------------------------------------------------
+    # -- claim: the lease is taken when the run starts ------------------------------------------
+
+    def claim(self, planned: Sequence[Claim], owner: str) -> tuple[list[JobRow], list[JobOutcome]]:
+        """Lease the planned jobs to ``owner``; returns the rows to work and the outcomes already
+        settled here: jobs not won (skipped) and takeovers that reached the cap (force-failed)."""
+        started = time.monotonic()
+        with self.engine.begin() as conn:
+            won = claim_at_start(conn, planned, owner, self.settings.lease_ttl)
+            rows = {r.id: r for r in jobs_db.load_jobs(conn, [c.job_id for c in won])}
+        won_ids = {c.job_id for c in won}
+        settled = [
+            self._outcome(
+                c.job_id,
+                None,
+                Outcome.SKIPPED,
+                c.attempt,
+                "not claimed: another run holds it, an attempt was counted since, or it is no longer in flight",
+                started,
+            )
+            for c in planned
+            if c.job_id not in won_ids
+        ]
+        work: list[JobRow] = []
+        for c in won:
+            row = rows.get(c.job_id)
+            if row is None:
+                continue
+            if decide_after_attempt(row.reconcile_attempts, self.settings.max_attempts) is Action.FORCE_FAIL:
+                # Taking over a dead run's lease counted its attempt, and that was the last one.
+                why = row.reconcile_last_error or "lease expired before the run finished"
+                try:
+                    won_fail = force_fail_and_refund(
+                        self.engine, row.id, attempts=row.reconcile_attempts, last_error=why
+                    )
+                except Exception as exc:  # isolated: an anomaly, retried at the next takeover
+                    self._settle_anomaly(row, "force_fail", exc, row.reconcile_attempts)
+                    settled.append(
+                        self._outcome(
+                            row.id,
+                            row.provider_kind,
+                            Outcome.ERROR,
+                            row.reconcile_attempts,
+                            f"force_fail raised {type(exc).__name__}: {exc}",
+                            started,
+                        )  # fmt: skip
+                    )
+                    continue
+                settled.append(
+                    self._outcome(
+                        row.id,
+                        row.provider_kind,
+                        Outcome.EXHAUSTED if won_fail else Outcome.LOST_RACE,
+                        row.reconcile_attempts,
+                        f"{row.reconcile_attempts} attempts: {why}",
+                        started,
+                    )
+                )
+            else:
+                work.append(row)
+        for o in settled:
+            self._record(o, owner)
+        return work, settled
+
+    # -- poll: ask upstream, write nothing ------------------------------------------------------
+
+    def poll(self, rows: Sequence[JobRow]) -> list[Polled]:
+        """Poll every job concurrently (the provider resource enforces its own rate limits)."""
+        return self._map(self._poll_guarded, rows)
+
+    def _poll_guarded(self, row: JobRow) -> Polled:
+        started = time.monotonic()
+        try:
+            return self._poll_one(row)
+        except Exception as exc:  # one bad job never takes the batch down
+            log.exception("poll of job %s failed unexpectedly", row.id)
+            return Polled(
+                row, Step.COUNT, f"{type(exc).__name__}: {exc}", outcome=Outcome.ERROR, poll_ms=_ms(started)
+            )
+
+    def _poll_one(self, row: JobRow) -> Polled:
+        started = time.monotonic()
+        if row.nonfinite:
+            self._flag_nonfinite(row)
+            if route(row) is Route.SWEEP:
+                # Its age is unknowable: no sweep on it. Counted attempts still end it (the cap
+                # fails and refunds it with an anomaly), so it never sits in flight forever.
+                why = f"non-finite {', '.join(row.nonfinite)}: not swept on an unknowable age"
+                return Polled(row, Step.COUNT, why, outcome=Outcome.ERROR)
+        if route(row) is Route.SWEEP:
+            return Polled(row, Step.SWEEP, _sweep_reason(row))
+        assert row.provider_kind is not None and row.provider_task_id is not None
+        try:
+            status = self.upstream.poll(row.provider_kind, row.provider_task_id)
+        except Exception as exc:
+            self.breaker.record_error(row.provider_kind, exc)
+            return Polled(
+                row,
+                Step.COUNT,
+                f"poll failed: {type(exc).__name__}: {exc}",
+                outcome=Outcome.ERROR,
+                poll_ms=_ms(started),
+            )
+        decision = self.breaker.judge(status)
+        if decision.action is Action.FINALIZE:
+            return Polled(row, Step.FINALIZE, decision.reason, status, poll_ms=_ms(started))
+        if decision.action is Action.FAIL:
+            return Polled(row, Step.FAIL, decision.reason, status, poll_ms=_ms(started))
+        progress = f" ({status.progress}%)" if status.progress is not None else ""
+        counted = Outcome.STILL_RUNNING if status.state is UpstreamState.RUNNING else Outcome.ERROR
+        return Polled(
+            row, Step.COUNT, f"{decision.reason}{progress}", status, outcome=counted, poll_ms=_ms(started)
+        )
+
+    # -- act: finalize, fail + refund, sweep, or count the attempt --------------------------------
+
+    def act(self, polled: Sequence[Polled], owner: str) -> list[JobOutcome]:
+        """Act on polled jobs whose lease this run still holds (renewed in one statement first);
+        a job whose lease was lost in between is skipped, never written."""
+        started = time.monotonic()
+        with self.engine.begin() as conn:
+            ours = renew_leases(conn, [p.row.id for p in polled], owner, self.settings.lease_ttl)
+        lost = [
+            self._outcome(
+                p.row.id,
+                p.row.provider_kind,
+                Outcome.SKIPPED,
+                p.row.reconcile_attempts + 1,
+                "lease lost between poll and act",
+                started,
+            )
+            for p in polled
+            if p.row.id not in ours
+        ]
+        for o in lost:
+            self._record(o, owner)
+        return lost + self._map(
+            lambda p: self._act_recorded(p, owner), [p for p in polled if p.row.id in ours]
+        )
+
+    def _act_recorded(self, p: Polled, owner: str) -> JobOutcome:
+        started = time.monotonic() - p.poll_ms / 1000
+        try:
+            outcome = self._act_one(p, owner, started)
+        except Exception as exc:  # one bad job never takes the batch down
+            log.exception("reconcile of job %s failed unexpectedly", p.row.id)
+            outcome = self._attempt_failed(
+                p.row, owner, f"{type(exc).__name__}: {exc}", Outcome.ERROR, started
+            )
+        self._record(outcome, owner)
+        return outcome
+
+    def _act_one(self, p: Polled, owner: str, started: float) -> JobOutcome:
+        row = p.row
+        attempt = row.reconcile_attempts + 1
+        if p.step is Step.SWEEP:
+            try:
+                won = sweep_no_recovery(self.engine, row.id)
+            except Exception as exc:
+                return self._settle_failed(row, owner, "sweep", exc, started)
+            return self._outcome(
+                row.id,
+                row.provider_kind,
+                Outcome.SWEPT if won else Outcome.LOST_RACE,
+                attempt,
+                p.reason,
+                started,
+            )
+        if p.step is Step.FAIL:
+            try:
+                won = fail_and_refund(self.engine, row.id, failure_message(p.reason))
+            except Exception as exc:
+                return self._settle_failed(row, owner, "fail_and_refund", exc, started)
+            return self._outcome(
+                row.id,
+                row.provider_kind,
+                Outcome.FAILED if won else Outcome.LOST_RACE,
+                attempt,
+                p.reason,
+                started,
+            )
+        if p.step is Step.COUNT:
+            return self._attempt_failed(row, owner, p.reason, p.outcome, started)
+        assert p.status is not None
+        try:
+            result = finalize_job_with_media(
+                self.engine,
+                self.store,
+                row.id,
+                ProviderResult.from_status(p.status),
+                source="reconcile",
+                policy=self.media_policy,
+            )
+        except Exception as exc:
+            # An expired signed URL or a refused host: never complete without the media.
+            return self._attempt_failed(
+                row, owner, f"finalize failed: {type(exc).__name__}: {exc}", Outcome.ERROR, started
+            )
+        if result.ok:
+            return self._outcome(
+                row.id,
+                row.provider_kind,
+                Outcome.RECOVERED,
+                attempt,
+                f"completed; {len(result.stored)} media object(s) stored",
+                started,
+            )
+        return self._outcome(row.id, row.provider_kind, Outcome.LOST_RACE, attempt, result.reason, started)
+
+    # -- one job: the phases composed -----------------------------------------------------------
 
     def reconcile(self, job_id: uuid.UUID | str, owner: str) -> JobOutcome:
+        """Poll and act on one job this run has leased (the worker path and tests use it); never
+        raises (an error is an ERROR outcome, so a batch keeps every outcome)."""
         started = time.monotonic()
         job_id = uuid.UUID(str(job_id))
+        try:
+            outcome = self._reconcile_leased(job_id, owner, started)
+        except Exception as exc:  # last resort: the database itself failed us for this job
+            log.exception("reconcile of job %s failed and could not be counted", job_id)
+            outcome = self._outcome(job_id, None, Outcome.ERROR, -1, f"{type(exc).__name__}: {exc}", started)
+        self._record(outcome, owner)
+        return outcome
+
+    def _reconcile_leased(self, job_id: uuid.UUID, owner: str, started: float) -> JobOutcome:
         with self.engine.begin() as conn:
             row = jobs_db.renew_lease(conn, job_id, owner, self.settings.lease_ttl)
         if row is None:
@@ -159,83 +413,13 @@ class Reconciler:
                 outcome = self._attempt_failed(
                     row, owner, f"{type(exc).__name__}: {exc}", Outcome.ERROR, started
                 )
-        self._record(outcome, owner)
         return outcome
 
     def _reconcile_row(self, row: JobRow, owner: str, started: float) -> JobOutcome:
-        if row.nonfinite:
-            self._flag_nonfinite(row)
-            if route(row) is Route.SWEEP:
-                # Its age is unknowable: no sweep on it. Counted attempts still end it (the cap
-                # fails and refunds it with an anomaly), so it never sits in flight forever.
-                why = f"non-finite {', '.join(row.nonfinite)}: not swept on an unknowable age"
-                return self._attempt_failed(row, owner, why, Outcome.ERROR, started)
-        if route(row) is Route.SWEEP:
-            won = sweep_no_recovery(self.engine, row.id)
-            why = _sweep_reason(row)
-            return self._outcome(
-                row.id,
-                row.provider_kind,
-                Outcome.SWEPT if won else Outcome.LOST_RACE,
-                row.reconcile_attempts,
-                why,
-                started,
-            )
-
-        assert row.provider_kind is not None and row.provider_task_id is not None
-        try:
-            status = self.upstream.poll(row.provider_kind, row.provider_task_id)
-        except Exception as exc:
-            self.breaker.record_error(row.provider_kind, exc)
-            return self._attempt_failed(
-                row, owner, f"poll failed: {type(exc).__name__}: {exc}", Outcome.ERROR, started
-            )
-
-        decision = self.breaker.judge(status)
-        if decision.action is Action.FINALIZE:
-            try:
-                result = finalize_job_with_media(
-                    self.engine,
-                    self.store,
-                    row.id,
-                    ProviderResult.from_status(status),
-                    source="reconcile",
-                    policy=self.media_policy,
-                )
-            except Exception as exc:
-                # An expired signed URL or a refused host: never complete without the media.
-                return self._attempt_failed(
-                    row, owner, f"finalize failed: {type(exc).__name__}: {exc}", Outcome.ERROR, started
-                )
-            if result.ok:
-                return self._outcome(
-                    row.id,
-                    row.provider_kind,
-                    Outcome.RECOVERED,
-                    row.reconcile_attempts,
-                    f"completed; {len(result.stored)} media object(s) stored",
-                    started,
-                )
-            return self._outcome(
-                row.id, row.provider_kind, Outcome.LOST_RACE, row.reconcile_attempts, result.reason, started
-            )
-
-        if decision.action is Action.FAIL:
-            won = fail_and_refund(self.engine, row.id, failure_message(decision.reason))
-            return self._outcome(
-                row.id,
-                row.provider_kind,
-                Outcome.FAILED if won else Outcome.LOST_RACE,
-                row.reconcile_attempts,
-                decision.reason,
-                started,
-            )
-
-        progress = f" ({status.progress}%)" if status.progress is not None else ""
-        kind = Outcome.STILL_RUNNING if status.state is UpstreamState.RUNNING else Outcome.ERROR
-        return self._attempt_failed(row, owner, f"{decision.reason}{progress}", kind, started)
+        return self._act_one(self._poll_guarded(row), owner, started)
 
     def _attempt_failed(self, row: JobRow, owner: str, why: str, kind: Outcome, started: float) -> JobOutcome:
+        why = redact_secrets(why)  # before it is cut to length, so no half key survives
         with self.engine.begin() as conn:
             attempts = jobs_db.bump_attempts(
                 conn,
@@ -244,18 +428,27 @@ class Reconciler:
                 last_error=why[:2000],
                 next_in=self.settings.cadence,
                 owner=owner,
+                cap=self.settings.max_attempts,
             )
         if attempts is None:
             return self._outcome(
                 row.id,
                 row.provider_kind,
                 Outcome.LOST_RACE,
-                row.reconcile_attempts,
+                row.reconcile_attempts + 1,
                 f"row moved on while attempt was counted ({why})",
                 started,
             )
         if decide_after_attempt(attempts, self.settings.max_attempts) is Action.FORCE_FAIL:
-            won = force_fail_and_refund(self.engine, row.id, attempts=attempts, last_error=why)
+            try:
+                won = force_fail_and_refund(self.engine, row.id, attempts=attempts, last_error=why)
+            except Exception as exc:
+                # Left in flight at the cap (bump_attempts never climbs past it): retried next cadence.
+                self._settle_anomaly(row, "force_fail", exc, attempts)
+                return self._outcome(
+                    row.id, row.provider_kind, Outcome.ERROR, attempts,
+                    f"{attempts} attempts: force_fail raised {type(exc).__name__}: {exc} ({why})", started,
+                )  # fmt: skip
             return self._outcome(
                 row.id,
                 row.provider_kind,
@@ -281,16 +474,49 @@ class Reconciler:
         except Exception:  # the flag is bookkeeping; the attempt goes on without it
             log.exception("could not record the non-finite timestamp anomaly of job %s", row.id)
 
+    def _settle_failed(
+        self, row: JobRow, owner: str, step: str, exc: Exception, started: float
+    ) -> JobOutcome:
+        """A fail/refund/sweep that raised: an anomaly, and the attempt counted (capped)."""
+        self._settle_anomaly(row, step, exc, row.reconcile_attempts + 1)
+        return self._attempt_failed(
+            row, owner, f"settle step {step} raised {type(exc).__name__}: {exc}", Outcome.ERROR, started
+        )
+
+    def _settle_anomaly(self, row: JobRow, step: str, exc: Exception, attempts: int) -> None:
+        """One ``reconcile_settle_error`` anomaly per job, so the stuck reservation is seen."""
+        log.error("job %s: settle step %s raised", row.id, step, exc_info=exc)
+        try:
+            with self.engine.begin() as conn:
+                credits.log_credit_anomaly(
+                    conn,
+                    job_id=row.id,
+                    user_id=row.user_id,
+                    reason="reconcile_settle_error",
+                    details={
+                        "step": step,
+                        "error": redact_secrets(f"{type(exc).__name__}: {exc}")[:2000],
+                        "attempts": attempts,
+                        "provider_kind": row.provider_kind,
+                        "provider_task_id": row.provider_task_id,
+                    },
+                )
+        except Exception:
+            log.exception("could not record the settle anomaly of job %s", row.id)
+
     # -- many jobs -----------------------------------------------------------------------------
 
     def reconcile_many(self, job_ids: Sequence[uuid.UUID | str], owner: str) -> list[JobOutcome]:
         """Work a batch concurrently; the provider resource enforces its own rate limits."""
-        if len(job_ids) <= 1:
-            return [self.reconcile(j, owner) for j in job_ids]
+        return self._map(lambda j: self.reconcile(j, owner), job_ids)
+
+    def _map(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+        if len(items) <= 1:
+            return [fn(i) for i in items]
         with ThreadPoolExecutor(
-            max_workers=min(self.settings.concurrency, len(job_ids)), thread_name_prefix="reconcile"
+            max_workers=min(self.settings.concurrency, len(items)), thread_name_prefix="reconcile"
         ) as pool:
-            return list(pool.map(lambda j: self.reconcile(j, owner), job_ids))
+            return list(pool.map(fn, items))
 
     def sweep_stale(self, owner: str, *, limit: int = 500) -> tuple[int, list[JobOutcome]]:
         """Phase 2 on its own: lease and sweep every stale row that cannot be recovered.
@@ -301,7 +527,11 @@ class Reconciler:
         Returns (rows scanned, outcomes)."""
         with self.engine.begin() as conn:
             for adopted in lora.adopt_legacy_trainings(conn):
-                log.info("adopted legacy training %s of job %s before sweeping", adopted.training_id, adopted.job_id)
+                log.info(
+                    "adopted legacy training %s of job %s before sweeping",
+                    adopted.training_id,
+                    adopted.job_id,
+                )
         with self.engine.begin() as conn:
             rows = jobs_db.scan_stale(conn, limit)
             claims = [jobs_db.Claim(r.id, r.reconcile_attempts) for r in rows if route(r) is Route.SWEEP]
@@ -313,6 +543,8 @@ class Reconciler:
     def _outcome(
         self, job_id: uuid.UUID, kind: str | None, outcome: Outcome, attempt: int, detail: str, started: float
     ) -> JobOutcome:
+        # Every outcome detail (reconcile_events, Dagster logs and metadata) passes here.
+        detail = redact_secrets(detail)
         return JobOutcome(job_id, kind, outcome, attempt, detail, int((time.monotonic() - started) * 1000))
 
     def _record(self, o: JobOutcome, owner: str) -> None:
@@ -321,8 +553,9 @@ class Reconciler:
                 conn.execute(
                     sa.text(
                         """
-                        INSERT INTO reconcile_events (job_id, provider_kind, attempt, outcome, detail, run_key, duration_ms)
-                        VALUES (:j, :k, :a, :o, :d, :r, :ms)
+                        INSERT INTO reconcile_events
+                          (job_id, provider_kind, attempt, outcome, detail, run_key, run_id, duration_ms)
+                        VALUES (:j, :k, :a, :o, :d, :r, :run, :ms)
                         """
                     ),
                     {
@@ -332,6 +565,7 @@ class Reconciler:
                         "o": o.outcome.value,
                         "d": o.detail[:2000],
                         "r": owner,
+                        "run": self.run_id,
                         "ms": o.duration_ms,
                     },
                 )
@@ -350,6 +584,10 @@ def outcomes_since(conn: sa.Connection, since_epoch: float) -> Counter[str]:
         {"t": since_epoch},
     )
     return Counter({r.outcome: int(r.n) for r in rows})
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
 
 
 def _sweep_reason(row: JobRow) -> str:

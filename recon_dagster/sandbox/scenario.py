@@ -102,6 +102,16 @@ class Scenario:
     create_lost_response_first: int = 0
     # Answer every create with this provider error status (e.g. 402 insufficient credits).
     create_reject_status: int | None = None
+    # Polls answered by a gateway that echoes the credential it was sent, raw and URL-encoded
+    # (KIE: HTTP 200 with code 401 in the envelope; others: HTTP 401).
+    echo_key: bool = False
+    # Poll bodies / media bodies sent one byte every this many seconds (a slow-drip server).
+    poll_drip_s: float | None = None
+    media_drip_s: float | None = None
+    # Polls answered with a gzip body that decodes to this many bytes (a decompression bomb).
+    poll_gzip_bytes: int = 0
+    # Poll answers gzip-compressed (Content-Encoding: gzip), as a CDN in front of a provider does.
+    gzip_polls: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -120,6 +130,7 @@ class Scenario:
             "create_rate_limit_first",
             "create_server_error_first",
             "create_lost_response_first",
+            "poll_gzip_bytes",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -128,6 +139,10 @@ class Scenario:
             raise ScenarioError("media_count must be at least 1")
         if self.latency_s is not None and (not isinstance(self.latency_s, int | float) or self.latency_s < 0):
             raise ScenarioError(f"latency_s must be a non-negative number, got {self.latency_s!r}")
+        for name in ("poll_drip_s", "media_drip_s"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int | float) or value <= 0):
+                raise ScenarioError(f"{name} must be a positive number, got {value!r}")
         if self.malformed_kind not in MALFORMED_KINDS:
             raise ScenarioError(
                 f"malformed_kind must be one of {MALFORMED_KINDS}, got {self.malformed_kind!r}"

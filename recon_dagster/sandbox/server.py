@@ -18,17 +18,18 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 from recon_dagster.kinds import Family, get_kind
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.media import MEDIA_TYPES, iter_media, media_length
 from recon_dagster.sandbox.scenario import Scenario, ScenarioError, media_kind_for, poll_phase
-from recon_dagster.sandbox.state import SandboxState, Task
+from recon_dagster.sandbox.state import SandboxState, Task, max_in_window
 
 MAX_BODY = 64 * 1024 * 1024
 # How long a sync call of a run_forever scenario is held open before a gateway timeout.
@@ -103,6 +104,37 @@ def _unauthorized(provider: str, missing: bool) -> Response:
         return _json(401, shapes.elevenlabs_error("authentication_error", code, message))
     message = "x-api-key header is required" if missing else "invalid x-api-key"
     return _json(401, shapes.anthropic_error("authentication_error", message))
+
+
+def _echo_key(provider: str, req: Request, delay_s: float) -> Response:
+    """A gateway that rejects the key and echoes it back, as sent and URL-encoded."""
+    header = (
+        "xi-api-key" if provider == ELEVENLABS else "x-api-key" if provider == ANTHROPIC else "Authorization"
+    )
+    presented = req.headers.get(header) or ""
+    token = presented.partition(" ")[2] if header == "Authorization" else presented
+    message = f"Invalid API key {presented} (rejected {req.path}?api_key={quote(token, safe='')})"
+    if provider == KIE:
+        return _json(200, shapes.kie_error(401, message), delay_s=delay_s)
+    if provider == REPLICATE:
+        body = shapes.replicate_problem(401, "Unauthenticated", message)
+        return _json(401, body, content_type="application/problem+json", delay_s=delay_s)
+    return _json(
+        401, shapes.elevenlabs_error("authentication_error", "invalid_api_key", message), delay_s=delay_s
+    )
+
+
+def _gzip_bomb(decoded_bytes: int) -> bytes:
+    """A gzip body that inflates to ``decoded_bytes`` (a JSON string of zeros, cut short)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    parts = [packer.compress(b'{"code": 200, "data": "')]
+    block = b"0" * (1 << 20)
+    left = decoded_bytes
+    while left > 0:
+        parts.append(packer.compress(block[: min(left, len(block))]))
+        left -= len(block)
+    parts.append(packer.flush())
+    return b"".join(parts)
 
 
 def _throttled(provider: str, sc: Scenario, delay_s: float) -> Response:
@@ -290,6 +322,20 @@ _RE_MEDIA = re.compile(r"^/media/(?P<id>[^/]+)/(?:(?P<cover>cover-)?(?P<n>\d+))\
 _RE_ADMIN_TASK = re.compile(r"^/_sandbox/tasks/(?P<id>[^/]+)$")
 
 
+# Handlers that start billed work (a task, a sync call); every other API request is a read.
+_CREATE_ROUTES = frozenset(
+    {
+        "_kie_create",
+        "_kie_chat",
+        "_replicate_predict",
+        "_replicate_train",
+        "_dub_create",
+        "_tts",
+        "_anthropic",
+    }
+)
+
+
 class Sandbox:
     """The request-answering logic, independent of the socket plumbing in ``SandboxServer``."""
 
@@ -347,8 +393,19 @@ class Sandbox:
             ]
         return list(self.links(task).media)
 
-    def _answer_poll(self, task: Task, answered_index: int, provider: str) -> Response:
+    def _answer_poll(
+        self, task: Task, answered_index: int, provider: str, req: Request | None = None
+    ) -> Response:
         sc = task.scenario
+        if sc.echo_key and req is not None:
+            return _echo_key(provider, req, self._latency(sc))
+        if sc.poll_gzip_bytes:
+            return Response(
+                200,
+                _gzip_bomb(sc.poll_gzip_bytes),
+                headers={"Content-Encoding": "gzip"},
+                delay_s=self._latency(sc),
+            )
         phase = poll_phase(answered_index, sc)
         running_index = answered_index if phase == "running" else 0
         self.state.mark_times(task, phase, time.time())
@@ -358,7 +415,24 @@ class Sandbox:
             raw = shapes.malformed_body(task.family, body, sc.malformed_kind)
             ctype = "text/html" if sc.malformed_kind == "not_json" else "application/json"
             return Response(200, raw, ctype, delay_s=delay)
+        if sc.gzip_polls:
+            packed = zlib.compress(json.dumps(body).encode(), 6, 31)
+            return Response(200, packed, headers={"Content-Encoding": "gzip"}, delay_s=delay)
+        if sc.poll_drip_s:
+            data = json.dumps(body).encode()
+            return Response(200, self._drip([data], sc.poll_drip_s), length=len(data), delay_s=delay)
         return _json(200, body, delay_s=delay)
+
+    def _drip(self, chunks: Iterable[bytes], every_s: float) -> Iterator[bytes]:
+        """One byte every ``every_s``; the rest at once when the sandbox is reset or stopped."""
+        release = self.release
+        for chunk in chunks:
+            for i in range(len(chunk)):
+                if release.is_set():
+                    yield chunk[i:]
+                    break
+                yield chunk[i : i + 1]
+                release.wait(every_s)
 
     def _ticket_response(self, ticket: Any, provider: str) -> Response | None:
         """A 429/5xx when the scenario injects one for this request, else None."""
@@ -415,8 +489,11 @@ class Sandbox:
         if provider is None:
             return _not_found(None, f"no sandbox endpoint {req.method} {path}")
         try:
-            self._check_auth(provider, req)
             route = self._route(req, provider)
+            # Every request that reaches a provider counts against its account, answered or not.
+            create = route is not None and route.__name__ in _CREATE_ROUTES
+            self.state.log_request(provider, "create" if create else "read")
+            self._check_auth(provider, req)
             if route is None:
                 return _not_found(provider, f"no such endpoint: {req.method} {path}")
             return route(req)
@@ -493,7 +570,7 @@ class Sandbox:
         refusal = self._ticket_response(ticket, KIE)
         if refusal is not None:
             return refusal
-        return self._answer_poll(ticket.task, ticket.answered_index, KIE)
+        return self._answer_poll(ticket.task, ticket.answered_index, KIE, req)
 
     def _kie_chat(self, req: Request) -> Response:
         match = _RE_KIE_CHAT.match(req.path)
@@ -601,7 +678,7 @@ class Sandbox:
         refusal = self._ticket_response(ticket, REPLICATE)
         if refusal is not None:
             return refusal
-        return self._answer_poll(ticket.task, ticket.answered_index, REPLICATE)
+        return self._answer_poll(ticket.task, ticket.answered_index, REPLICATE, req)
 
     def _replicate_cancel(self, req: Request) -> Response:
         match = _RE_REP_CANCEL.match(req.path)
@@ -662,7 +739,7 @@ class Sandbox:
         refusal = self._ticket_response(ticket, ELEVENLABS)
         if refusal is not None:
             return refusal
-        return self._answer_poll(ticket.task, ticket.answered_index, ELEVENLABS)
+        return self._answer_poll(ticket.task, ticket.answered_index, ELEVENLABS, req)
 
     def _dub_audio(self, req: Request) -> Response:
         match = _RE_DUB_AUDIO.match(req.path)
@@ -767,6 +844,8 @@ class Sandbox:
     def _stream(self, key: str, n: int, kind: str, sc: Scenario, method: str) -> Response:
         length = media_length(kind, sc.media_size)
         body: Iterable[bytes] = () if method == "HEAD" else iter_media(key, n, kind, sc.media_size)
+        if sc.media_drip_s and method != "HEAD":
+            body = self._drip(body, sc.media_drip_s)
         return Response(
             200,
             body,
@@ -809,6 +888,13 @@ class Sandbox:
                 raw = body.get("scenario")
                 self.state.set_default(str(kind), None if raw is None else Scenario.from_dict(raw))
                 return _json(200, {"ok": True})
+            if path == "/_sandbox/requests" and method == "GET":
+                window = req.q("window_s")
+                stamps = self.state.request_times(req.q("provider"), req.q("op"), float(req.q("since") or 0))
+                body = {"count": len(stamps), "timestamps": stamps}
+                if window:
+                    body["max_in_window"] = max_in_window(stamps, float(window))
+                return _json(200, body)
             if path == "/_sandbox/creates" and method == "GET":
                 contains = req.q("contains")
                 if not contains:
@@ -1145,6 +1231,10 @@ class SandboxServer:
     def requests_total(self) -> int:
         """Provider and media requests served (admin calls excluded)."""
         return self.sandbox.state.requests_total
+
+    def request_times(self, provider: str | None = None, op: str | None = None) -> list[float]:
+        """Unix times of the provider API requests of ``provider`` and ``op`` (read, create)."""
+        return self.sandbox.state.request_times(provider, op)
 
     def media_downloads(self, task_id: str) -> int:
         """GET requests for this task's media (refused ones included)."""

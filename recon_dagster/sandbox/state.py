@@ -21,6 +21,18 @@ from recon_dagster.sandbox.scenario import Scenario, create_action, injected
 _ALNUM_LOWER = string.ascii_lowercase + string.digits
 _ALNUM = string.ascii_letters + string.digits
 CREATE_LOG_BYTES = 16 * 1024
+REQUEST_LOG_MAX = 2_000_000
+
+
+def max_in_window(times: list[float], window_s: float) -> int:
+    """The most timestamps that fall in any half-open window ``[t, t + window_s)``."""
+    ordered = sorted(times)
+    best, start = 0, 0
+    for end, t in enumerate(ordered):
+        while ordered[start] <= t - window_s:
+            start += 1
+        best = max(best, end - start + 1)
+    return best
 
 
 def new_task_id(family: Family) -> str:
@@ -102,6 +114,8 @@ class SandboxState:
             self.polls: Counter[str] = Counter()
             self.media: Counter[str] = Counter()
             self.requests_total = 0
+            # (unix time, provider, "read" | "create") of every provider API request, in order.
+            self.request_log: list[tuple[float, str, str]] = []
 
     # -- scenarios ----------------------------------------------------------------------------
 
@@ -194,6 +208,23 @@ class SandboxState:
             self.creates[kind] += 1
             # Only the head is kept: enough to find a job id, not a whole uploaded file.
             self.create_log.append((kind, task_id, raw_body[:CREATE_LOG_BYTES]))
+
+    def log_request(self, provider: str, op: str) -> None:
+        """Timestamp one provider API request (the account-limit benchmark reads these)."""
+        now = time.time()
+        with self._lock:
+            if len(self.request_log) < REQUEST_LOG_MAX:
+                self.request_log.append((now, provider, op))
+
+    def request_times(self, provider: str | None, op: str | None, since: float = 0.0) -> list[float]:
+        """Times of the requests of ``provider`` (all if None) and ``op`` (both if None)."""
+        with self._lock:
+            log = list(self.request_log)
+        return [
+            t
+            for t, p, o in log
+            if t >= since and (provider is None or p == provider) and (op is None or o == op)
+        ]
 
     def count_request(self) -> None:
         with self._lock:

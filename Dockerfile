@@ -1,0 +1,33 @@
+# The recon_dagster code location as an image: a gRPC code server on port 3030, which is what
+# the Dagster Helm chart's user deployment runs (see deploy/helm/values.yaml). Run workers started
+# by the K8sRunLauncher use this same image.
+#
+#   docker build -t recon-dagster:<version> .
+#   docker run -p 3030:3030 -e RECON_DATABASE_URL=... -e KIE_API_KEY=... recon-dagster:<version>
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    DAGSTER_HOME=/opt/dagster/dagster_home
+
+WORKDIR /opt/recon_dagster
+
+# Dependencies first (a layer that changes only with pyproject.toml), then the code.
+COPY pyproject.toml README.md ./
+COPY recon_dagster ./recon_dagster
+COPY migrations ./migrations
+# dagster-k8s: runs launched as Kubernetes jobs load the instance (K8sRunLauncher) in this image.
+RUN pip install --no-cache-dir . "dagster-k8s==0.29.27" \
+    && mkdir -p "$DAGSTER_HOME" \
+    && useradd --create-home --uid 10001 dagster \
+    && chown -R dagster "$DAGSTER_HOME"
+
+# Instance config for runs launched in this image (the Helm chart mounts its own over it).
+COPY dagster.yaml "$DAGSTER_HOME/dagster.yaml"
+
+USER dagster
+EXPOSE 3030
+# Secrets (RECON_DATABASE_URL, provider keys, DAGSTER_POSTGRES_URL) come from the environment
+# at run time, never from the image.
+CMD ["dagster", "api", "grpc", "-m", "recon_dagster.definitions", "--location-name", "recon_dagster", "-h", "0.0.0.0", "-p", "3030"]

@@ -1,0 +1,277 @@
+"""What reconciliation did, as assets the UI plots: outcomes per provider kind, credit anomalies,
+error rates per provider, and a run-failure sensor deployments can wire to their alerting.
+
+``reconcile_outcomes`` is materialized by every reconcile and sweep run (one materialization per
+provider kind the run touched); ``credit_anomalies`` and ``reconcile_error_rates`` are refreshed by
+the health schedule and carry the checks that turn red during an outage.
+"""
+
+
+import importlib
+import os
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from decimal import Decimal
+
+import dagster as dg
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+from recon_dagster.kinds import KIND_NAMES, KINDS, Provider
+from recon_dagster.reconcile.decide import Outcome
+from recon_dagster.reconcile.reconciler import JobOutcome
+from recon_dagster.resources import DatabaseResource
+
+OUTCOMES = dg.AssetKey("reconcile_outcomes")
+ANOMALIES = dg.AssetKey("credit_anomalies")
+ERROR_RATES = dg.AssetKey("reconcile_error_rates")
+
+provider_kind_partitions = dg.StaticPartitionsDefinition(list(KIND_NAMES))
+
+# Outcome counts as they are plotted: force-fails and sweeps are their own series, never folded
+# into "failed" (which is failed upstream, refunded).
+SERIES = {
+    "recovered": (Outcome.RECOVERED,),
+    "failed_refunded": (Outcome.FAILED,),
+    "swept": (Outcome.SWEPT,),
+    "force_failed": (Outcome.EXHAUSTED,),
+    "still_running": (Outcome.STILL_RUNNING,),
+    "errors": (Outcome.ERROR,),
+    "lost_race_or_skipped": (Outcome.LOST_RACE, Outcome.SKIPPED),
+}
+
+# Anomalies and error rates are judged over this recent window (the health schedule runs every
+# 5 minutes, so an exhaustion or an outage stays red for a few of its runs).
+RECENT_MINUTES = 30
+# A provider fails its error-rate check when more than this share of its recent attempts errored,
+# over at least ERROR_RATE_MIN_ATTEMPTS attempts (a single flaky poll is not an outage).
+ERROR_RATE_LIMIT = 0.5
+ERROR_RATE_MIN_ATTEMPTS = 5
+
+reconcile_outcomes = dg.AssetSpec(
+    OUTCOMES,
+    group_name="reconciliation",
+    partitions_def=provider_kind_partitions,
+    description="What reconcile runs did, per provider_kind: one materialization per run and kind "
+    "with recovered / failed_refunded / swept / force_failed / still_running / errors and the "
+    "credits committed and refunded. Written by reconcile_job and sync_sweep_job runs.",
+)
+
+
+def _credits(conn: sa.Connection, job_ids: Sequence[str]) -> dict[str, tuple[str, Decimal]]:
+    if not job_ids:
+        return {}
+    rows = conn.execute(
+        sa.text("SELECT job_id, status, amount FROM usage_logs WHERE job_id = ANY(:ids)").bindparams(
+            sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))
+        ),
+        {"ids": list(job_ids)},
+    )
+    return {str(r.job_id): (r.status, Decimal(r.amount)) for r in rows}
+
+
+def outcome_metadata(outcomes: Sequence[JobOutcome], credits: dict[str, tuple[str, Decimal]]) -> dict:
+    """The plotted figures of one kind's outcomes in one run (pure)."""
+    counts = Counter(o.outcome for o in outcomes)
+    meta: dict = {name: sum(counts[o] for o in members) for name, members in SERIES.items()}
+    committed = refunded = Decimal(0)
+    for o in outcomes:
+        status, amount = credits.get(str(o.job_id), ("", Decimal(0)))
+        if o.outcome is Outcome.RECOVERED and status == "committed":
+            committed += amount
+        elif o.outcome in (Outcome.FAILED, Outcome.SWEPT, Outcome.EXHAUSTED) and status == "refunded":
+            refunded += amount
+    meta["credits_committed"] = float(committed)
+    meta["credits_refunded"] = float(refunded)
+    meta["jobs"] = len(outcomes)
+    return meta
+
+
+def report_outcomes(
+    context: dg.OpExecutionContext, outcomes: Sequence[JobOutcome], database: DatabaseResource
+) -> None:
+    """Log one ``reconcile_outcomes`` materialization per provider kind this run touched."""
+    by_kind: dict[str, list[JobOutcome]] = defaultdict(list)
+    for o in outcomes:
+        kind = o.provider_kind
+        if kind is None and context.has_partition_key:
+            kind = context.partition_key  # skipped jobs carry no row, hence no kind
+        if kind in KINDS:
+            by_kind[kind].append(o)
+    if not by_kind:
+        return
+    try:
+        with database.get_engine().connect() as conn:
+            credits = _credits(conn, [str(o.job_id) for group in by_kind.values() for o in group])
+    except Exception as exc:  # noqa: BLE001 - the figures must not fail a run that did its work
+        context.log.warning(f"credits of this run's jobs could not be read: {exc}")
+        credits = {}
+    for kind, group in sorted(by_kind.items()):
+        context.log_event(
+            dg.AssetMaterialization(asset_key=OUTCOMES, partition=kind, metadata=outcome_metadata(group, credits))
+        )
+
+
+# --- credit anomalies -------------------------------------------------------------------------
+
+
+@dg.asset(
+    key=ANOMALIES,
+    group_name="reconciliation",
+    description="Rows of the credit_anomalies table per reason: all time and in the last "
+    f"{RECENT_MINUTES} minutes (reconcile_exhausted: a job force-failed at the attempt cap).",
+)
+def credit_anomalies(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult:
+    with database.get_engine().connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                """
+                SELECT reason, count(*) AS total,
+                       count(*) FILTER (WHERE created_at > now() - make_interval(mins => :m)) AS recent
+                FROM credit_anomalies GROUP BY reason ORDER BY reason
+                """
+            ),
+            {"m": RECENT_MINUTES},
+        ).all()
+    meta: dict = {"total": sum(int(r.total) for r in rows), "recent": sum(int(r.recent) for r in rows)}
+    meta["reconcile_exhausted/recent"] = 0
+    for r in rows:
+        meta[f"{r.reason}/total"] = int(r.total)
+        meta[f"{r.reason}/recent"] = int(r.recent)
+    context.log.info(f"{meta['total']} credit anomalies, {meta['recent']} in the last {RECENT_MINUTES} minutes")
+    return dg.MaterializeResult(metadata=meta)
+
+
+@dg.asset_check(
+    asset=ANOMALIES,
+    description=f"No job was force-failed at the attempt cap (reconcile_exhausted) in the last "
+    f"{RECENT_MINUTES} minutes: each such row is a job reconciliation could not settle in time.",
+)
+def no_new_exhausted_jobs(database: DatabaseResource) -> dg.AssetCheckResult:
+    with database.get_engine().connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                """
+                SELECT job_id, amount, details FROM credit_anomalies
+                WHERE reason = 'reconcile_exhausted' AND created_at > now() - make_interval(mins => :m)
+                ORDER BY created_at DESC LIMIT 50
+                """
+            ),
+            {"m": RECENT_MINUTES},
+        ).all()
+    return dg.AssetCheckResult(
+        passed=not rows,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "new_exhausted": len(rows),
+            "sample": dg.MetadataValue.json(
+                [{"job_id": str(r.job_id), "refunded": float(r.amount or 0), **(r.details or {})} for r in rows[:10]]
+            ),
+        },
+    )
+
+
+# --- error rates per provider -------------------------------------------------------------------
+
+
+def error_rates(conn: sa.Connection, minutes: int = RECENT_MINUTES) -> dict[str, tuple[int, int]]:
+    """Per provider: (attempts, errored attempts) recorded in the last ``minutes``."""
+    rows = conn.execute(
+        sa.text(
+            """
+            SELECT provider_kind, count(*) AS n, count(*) FILTER (WHERE outcome = 'error') AS errors
+            FROM reconcile_events
+            WHERE created_at > now() - make_interval(mins => :m)
+              AND outcome NOT IN ('skipped', 'lost_race') AND provider_kind IS NOT NULL
+            GROUP BY provider_kind
+            """
+        ),
+        {"m": minutes},
+    ).all()
+    out: dict[str, tuple[int, int]] = {p.value: (0, 0) for p in Provider}
+    for r in rows:
+        kind = KINDS.get(r.provider_kind)
+        if kind is not None:
+            n, e = out[kind.provider.value]
+            out[kind.provider.value] = (n + int(r.n), e + int(r.errors))
+    return out
+
+
+@dg.asset(
+    key=ERROR_RATES,
+    group_name="reconciliation",
+    description=f"Reconcile attempts and errored attempts per provider over the last {RECENT_MINUTES} minutes.",
+)
+def reconcile_error_rates(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult:
+    with database.get_engine().connect() as conn:
+        rates = error_rates(conn)
+    meta: dict = {}
+    for provider, (n, e) in sorted(rates.items()):
+        meta[f"attempts/{provider}"] = n
+        meta[f"errors/{provider}"] = e
+        meta[f"error_rate/{provider}"] = round(e / n, 4) if n else 0.0
+    return dg.MaterializeResult(metadata=meta)
+
+
+def _error_rate_check(provider: Provider) -> dg.AssetChecksDefinition:
+    @dg.asset_check(
+        asset=ERROR_RATES,
+        name=f"{provider.value}_error_rate",
+        description=f"At most {ERROR_RATE_LIMIT:.0%} of {provider.value}'s reconcile attempts in the last "
+        f"{RECENT_MINUTES} minutes errored (checked from {ERROR_RATE_MIN_ATTEMPTS} attempts on): more "
+        "is an outage or a misconfiguration, not bad luck.",
+    )
+    def check(database: DatabaseResource) -> dg.AssetCheckResult:
+        with database.get_engine().connect() as conn:
+            n, e = error_rates(conn)[provider.value]
+        rate = e / n if n else 0.0
+        return dg.AssetCheckResult(
+            passed=n < ERROR_RATE_MIN_ATTEMPTS or rate <= ERROR_RATE_LIMIT,
+            severity=dg.AssetCheckSeverity.ERROR,
+            metadata={"attempts": n, "errors": e, "error_rate": round(rate, 4)},
+        )
+
+    return check
+
+
+error_rate_checks = [_error_rate_check(p) for p in Provider]
+
+HEALTH_ASSETS = (ANOMALIES, ERROR_RATES)
+
+
+# --- alerting hook ------------------------------------------------------------------------------
+
+ALERT_HOOK_ENV = "RECON_ALERT_HOOK"
+
+
+def _alert_hook():  # noqa: ANN202
+    """``RECON_ALERT_HOOK=package.module:function``: called with the failure context. Unset: the
+    sensor only logs (no outbound call is made by default)."""
+    spec = os.environ.get(ALERT_HOOK_ENV, "").strip()
+    if not spec:
+        return None
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"{ALERT_HOOK_ENV} must look like package.module:function, got {spec!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+@dg.run_failure_sensor(
+    name="reconcile_run_failure_alert",
+    description="Fires on every failed reconcile or sweep run (an outage: every job of the run "
+    f"errored). Logs at ERROR; set {ALERT_HOOK_ENV}=package.module:function to forward it to "
+    "your alerting (the function receives the RunFailureSensorContext). No outbound call by default.",
+    monitor_all_code_locations=False,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+)
+def reconcile_run_failure_alert(context: dg.RunFailureSensorContext) -> None:
+    run = context.dagster_run
+    if run.job_name not in ("reconcile_job", "sync_sweep_job"):
+        return
+    message = context.failure_event.message or "run failed"
+    context.log.error(
+        f"reconcile run {run.run_id} ({run.tags.get('recon/provider_kind', 'sweep')}) failed: {message}"
+    )
+    hook = _alert_hook()
+    if hook is not None:
+        hook(context)

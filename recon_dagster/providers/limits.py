@@ -1,0 +1,490 @@
+"""Provider account limits shared by every process and host, kept in the app's PostgreSQL.
+
+A provider limits its account (its API key), not a process: each Dagster run is a process, and
+several run at once, so a per-process bucket lets the account see several times its budget. Here
+every process draws on one budget per account (migration 140):
+
+- **rate**: a token bucket per account and request class (``read``, ``create``) in one row;
+  a caller reserves its token with one ``UPDATE ... RETURNING`` (the balance may go negative) and
+  sleeps until the token exists, so callers are served in reservation order across processes;
+- **concurrency**: a slot table; a request holds a slot for its duration, with an expiry so a
+  killed process frees its slots; a kind may hold at most ``kind_share`` of the slots while
+  others want them, so one kind's backlog cannot starve another kind of the same provider;
+- **Retry-After**: a 429 with ``Retry-After`` blocks the account for everyone: ``blocked_until``
+  on the account row, and every bucket of the account empties and refills from then on.
+
+Budgets come from ``RECON_LIMIT_<PROVIDER>`` (``parse_account_limits``), with defaults per provider
+from their documented limits. The per-process limiter in ``http.py`` stays as a fast path and is
+the fallback when no account is configured (``RECON_LIMITS=process``, or a resource built by hand,
+e.g. in unit tests) or the tables cannot be reached (logged).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import sqlalchemy as sa
+
+from recon_dagster.db.engine import DatabaseUnavailable, get_engine
+
+_DB_ERRORS = (sa.exc.SQLAlchemyError, DatabaseUnavailable)
+
+log = logging.getLogger("recon_dagster.providers.limits")
+
+LIMITS_MODE_ENV = "RECON_LIMITS"  # "database" (default) or "process"
+
+
+class LimitsConfigError(ValueError):
+    """A malformed ``RECON_LIMIT_*`` value; the message names the variable."""
+
+
+class AccountBusy(RuntimeError):
+    """No concurrency slot of the account came free within the wait bound."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """At most ``requests`` in any window of ``window_s`` seconds, as the provider states it."""
+
+    requests: int
+    window_s: float
+
+    def __post_init__(self) -> None:
+        if self.requests < 1 or self.window_s <= 0:
+            raise LimitsConfigError(f"a budget needs requests >= 1 and window > 0, got {self}")
+
+    @property
+    def per_s(self) -> float:
+        return self.requests / self.window_s
+
+    def bucket(self) -> tuple[float, int]:
+        """``(rate per s, burst)`` of a token bucket that never admits more than the budget.
+
+        A bucket admits at most ``burst + rate * window`` in any window. A little headroom (2%,
+        at least one request) covers the spread between a token's time and the request's arrival
+        at the provider; a small burst (5%) keeps the sustained rate near the budget.
+        """
+        headroom = max(1, math.ceil(self.requests * 0.02))
+        burst = max(1, round(self.requests * 0.05))
+        sustained = self.requests - headroom - burst
+        if sustained <= 0:  # a tiny budget (e.g. 2 per window): one at a time, evenly spaced
+            return max(self.requests - 1, 1) / self.window_s, 1
+        return sustained / self.window_s, burst
+
+
+@dataclass(frozen=True)
+class AccountLimits:
+    """One provider account's shared budget."""
+
+    account: str
+    reads: Budget | None = None
+    creates: Budget | None = None
+    concurrency: int | None = None
+    # Share of the account's slots one kind may hold while other kinds want slots.
+    kind_share: float = 0.5
+    # A slot whose holder vanished is free again after this long (longer than any request).
+    slot_ttl_s: float = 180.0
+
+    def budget(self, create: bool) -> Budget | None:
+        return self.creates if create else self.reads
+
+    def kind_cap(self) -> int:
+        """Slots one kind may hold while other kinds want slots (at least 1)."""
+        return max(1, math.floor((self.concurrency or 1) * self.kind_share))
+
+    def reserve(self) -> int:
+        """Slots a kind over its cap leaves free, so a kind under its cap always finds one."""
+        n = self.concurrency or 1
+        return max(1, n // 8) if n > 1 else 0
+
+
+# Documented limits where the provider publishes them; our own ceilings elsewhere (marked).
+DEFAULT_LIMITS: dict[str, AccountLimits] = {
+    # KIE: about 20 new generation requests per 10 s per account. Reads: not documented; 600/min
+    # is our own ceiling.
+    "kie": AccountLimits("kie", reads=Budget(600, 60), creates=Budget(20, 10), concurrency=48),
+    # Replicate: create 600/min, every other call 3000/min.
+    "replicate": AccountLimits("replicate", reads=Budget(3000, 60), creates=Budget(600, 60), concurrency=64),
+    # ElevenLabs limits concurrent requests per plan (5-15 on the lower tiers); rates are ours.
+    "elevenlabs": AccountLimits("elevenlabs", reads=Budget(600, 60), creates=Budget(60, 60), concurrency=16),
+    # Anthropic: requests per minute per tier (50 on tier 1); calls are billed creates.
+    "anthropic": AccountLimits("anthropic", reads=None, creates=Budget(50, 60), concurrency=16),
+}
+
+
+def _parse_budget(name: str, text: str) -> Budget | None:
+    if text.lower() in ("none", "off", "0"):
+        return None
+    count, _, window = text.partition("/")
+    try:
+        return Budget(int(count), float(window.rstrip("s") or 60))
+    except (ValueError, LimitsConfigError):
+        raise LimitsConfigError(
+            f"{name}: a budget is N/SECONDS (e.g. 600/60) or none, got {text!r}"
+        ) from None
+
+
+def parse_account_limits(name: str, raw: str, default: AccountLimits) -> AccountLimits:
+    """``RECON_LIMIT_<PROVIDER>``: comma-separated ``reads=N/S``, ``creates=N/S``,
+    ``concurrency=N|none``, ``kind_share=F``, ``account=NAME``; omitted fields keep ``default``."""
+    limits = default
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        key, sep, value = part.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not sep or not value:
+            raise LimitsConfigError(f"{name}: expected key=value, got {part!r}")
+        try:
+            if key == "reads":
+                limits = replace(limits, reads=_parse_budget(name, value))
+            elif key == "creates":
+                limits = replace(limits, creates=_parse_budget(name, value))
+            elif key == "concurrency":
+                limits = replace(limits, concurrency=None if value.lower() == "none" else int(value))
+            elif key == "kind_share":
+                limits = replace(limits, kind_share=float(value))
+            elif key == "account":
+                limits = replace(limits, account=value)
+            else:
+                raise LimitsConfigError(
+                    f"{name}: unknown field {key!r} (reads, creates, concurrency, kind_share, account)"
+                )
+        except ValueError as exc:
+            if isinstance(exc, LimitsConfigError):
+                raise
+            raise LimitsConfigError(f"{name}: bad value in {part!r}") from None
+    if limits.concurrency is not None and limits.concurrency < 1:
+        raise LimitsConfigError(f"{name}: concurrency must be at least 1")
+    if not 0 < limits.kind_share <= 1:
+        raise LimitsConfigError(f"{name}: kind_share must be in (0, 1]")
+    return limits
+
+
+def account_limits_from_env(provider: str, environ: dict[str, str] | None = None) -> AccountLimits:
+    """The budget of ``provider``'s account: its default, overridden by ``RECON_LIMIT_<PROVIDER>``."""
+    env = os.environ if environ is None else environ
+    name = f"RECON_LIMIT_{provider.upper()}"
+    return parse_account_limits(name, env.get(name, ""), DEFAULT_LIMITS[provider])
+
+
+def shared_limits_enabled(environ: dict[str, str] | None = None) -> bool:
+    """``RECON_LIMITS``: ``database`` (default) shares budgets through PostgreSQL; ``process``
+    keeps today's per-process limiter only (for comparison, or a deployment of one process)."""
+    raw = (os.environ if environ is None else environ).get(LIMITS_MODE_ENV, "").strip().lower()
+    if raw in ("", "database", "shared"):
+        return True
+    if raw in ("process", "local"):
+        return False
+    raise LimitsConfigError(f"{LIMITS_MODE_ENV} must be 'database' or 'process', got {raw!r}")
+
+
+def resource_limit_fields(provider: str, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Config fields of a provider resource wired from the environment: the per-process buckets
+    at the account's budget (the fast path, and the whole limiter in ``process`` mode) and
+    whether to share the budget through the database."""
+    limits = account_limits_from_env(provider, environ)
+    fields: dict[str, Any] = {"shared_limits": shared_limits_enabled(environ)}
+    for name, budget in (("read", limits.reads), ("create", limits.creates)):
+        rate, burst = budget.bucket() if budget is not None else (None, 1)
+        fields[f"{name}_rate_per_s"] = rate
+        fields[f"{name}_burst"] = burst
+    return fields
+
+
+# -- run shape ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """How many reconcile runs of one provider may run at once, and how big a batch may be."""
+
+    provider_runs: int
+    batch_cap: int | None
+
+
+def run_shape(limits: AccountLimits, run_concurrency: int, lease_s: float) -> RunShape:
+    """Run-queue numbers that follow the account budget.
+
+    Runs of one provider together hold at most ``provider_runs * run_concurrency`` requests, which
+    must fit the account's slots (else runs start only to wait on the limiter); a run's batch
+    must finish within half its lease at its share of the read rate (one poll per job at least),
+    else the lease expires mid-run and another run takes the jobs over.
+    """
+    if run_concurrency < 1:
+        raise ValueError("run_concurrency must be at least 1")
+    runs = max(1, (limits.concurrency or run_concurrency) // run_concurrency)
+    cap = None
+    if limits.reads is not None:
+        rate, _ = limits.reads.bucket()
+        cap = max(1, math.floor(rate / runs * lease_s / 2))
+    return RunShape(runs, cap)
+
+
+# Providers whose kinds the reconcile runs poll (the others' kinds are synchronous: swept only).
+POLLED_PROVIDERS = ("kie", "replicate", "elevenlabs")
+
+
+def batch_size_within_budgets(batch_size: int, run_concurrency: int, lease_s: float) -> int:
+    """``batch_size``, lowered where an account's read budget (from the environment) could not
+    poll a whole batch within half its lease (see ``run_shape``)."""
+    caps = [
+        run_shape(account_limits_from_env(p), run_concurrency, lease_s).batch_cap for p in POLLED_PROVIDERS
+    ]
+    return min([batch_size, *(c for c in caps if c is not None)])
+
+
+# -- the shared limiter --------------------------------------------------------------------------
+
+_TAKE = sa.text(
+    """
+    UPDATE provider_limit_buckets
+    SET tokens = LEAST(burst, tokens + GREATEST(0, EXTRACT(EPOCH FROM clock_timestamp() - stamp)) * rate_per_s) - 1,
+        stamp = GREATEST(stamp, clock_timestamp())
+    WHERE account = :account AND bucket = :bucket
+    RETURNING tokens, rate_per_s, GREATEST(0, EXTRACT(EPOCH FROM stamp - clock_timestamp()))
+    """
+)
+
+# Take a slot: one under the kind's cap, or any while more than ``reserve`` stay free. Row locks
+# make the account bound exact; the per-kind counts are read without locks, so the share is
+# approximate under contention (fairness, not a provider limit).
+_SLOT = sa.text(
+    """
+    WITH live AS (
+      SELECT count(*) FILTER (WHERE holder IS NULL OR expires_at < clock_timestamp()) AS free,
+             count(*) FILTER (WHERE kind = :kind AND holder IS NOT NULL AND expires_at >= clock_timestamp()) AS mine
+      FROM provider_limit_slots WHERE account = :account AND slot < :n
+    )
+    UPDATE provider_limit_slots s
+    SET holder = :holder, kind = :kind, expires_at = clock_timestamp() + make_interval(secs => :ttl)
+    WHERE s.account = :account AND s.slot = (
+      SELECT slot FROM provider_limit_slots, live
+      WHERE account = :account AND slot < :n AND (holder IS NULL OR expires_at < clock_timestamp())
+        AND (live.mine < :cap OR live.free > :reserve)
+      ORDER BY slot LIMIT 1 FOR UPDATE OF provider_limit_slots SKIP LOCKED)
+    RETURNING s.slot
+    """
+)
+
+_RELEASE = sa.text(
+    "UPDATE provider_limit_slots SET holder = NULL, kind = NULL, expires_at = 'epoch' "
+    "WHERE account = :account AND slot = :slot AND holder = :holder"
+)
+
+_BLOCK = sa.text(
+    """
+    WITH a AS (
+      INSERT INTO provider_limit_accounts (account, blocked_until, retry_afters)
+      VALUES (:account, clock_timestamp() + make_interval(secs => :secs), 1)
+      ON CONFLICT (account) DO UPDATE
+        SET blocked_until = GREATEST(provider_limit_accounts.blocked_until, EXCLUDED.blocked_until),
+            retry_afters = provider_limit_accounts.retry_afters + 1, updated_at = now()
+      RETURNING blocked_until)
+    UPDATE provider_limit_buckets SET tokens = LEAST(tokens, 0), stamp = GREATEST(stamp, (SELECT blocked_until FROM a))
+    WHERE account = :account
+    """
+)
+
+
+class AccountLimiter:
+    """One account's shared budget, as seen from this process (thread-safe)."""
+
+    SLOT_WAIT_MAX_S = 600.0
+
+    def __init__(
+        self,
+        limits: AccountLimits,
+        engine: Callable[[], sa.Engine],
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.limits = limits
+        self._engine = engine
+        self._sleep = sleep
+        self._ready = False
+        self._ready_lock = threading.Lock()
+        self._degraded_at = -math.inf
+
+    def __repr__(self) -> str:
+        return f"AccountLimiter({self.limits.account!r})"
+
+    def ensure(self) -> None:
+        """Create this account's rows, or bring their rate and burst to this configuration."""
+        with self._ready_lock:
+            if self._ready:
+                return
+            lim = self.limits
+            with self._engine().begin() as conn:
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO provider_limit_accounts (account) VALUES (:a) ON CONFLICT DO NOTHING"
+                    ),
+                    {"a": lim.account},
+                )
+                for name, budget in (("read", lim.reads), ("create", lim.creates)):
+                    if budget is None:
+                        continue
+                    rate, burst = budget.bucket()
+                    conn.execute(
+                        sa.text(
+                            """
+                            INSERT INTO provider_limit_buckets (account, bucket, rate_per_s, burst, tokens)
+                            VALUES (:a, :b, :rate, :burst, :burst)
+                            ON CONFLICT (account, bucket) DO UPDATE
+                              SET rate_per_s = EXCLUDED.rate_per_s, burst = EXCLUDED.burst,
+                                  tokens = LEAST(provider_limit_buckets.tokens, EXCLUDED.burst)
+                            """
+                        ),
+                        {"a": lim.account, "b": name, "rate": rate, "burst": burst},
+                    )
+                if lim.concurrency:
+                    conn.execute(
+                        sa.text(
+                            "INSERT INTO provider_limit_slots (account, slot) "
+                            "SELECT :a, g FROM generate_series(0, :n - 1) g ON CONFLICT DO NOTHING"
+                        ),
+                        {"a": lim.account, "n": lim.concurrency},
+                    )
+            self._ready = True
+
+    def take_token(self, create: bool) -> float:
+        """Reserve one token of the read or create bucket; returns the seconds to wait for it."""
+        if self.limits.budget(create) is None:
+            return 0.0
+        params = {"account": self.limits.account, "bucket": "create" if create else "read"}
+        self.ensure()
+        with self._engine().begin() as conn:
+            row = conn.execute(_TAKE, params).one_or_none()
+        if row is None:  # the rows went away (a wiped table): recreate them once
+            with self._ready_lock:
+                self._ready = False
+            self.ensure()
+            with self._engine().begin() as conn:
+                row = conn.execute(_TAKE, params).one()
+        tokens, rate, blocked_s = float(row[0]), float(row[1]), float(row[2])
+        return blocked_s + (max(0.0, -tokens) / rate)
+
+    def take_slot(self, kind: str) -> tuple[int, str] | None:
+        """One concurrency slot for ``kind`` if one is free to it now: ``(slot, holder)``."""
+        lim = self.limits
+        self.ensure()
+        holder = uuid.uuid4().hex
+        params = {
+            "account": lim.account,
+            "kind": kind,
+            "holder": holder,
+            "n": lim.concurrency,
+            "ttl": lim.slot_ttl_s,
+            "cap": lim.kind_cap(),
+            "reserve": lim.reserve(),
+        }
+        with self._engine().begin() as conn:
+            slot = conn.execute(_SLOT, params).scalar_one_or_none()
+        return None if slot is None else (int(slot), holder)
+
+    def release(self, slot: int, holder: str) -> None:
+        with self._engine().begin() as conn:
+            conn.execute(_RELEASE, {"account": self.limits.account, "slot": slot, "holder": holder})
+
+    def block_for(self, seconds: float) -> None:
+        """The provider said Retry-After: nobody on this account sends before then."""
+        if seconds <= 0:
+            return
+        try:
+            self.ensure()
+            with self._engine().begin() as conn:
+                conn.execute(_BLOCK, {"account": self.limits.account, "secs": float(seconds)})
+        except _DB_ERRORS as exc:
+            self._degraded(exc)
+
+    def _degraded(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._degraded_at >= 60:
+            self._degraded_at = now
+            log.error(
+                "shared limits of account %r unavailable (%s: %s); per-process limits only until "
+                "the database answers (is migration 140 applied?)",
+                self.limits.account,
+                type(exc).__name__,
+                str(exc).splitlines()[0] if str(exc) else "",
+            )
+        with self._ready_lock:
+            self._ready = False
+
+    @contextmanager
+    def request(self, kind: str, *, create: bool) -> Iterator[None]:
+        """Hold a slot (if the account limits concurrency) and a rate token for one request."""
+        held: tuple[int, str] | None = None
+        try:
+            if self.limits.concurrency:
+                delay, waited = 0.01, 0.0
+                while True:
+                    held = self.take_slot(kind)
+                    if held is not None:
+                        break
+                    if waited == 0.0:  # the slot rows may have gone (a wiped table): recreate them
+                        with self._ready_lock:
+                            self._ready = False
+                        self.ensure()
+                    if waited >= self.SLOT_WAIT_MAX_S:
+                        raise AccountBusy(f"{kind}: no {self.limits.account} slot free for {waited:.0f} s")
+                    pause = delay * random.uniform(0.5, 1.5)
+                    self._sleep(pause)
+                    waited += pause
+                    delay = min(0.25, delay * 2)
+            wait = self.take_token(create)
+            if wait > 0:
+                self._sleep(wait)
+        except _DB_ERRORS as exc:
+            self._degraded(exc)
+            held = None
+        try:
+            yield
+        finally:
+            if held is not None:
+                try:
+                    self.release(*held)
+                except _DB_ERRORS as exc:  # the slot frees itself at its expiry
+                    self._degraded(exc)
+
+
+_ACCOUNTS: dict[AccountLimits, AccountLimiter] = {}
+_ACCOUNTS_LOCK = threading.Lock()
+
+
+def account_limiter(limits: AccountLimits | None) -> AccountLimiter | None:
+    """The process's limiter for ``limits`` (one per configuration); None: per-process only."""
+    if limits is None:
+        return None
+    with _ACCOUNTS_LOCK:
+        limiter = _ACCOUNTS.get(limits)
+        if limiter is None:
+            limiter = AccountLimiter(limits, get_engine)
+            _ACCOUNTS[limits] = limiter
+        return limiter
+
+
+__all__ = [
+    "AccountBusy",
+    "AccountLimiter",
+    "AccountLimits",
+    "Budget",
+    "LimitsConfigError",
+    "RunShape",
+    "account_limiter",
+    "account_limits_from_env",
+    "batch_size_within_budgets",
+    "parse_account_limits",
+    "resource_limit_fields",
+    "run_shape",
+    "shared_limits_enabled",
+]
