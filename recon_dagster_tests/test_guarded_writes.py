@@ -181,3 +181,43 @@ def test_a_reservation_is_stored_rounded_and_its_split_adds_up(db: sa.Engine) ->
         ).one()
     assert row.amount == D("2.0002")
     assert D(row.metadata["from_sub"]) + D(row.metadata["from_topup"]) == D("2.0002")
+
+
+@pytest.mark.parametrize("progress", [-5, 0])
+def test_progress_below_zero_is_clamped_to_zero(db: sa.Engine, job: uuid.UUID, progress: int) -> None:
+    with db.begin() as conn:
+        assert jobs_db.set_progress(conn, job, progress)
+    assert job_row(db, job)["progress"] == 0
+
+
+def test_progress_is_never_written_on_a_terminal_row(db: sa.Engine, job: uuid.UUID) -> None:
+    execute(db, "UPDATE jobs SET status = 'failed' WHERE id = :id", id=job)
+    with db.begin() as conn:
+        assert not jobs_db.set_progress(conn, job, 50)
+    assert job_row(db, job)["progress"] == 0
+
+
+# --- anomalies carry what a person needs to resolve them -----------------------------------------
+
+
+def test_a_refund_to_a_nan_balance_moves_nothing_and_records_both_balances(db: sa.Engine) -> None:
+    user = make_user(db, sub=100, topup=50)
+    job = make_job(db, user)
+    with db.begin() as conn:
+        credits.record_reservation(conn, job, user, D(30), D(20), D(10))
+        # A NaN written before migration 138 (its CHECK is NOT VALID: old rows stay).
+        conn.exec_driver_sql("ALTER TABLE user_credits DROP CONSTRAINT IF EXISTS user_credits_topup_not_nan")
+        conn.execute(
+            sa.text("UPDATE user_credits SET topup_credits = 'NaN' WHERE user_id = :u"), {"u": str(user)}
+        )
+        conn.exec_driver_sql(
+            "ALTER TABLE user_credits ADD CONSTRAINT user_credits_topup_not_nan "
+            "CHECK (topup_credits <> 'NaN'::numeric) NOT VALID"
+        )
+
+    with db.begin() as conn:
+        assert credits.refund_reserved_credits_for_job(conn, job) is None
+        (a,) = conn.execute(sa.text("SELECT * FROM credit_anomalies")).mappings().all()
+
+    assert (a["job_id"], a["user_id"], a["reason"]) == (job, user, "invalid_user_balance")
+    assert a["details"] == {"subscription_credits": "80.0000", "topup_credits": "NaN"}

@@ -1,0 +1,86 @@
+"""What ``finalize_job_with_media`` returns and records beyond the money: the answer for a missing
+row, the output_data shape, the task id carried from the poll, the process's media client."""
+
+from __future__ import annotations
+
+import uuid
+
+import sqlalchemy as sa
+
+from recon_dagster.media.store import LocalMediaStore
+from recon_dagster.providers import providers_from_env
+from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
+from recon_dagster.reconcile.finalize import (
+    MediaPolicy,
+    ProviderResult,
+    finalize_job_with_media,
+    shared_media_client,
+)
+from recon_dagster.sandbox import SandboxServer, Scenario
+from recon_dagster_tests.factories import job_row, make_job, make_user
+
+
+def test_finalize_of_a_missing_job_is_not_ok_and_says_why(db: sa.Engine, media_dir: str) -> None:
+    out = finalize_job_with_media(
+        db,
+        LocalMediaStore(base_dir=media_dir),
+        uuid.uuid4(),
+        ProviderResult("kie-standard", result={"text": "x"}),
+        source="test",
+    )
+    assert out.ok is False
+    assert out.reason == "job not found"
+
+
+def test_output_data_records_each_stored_object(
+    db: sa.Engine, media_dir: str, sandbox: SandboxServer
+) -> None:
+    providers = providers_from_env()
+    task = sandbox.add_task("replicate-training", Scenario(polls_before_done=0))
+    result = ProviderResult.from_status(providers.poll("replicate-training", task))
+    user = make_user(db)
+    job = make_job(
+        db, user, job_type="lora-training", provider_kind="replicate-training", provider_task_id=task
+    )
+
+    out = finalize_job_with_media(
+        db,
+        LocalMediaStore(base_dir=media_dir),
+        job,
+        result,
+        source="test",
+        policy=MediaPolicy(headers_for=providers.media_headers),
+    )
+
+    assert out.ok and out.stored
+    media = job_row(db, job)["output_data"]["media"]
+    assert media == [{"key": o.key, "url": o.url, "size": o.size, "sha256": o.sha256} for o in out.stored]
+
+
+def test_a_provider_result_keeps_everything_the_poll_said() -> None:
+    status = UpstreamStatus(
+        provider_kind="replicate-prediction",
+        task_id="p-42",
+        state=UpstreamState.SUCCEEDED,
+        media=(MediaRef(url="https://example.com/a.png", kind="image"),),
+        cost_usd=0.031,
+        result={"text": "hi"},
+    )
+    r = ProviderResult.from_status(status)
+    assert (r.provider_kind, r.task_id, r.cost_usd, r.result, r.media) == (
+        "replicate-prediction",
+        "p-42",
+        0.031,
+        {"text": "hi"},
+        status.media,
+    )
+    assert r.provider == "replicate"
+
+
+def test_the_media_client_is_made_once_per_process_and_ignores_proxy_settings() -> None:
+    # One client per process (its TLS context is expensive); the environment's proxy variables
+    # never route provider media through a third party.
+    client = shared_media_client()
+    assert shared_media_client() is client
+    assert client.trust_env is False
+    assert client.follow_redirects is False
