@@ -14,8 +14,10 @@ copy's test selection is the configured one, minus ``--without`` files.
 Bounded: ``--sample N`` takes a seeded random sample of N mutants per module (the output says
 whether a module ran in full or as a sample, with size and seed), and ``--max-minutes`` stops
 mutmut when the time is up; mutants it had not reached are counted as "not checked" and left
-out of the score. Prints, per module, killed / survived / no tests / timeout / not checked and
-the score (killed + timeout over checked mutants), then every surviving mutant with its diff.
+out of the score. ``--resume`` re-runs, in the same workdir, only the mutants not killed so far
+(after tests were added to the files already selected). Prints, per module, killed / survived /
+no tests / timeout / not checked and the score (killed + timeout over checked mutants), then
+every surviving mutant with its diff.
 
 Tests use ``RECON_DATABASE_URL`` (or the embedded server when unset), as the test suite does.
 
@@ -117,6 +119,16 @@ def prepare_workdir(workdir: Path, selection: list[str], without: set[str]) -> N
     (workdir / "pyproject.toml").write_text(pyproject)
 
 
+def refresh_tests(workdir: Path, without: set[str]) -> None:
+    """Copy the current test files into an existing workdir (mutmut copies them on into mutants/)."""
+    target = workdir / "recon_dagster_tests"
+    shutil.copytree(
+        ROOT / "recon_dagster_tests", target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for test_file in without:
+        (workdir / test_file).unlink(missing_ok=True)
+
+
 def run_mutmut(
     workdir: Path, names: list[str], max_children: int, max_minutes: float, log: Path
 ) -> int | None:
@@ -170,6 +182,11 @@ def main() -> int:
     ap.add_argument("--without", action="append", default=[], help="test file left out (repeatable)")
     ap.add_argument("--label", default="default", help="names the scratch workdir")
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the workdir's results, refresh its test files, re-run only the mutants not killed",
+    )
     args = ap.parse_args()
 
     modules = [m.strip() for m in args.modules.split(",") if m.strip()]
@@ -199,12 +216,19 @@ def main() -> int:
         print(f"  {r.path}: {r.generated} mutants generated; running the {what}")
     sys.stdout.flush()
 
-    prepare_workdir(workdir, selection, without)
+    names = [n for r in results for n in r.selected]
+    if args.resume and (workdir / "mutants").is_dir():
+        # Same sources and test selection (a changed selection makes mutmut discard every
+        # result); new tests in the selected files are picked up by mutmut's incremental stats.
+        refresh_tests(workdir, without)
+        done = {n for r in results for n, s in load_status(workdir, r.path).items() if s in KILLED}
+        names = [n for n in names if n not in done]
+        print(f"resuming {workdir}: {len(done)} mutants already killed; re-running the other {len(names)}")
+    else:
+        prepare_workdir(workdir, selection, without)
     log = workdir / "mutmut.log"
     started = time.monotonic()
-    code = run_mutmut(
-        workdir, [n for r in results for n in r.selected], args.max_children, args.max_minutes, log
-    )
+    code = run_mutmut(workdir, names, args.max_children, args.max_minutes, log) if names else 0
     elapsed = time.monotonic() - started
     print(f"mutmut finished in {elapsed / 60:.1f} min (exit {code}); its output: {log}")
     if code not in (0, None):

@@ -4,10 +4,13 @@ row, the output_data shape, the task id carried from the poll, the process's med
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
+from typing import Any
 
 import sqlalchemy as sa
 
-from recon_dagster.media.store import LocalMediaStore
+from recon_dagster.db import jobs as jobs_db
+from recon_dagster.media.store import LocalMediaStore, StoredObject
 from recon_dagster.providers import providers_from_env
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
 from recon_dagster.reconcile.finalize import (
@@ -84,3 +87,40 @@ def test_the_media_client_is_made_once_per_process_and_ignores_proxy_settings() 
     assert shared_media_client() is client
     assert client.trust_env is False
     assert client.follow_redirects is False
+
+
+class _CancelWhileStoring:
+    """A store during whose upload the user cancels: the finalize loses its guarded completion."""
+
+    def __init__(self, inner: LocalMediaStore, engine: sa.Engine, job_id: uuid.UUID) -> None:
+        self.inner, self.engine, self.job_id = inner, engine, job_id
+
+    def put_stream(self, key: str, chunks: Iterable[bytes], content_type: str) -> StoredObject:
+        obj = self.inner.put_stream(key, chunks, content_type)
+        with self.engine.begin() as conn:
+            jobs_db.cancel_job(conn, self.job_id)
+        return obj
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_finalize_that_loses_says_another_writer_won(
+    db: sa.Engine, media_dir: str, sandbox: SandboxServer
+) -> None:
+    providers = providers_from_env()
+    task = sandbox.add_task("replicate-training", Scenario(polls_before_done=0))
+    result = ProviderResult.from_status(providers.poll("replicate-training", task))
+    user = make_user(db)
+    job = make_job(
+        db, user, job_type="lora-training", provider_kind="replicate-training", provider_task_id=task
+    )
+    store = _CancelWhileStoring(LocalMediaStore(base_dir=media_dir), db, job)
+
+    out = finalize_job_with_media(
+        db, store, job, result, source="test", policy=MediaPolicy(headers_for=providers.media_headers)
+    )
+
+    assert (out.ok, out.reason) == (False, "another writer finished the job first")
+    assert job_row(db, job)["status"] == "cancelled"
+    assert out.discarded == [o.key for o in out.stored]

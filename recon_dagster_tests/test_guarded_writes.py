@@ -221,3 +221,17 @@ def test_a_refund_to_a_nan_balance_moves_nothing_and_records_both_balances(db: s
 
     assert (a["job_id"], a["user_id"], a["reason"]) == (job, user, "invalid_user_balance")
     assert a["details"] == {"subscription_credits": "80.0000", "topup_credits": "NaN"}
+
+
+def test_a_row_read_names_no_nonfinite_timestamps_when_all_are_finite(db: sa.Engine, job: uuid.UUID) -> None:
+    with db.begin() as conn:
+        row = jobs_db.load_job(conn, job)
+    assert row is not None and row.nonfinite == ()
+
+
+def test_an_infinite_timestamp_is_read_as_none_and_named(db: sa.Engine, job: uuid.UUID) -> None:
+    execute(db, "UPDATE jobs SET started_at = 'infinity' WHERE id = :id", id=job)
+    with db.begin() as conn:
+        row = jobs_db.load_job(conn, job)
+    assert row is not None
+    assert (row.started_at, row.nonfinite) == (None, ("started_at",))

@@ -470,3 +470,37 @@ def test_commit_and_refund_of_an_unrelated_job_touch_nothing(db: sa.Engine) -> N
         assert credits.commit_job_credits(conn, other, 1) is None
         assert credits.refund_reserved_credits_for_job(conn, other) is None
     assert [(u["id"], u["status"]) for u in usage_logs(db, job)] == [(log, "reserved")]
+
+
+@pytest.mark.parametrize("settle", ["commit", "refund"])
+def test_two_open_reservations_are_settled_once_and_flagged_with_what_a_person_needs(
+    db: sa.Engine, settle: str
+) -> None:
+    user = make_user(db, sub=100, topup=50)
+    job = make_job(db, user)
+    first = reserve(db, job, user, 30)
+    second = reserve(db, job, user, D("12.5"))
+
+    with db.begin() as conn:
+        if settle == "commit":
+            assert credits.commit_job_credits(conn, job, None) == first
+        else:
+            got = credits.refund_reserved_credits_for_job(conn, job)
+            assert got is not None and (got.usage_log_id, got.extra, got.amount) == (
+                first,
+                (second,),
+                D("42.5"),
+            )
+
+    (a,) = anomalies(db)
+    assert (a["job_id"], a["user_id"], a["reason"], a["amount"]) == (
+        job,
+        user,
+        "extra_reservation",
+        D("12.5"),
+    )
+    assert a["details"] == {
+        "usage_logs": [{"id": str(first), "amount": "30.0000"}, {"id": str(second), "amount": "12.5000"}],
+        "first": "committed" if settle == "commit" else "refunded",
+        "extra": "refunded",
+    }
