@@ -7,20 +7,20 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.media.store import LocalMediaStore, StoredObject
-from recon_dagster.providers import providers_from_env
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
 from recon_dagster.reconcile.finalize import (
-    MediaPolicy,
     ProviderResult,
     finalize_job_with_media,
     shared_media_client,
 )
-from recon_dagster.sandbox import SandboxServer, Scenario
+from recon_dagster.sandbox import SandboxServer
 from recon_dagster_tests.factories import job_row, make_job, make_user
+from recon_dagster_tests.reconcile_support import finished_training
 
 
 def test_finalize_of_a_missing_job_is_not_ok_and_says_why(db: sa.Engine, media_dir: str) -> None:
@@ -35,24 +35,23 @@ def test_finalize_of_a_missing_job_is_not_ok_and_says_why(db: sa.Engine, media_d
     assert out.reason == "job not found"
 
 
-def test_output_data_records_each_stored_object(
-    db: sa.Engine, media_dir: str, sandbox: SandboxServer
-) -> None:
-    providers = providers_from_env()
-    task = sandbox.add_task("replicate-training", Scenario(polls_before_done=0))
-    result = ProviderResult.from_status(providers.poll("replicate-training", task))
-    user = make_user(db)
+@pytest.fixture
+def training(db: sa.Engine, sandbox: SandboxServer) -> tuple[uuid.UUID, Any, Any]:
+    """An in-flight LoRA training job whose upstream training the sandbox finished: (job, result, policy)."""
+    task, result, policy = finished_training(sandbox)
     job = make_job(
-        db, user, job_type="lora-training", provider_kind="replicate-training", provider_task_id=task
+        db, make_user(db), job_type="lora-training", provider_kind="replicate-training", provider_task_id=task
     )
+    return job, result, policy
+
+
+def test_output_data_records_each_stored_object(
+    db: sa.Engine, media_dir: str, training: tuple[uuid.UUID, Any, Any]
+) -> None:
+    job, result, policy = training
 
     out = finalize_job_with_media(
-        db,
-        LocalMediaStore(base_dir=media_dir),
-        job,
-        result,
-        source="test",
-        policy=MediaPolicy(headers_for=providers.media_headers),
+        db, LocalMediaStore(base_dir=media_dir), job, result, source="test", policy=policy
     )
 
     assert out.ok and out.stored
@@ -106,20 +105,12 @@ class _CancelWhileStoring:
 
 
 def test_a_finalize_that_loses_says_another_writer_won(
-    db: sa.Engine, media_dir: str, sandbox: SandboxServer
+    db: sa.Engine, media_dir: str, training: tuple[uuid.UUID, Any, Any]
 ) -> None:
-    providers = providers_from_env()
-    task = sandbox.add_task("replicate-training", Scenario(polls_before_done=0))
-    result = ProviderResult.from_status(providers.poll("replicate-training", task))
-    user = make_user(db)
-    job = make_job(
-        db, user, job_type="lora-training", provider_kind="replicate-training", provider_task_id=task
-    )
+    job, result, policy = training
     store = _CancelWhileStoring(LocalMediaStore(base_dir=media_dir), db, job)
 
-    out = finalize_job_with_media(
-        db, store, job, result, source="test", policy=MediaPolicy(headers_for=providers.media_headers)
-    )
+    out = finalize_job_with_media(db, store, job, result, source="test", policy=policy)
 
     assert (out.ok, out.reason) == (False, "another writer finished the job first")
     assert job_row(db, job)["status"] == "cancelled"

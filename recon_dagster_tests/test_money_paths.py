@@ -20,17 +20,16 @@ import sqlalchemy as sa
 from recon_dagster.db import credits
 from recon_dagster.db.engine import libpq_url
 from recon_dagster.media.store import LocalMediaStore
-from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile.finalize import (
-    MediaPolicy,
     ProviderResult,
     fail_and_refund,
     finalize_job_with_media,
     force_fail_and_refund,
     sweep_no_recovery,
 )
-from recon_dagster.sandbox import SandboxServer, Scenario
+from recon_dagster.sandbox import SandboxServer
 from recon_dagster_tests.factories import balances, job_row, make_job, make_user, reserve
+from recon_dagster_tests.reconcile_support import finished_training
 
 D = Decimal
 
@@ -136,10 +135,7 @@ def text_job(db: sa.Engine, user: uuid.UUID) -> uuid.UUID:
 
 def finalize_training(db: sa.Engine, store: LocalMediaStore, sandbox: SandboxServer, job: uuid.UUID) -> Any:
     """Finalize a LoRA training the sandbox finished (its weights fetched over loopback HTTP)."""
-    providers = providers_from_env()
-    task = sandbox.add_task("replicate-training", Scenario(polls_before_done=0))
-    result = ProviderResult.from_status(providers.poll("replicate-training", task))
-    policy = MediaPolicy(headers_for=providers.media_headers)
+    _, result, policy = finished_training(sandbox)
     return finalize_job_with_media(db, store, job, result, source="test", policy=policy)
 
 
