@@ -3,6 +3,7 @@ row, the output_data shape, the task id carried from the poll, the process's med
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -115,3 +116,23 @@ def test_a_finalize_that_loses_says_another_writer_won(
     assert (out.ok, out.reason) == (False, "another writer finished the job first")
     assert job_row(db, job)["status"] == "cancelled"
     assert out.discarded == [o.key for o in out.stored]
+
+
+class _CancelWhileStoringDeleteFails(_CancelWhileStoring):
+    def delete(self, key: str) -> None:
+        raise OSError(f"store refused to delete {key}")
+
+
+def test_a_losing_finalize_whose_cleanup_fails_logs_the_job_and_key(
+    db: sa.Engine, media_dir: str, training: tuple[uuid.UUID, Any, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    job, result, policy = training
+    store = _CancelWhileStoringDeleteFails(LocalMediaStore(base_dir=media_dir), db, job)
+
+    with caplog.at_level(logging.ERROR, logger="recon_dagster.finalize"):
+        out = finalize_job_with_media(db, store, job, result, source="test", policy=policy)
+
+    assert out.ok is False and out.discarded == []
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages and all(str(job) in m for m in messages)
+    assert out.stored and all(any(o.key in m for m in messages) for o in out.stored)
