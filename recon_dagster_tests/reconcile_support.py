@@ -45,3 +45,15 @@ def usage_status(engine: sa.Engine, job_id: uuid.UUID) -> str | None:
 
 def count(engine: sa.Engine, table: str, job_id: uuid.UUID) -> int:
     return int(one(engine, f"SELECT count(*) FROM {table} WHERE job_id = :j", j=job_id))
+
+
+def finished_training(sandbox: Any) -> tuple[str, Any, Any]:
+    """A LoRA training the sandbox has finished: (task id, its ProviderResult, the media policy
+    whose headers fetch its weights)."""
+    from recon_dagster.reconcile.finalize import MediaPolicy, ProviderResult
+    from recon_dagster.sandbox import Scenario
+
+    providers = providers_from_env()
+    task = sandbox.add_task("replicate-training", Scenario(polls_before_done=0))
+    result = ProviderResult.from_status(providers.poll("replicate-training", task))
+    return task, result, MediaPolicy(headers_for=providers.media_headers)
