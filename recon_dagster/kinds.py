@@ -48,7 +48,7 @@ class ProviderKind:
     # A row whose provider call started longer ago than this is considered stuck (spec section 4).
     stale_threshold: timedelta
     # How long the provider keeps a finished task's media reachable, where documented
-    # (shared/provider-apis.md). None: no signed URLs, or nothing to fetch.
+    # (the providers' public docs). None: no signed URLs, or nothing to fetch.
     media_url_ttl: timedelta | None
     # How long a worker's own poll loop may wait for this kind before giving up.
     poll_budget: timedelta

@@ -1,4 +1,4 @@
-"""The provider-kind registry against spec section 4 and shared/provider-apis.md."""
+"""The provider-kind registry against spec section 4 and the providers' documented media lifetimes."""
 
 from __future__ import annotations
 
