@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 
 import dagster as dg
@@ -224,3 +226,57 @@ def test_a_smaller_configured_burst_opens_sooner(db, sandbox, media_dir):
     assert outcomes.count(Outcome.FAILED) <= 1 and outcomes.count(Outcome.ERROR) >= 5
     with db.connect() as conn:
         assert [w.is_open for w in provider_windows(conn, breaker.policy)] == [True]
+
+
+# --- answers that cannot open the breaker are written in batches ----------------------------------
+
+
+@contextmanager
+def _answer_inserts(db: sa.Engine) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def _count(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001, ANN202
+        if "INSERT INTO provider_poll_answers" in statement:
+            seen.append(statement)
+
+    sa.event.listen(db, "before_cursor_execute", _count)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(db, "before_cursor_execute", _count)
+
+
+def test_found_answers_are_recorded_in_a_few_statements_and_all_counted(db, sandbox, media_dir):
+    # One INSERT per poll was a transaction per poll (about 6% of a backlog run's CPU); a found
+    # answer can only lower the not-found share, so it may wait for a batch.
+    running = [
+        _stale(db, "kie-veo", task_id=sandbox.add_task("kie-veo", Scenario(outcome="run_forever")))[1]
+        for _ in range(120)
+    ]
+    with _answer_inserts(db) as inserts:
+        _work(db, media_dir, running)
+    assert 1 <= len(inserts) <= len(running) // 5  # a batch per 50 answers or per second
+    with db.connect() as conn:
+        assert {w.provider: w.answers for w in provider_windows(conn, BreakerPolicy())} == {"kie": 120}
+
+
+def test_a_not_found_is_judged_against_the_found_answers_before_it(db, sandbox, media_dir, monkeypatch):
+    # This process's held found answers are written before a not-found is counted, so a healthy
+    # batch with a few lost tasks does not look like a burst (and fails those tasks). One thread,
+    # so the found answers come first; no time-based flush, so only that ordering can save them.
+    monkeypatch.setattr("recon_dagster.breaker.FLUSH_AFTER_S", 3600.0)
+    breaker = NotFoundBreaker(db, BreakerPolicy(burst=2, share=0.5))
+    running = [
+        _stale(db, "kie-veo", task_id=sandbox.add_task("kie-veo", Scenario(outcome="run_forever")))[1]
+        for _ in range(20)
+    ]
+    lost = [_stale(db, "kie-veo")[1] for _ in range(4)]
+    owner = f"run-{uuid.uuid4().hex[:8]}"
+    lease(db, running + lost, owner)
+    rec = Reconciler(
+        db, providers_from_env(), LocalMediaStore(base_dir=media_dir),
+        settings=ReconcileSettings(concurrency=1), breaker=breaker,
+    )  # fmt: skip
+    outcomes = {o.job_id: o.outcome for o in rec.reconcile_many(running + lost, owner)}
+    assert {outcomes[j] for j in lost} == {Outcome.FAILED}
+    assert {outcomes[j] for j in running} == {Outcome.STILL_RUNNING}

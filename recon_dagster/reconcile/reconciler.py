@@ -243,7 +243,10 @@ class Reconciler:
 
     def poll(self, rows: Sequence[JobRow]) -> list[Polled]:
         """Poll every job concurrently (the provider resource enforces its own rate limits)."""
-        return self._map(self._poll_guarded, rows)
+        try:
+            return self._map(self._poll_guarded, rows)
+        finally:
+            self.breaker.flush()
 
     def _poll_guarded(self, row: JobRow) -> Polled:
         started = time.monotonic()
@@ -390,6 +393,12 @@ class Reconciler:
     def reconcile(self, job_id: uuid.UUID | str, owner: str) -> JobOutcome:
         """Poll and act on one job this run has leased (the worker path and tests use it); never
         raises (an error is an ERROR outcome, so a batch keeps every outcome)."""
+        try:
+            return self._reconcile_one(job_id, owner)
+        finally:
+            self.breaker.flush()
+
+    def _reconcile_one(self, job_id: uuid.UUID | str, owner: str) -> JobOutcome:
         started = time.monotonic()
         job_id = uuid.UUID(str(job_id))
         try:
@@ -510,7 +519,10 @@ class Reconciler:
 
     def reconcile_many(self, job_ids: Sequence[uuid.UUID | str], owner: str) -> list[JobOutcome]:
         """Work a batch concurrently; the provider resource enforces its own rate limits."""
-        return self._map(lambda j: self.reconcile(j, owner), job_ids)
+        try:
+            return self._map(lambda j: self._reconcile_one(j, owner), job_ids)
+        finally:
+            self.breaker.flush()
 
     def _map(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
         if len(items) <= 1:
