@@ -8,11 +8,14 @@ same two processes with per-process limits (the limiter as it was) overshoot it.
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,12 +26,14 @@ from recon_dagster.kinds import KINDS, Provider
 from recon_dagster.providers import KieResource, ProviderHTTPError
 from recon_dagster.providers.limits import (
     DEFAULT_LIMITS,
+    TOKEN_GRACE_S,
     AccountLimiter,
     AccountLimits,
     Budget,
     LimitsConfigError,
     account_limits_from_env,
     batch_size_within_budgets,
+    chunk_size,
     parse_account_limits,
     run_shape,
 )
@@ -98,12 +103,13 @@ def sandbox_proc(tmp_path: Path):
 
 
 @pytest.mark.daemon
+# 30 per 3 s: a statement per token; 200 per 2 s: tokens reserved two at a time (chunk_size).
+@pytest.mark.parametrize(("budget", "window"), [(30, 3.0), (200, 2.0)])
 def test_two_processes_share_one_budget_and_the_sandbox_never_sees_more(
-    db, sandbox_proc, tmp_path: Path
+    db, sandbox_proc, tmp_path: Path, budget: int, window: float
 ) -> None:
     import os
 
-    budget, window = 30, 3.0
     env = {
         **os.environ,
         **sandbox_proc.env,
@@ -244,6 +250,58 @@ def test_retry_after_from_the_provider_blocks_every_process_on_the_account(db, s
             {"a": account},
         ).one()
     assert tuple(row) == (1, True)
+
+
+@contextmanager
+def _bucket_updates(db: sa.Engine) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def _count(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001, ANN202
+        if "UPDATE provider_limit_buckets" in statement:
+            seen.append(statement)
+
+    sa.event.listen(db, "before_cursor_execute", _count)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(db, "before_cursor_execute", _count)
+
+
+def test_chunks_are_one_token_at_documented_polling_rates() -> None:
+    assert chunk_size(Budget(600, 60)) == 1 and chunk_size(Budget(20, 10)) == 1
+    assert 1 < chunk_size(Budget(3000, 60)) <= 4
+    big = Budget(60_000, 60)
+    assert chunk_size(big) == math.ceil(big.bucket()[0] * 0.05) <= big.bucket()[1] // 4
+
+
+def test_a_busy_account_reserves_tokens_in_chunks_and_drops_held_ones_that_went_stale(db) -> None:
+    budget = Budget(60_000, 60)  # 1,000 per s
+    lim = _limiter(db, reads=budget)
+    n = chunk_size(budget)
+    rate, burst = budget.bucket()
+    with _bucket_updates(db) as seen:
+        waits = [lim.take_token(create=False) for _ in range(3 * n)]
+    assert len(seen) == 3  # one statement per chunk, not per request
+    assert 3 * n < burst and waits == [0.0] * (3 * n)  # within the burst
+    with db.connect() as conn:
+        left = conn.execute(
+            sa.text("SELECT tokens FROM provider_limit_buckets WHERE account = :a AND bucket = 'read'"),
+            {"a": lim.limits.account},
+        ).scalar_one()
+    assert float(left) <= burst - 2 * n  # the reserved chunks left the bucket (less a few ms of refill)
+
+    lim.take_token(create=False)  # reserves a chunk, hands out one, holds the rest
+    time.sleep(TOKEN_GRACE_S + 0.05)
+    with _bucket_updates(db) as seen:
+        lim.take_token(create=False)
+    assert len(seen) == 1  # the held tokens went stale: never sent late, a new reservation
+
+
+def test_retry_after_drops_the_tokens_a_process_holds(db) -> None:
+    lim = _limiter(db, reads=Budget(60_000, 60))
+    lim.take_token(create=False)  # holds chunk - 1 tokens now
+    lim.block_for(2.0)
+    assert lim.take_token(create=False) > 1.0
 
 
 def test_tokens_are_shared_across_limiters_of_one_account(db) -> None:
