@@ -4,6 +4,8 @@ sandbox and a temporary media folder, and a one-tick driver."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import dagster as dg
@@ -57,3 +59,19 @@ def finished_training(sandbox: Any) -> tuple[str, Any, Any]:
     task = sandbox.add_task("replicate-training", Scenario(polls_before_done=0))
     result = ProviderResult.from_status(providers.poll("replicate-training", task))
     return task, result, MediaPolicy(headers_for=providers.media_headers)
+
+
+@contextmanager
+def statements_like(engine: sa.Engine, fragment: str) -> Iterator[list[str]]:
+    """Collects every statement ``engine`` sends that contains ``fragment``, while inside."""
+    seen: list[str] = []
+
+    def _collect(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001, ANN202
+        if fragment in statement:
+            seen.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", _collect)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", _collect)

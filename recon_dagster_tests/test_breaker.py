@@ -14,8 +14,6 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from decimal import Decimal
 
 import dagster as dg
@@ -39,7 +37,7 @@ from recon_dagster.resources import DatabaseResource
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.answers_support import lease, stale_job
 from recon_dagster_tests.factories import balances, job_row
-from recon_dagster_tests.reconcile_support import count, one, usage_status
+from recon_dagster_tests.reconcile_support import count, one, statements_like, usage_status
 
 # One async kind per provider that has tasks to poll.
 KIND_OF = {"kie": "kie-veo", "replicate": "replicate-prediction", "elevenlabs": "elevenlabs-async"}
@@ -231,21 +229,6 @@ def test_a_smaller_configured_burst_opens_sooner(db, sandbox, media_dir):
 # --- answers that cannot open the breaker are written in batches ----------------------------------
 
 
-@contextmanager
-def _answer_inserts(db: sa.Engine) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def _count(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001, ANN202
-        if "INSERT INTO provider_poll_answers" in statement:
-            seen.append(statement)
-
-    sa.event.listen(db, "before_cursor_execute", _count)
-    try:
-        yield seen
-    finally:
-        sa.event.remove(db, "before_cursor_execute", _count)
-
-
 def test_found_answers_are_recorded_in_a_few_statements_and_all_counted(db, sandbox, media_dir):
     # One INSERT per poll was a transaction per poll (about 6% of a backlog run's CPU); a found
     # answer can only lower the not-found share, so it may wait for a batch.
@@ -253,7 +236,7 @@ def test_found_answers_are_recorded_in_a_few_statements_and_all_counted(db, sand
         _stale(db, "kie-veo", task_id=sandbox.add_task("kie-veo", Scenario(outcome="run_forever")))[1]
         for _ in range(120)
     ]
-    with _answer_inserts(db) as inserts:
+    with statements_like(db, "INSERT INTO provider_poll_answers") as inserts:
         _work(db, media_dir, running)
     assert 1 <= len(inserts) <= len(running) // 5  # a batch per 50 answers or per second
     with db.connect() as conn:

@@ -14,8 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,6 +39,7 @@ from recon_dagster.resources import ReconcileSettingsResource
 from recon_dagster.sandbox import Scenario
 from recon_dagster.sandbox.state import max_in_window
 from recon_dagster.testing import sandbox_process
+from recon_dagster_tests.reconcile_support import statements_like
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -252,21 +251,6 @@ def test_retry_after_from_the_provider_blocks_every_process_on_the_account(db, s
     assert tuple(row) == (1, True)
 
 
-@contextmanager
-def _bucket_updates(db: sa.Engine) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def _count(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001, ANN202
-        if "UPDATE provider_limit_buckets" in statement:
-            seen.append(statement)
-
-    sa.event.listen(db, "before_cursor_execute", _count)
-    try:
-        yield seen
-    finally:
-        sa.event.remove(db, "before_cursor_execute", _count)
-
-
 def test_chunks_are_one_token_at_documented_polling_rates() -> None:
     assert chunk_size(Budget(600, 60)) == 1 and chunk_size(Budget(20, 10)) == 1
     assert 1 < chunk_size(Budget(3000, 60)) <= 4
@@ -279,7 +263,7 @@ def test_a_busy_account_reserves_tokens_in_chunks_and_drops_held_ones_that_went_
     lim = _limiter(db, reads=budget)
     n = chunk_size(budget)
     rate, burst = budget.bucket()
-    with _bucket_updates(db) as seen:
+    with statements_like(db, "UPDATE provider_limit_buckets") as seen:
         waits = [lim.take_token(create=False) for _ in range(3 * n)]
     assert len(seen) == 3  # one statement per chunk, not per request
     assert 3 * n < burst and waits == [0.0] * (3 * n)  # within the burst
@@ -292,7 +276,7 @@ def test_a_busy_account_reserves_tokens_in_chunks_and_drops_held_ones_that_went_
 
     lim.take_token(create=False)  # reserves a chunk, hands out one, holds the rest
     time.sleep(TOKEN_GRACE_S + 0.05)
-    with _bucket_updates(db) as seen:
+    with statements_like(db, "UPDATE provider_limit_buckets") as seen:
         lim.take_token(create=False)
     assert len(seen) == 1  # the held tokens went stale: never sent late, a new reservation
 
