@@ -20,10 +20,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from recon_dagster.db.jobs import readable_ts, unreadable_columns
+
 UI_URL_ENV = "RECON_DAGSTER_UI_URL"
 DEFAULT_UI_URL = "http://127.0.0.1:3000"
 RUN_KEY_TAG = "dagster/run_key"
 SWEEP_OWNER_PREFIX = "sweep:"
+_JOB_TIMES = ("created_at", "provider_call_started_at", "completed_at")
 
 
 class ExplainError(ValueError):
@@ -38,7 +41,7 @@ class JobNotFound(ExplainError):
 class Attempt:
     """One reconcile_events row: what one attempt did to the job, and which run did it."""
 
-    at: datetime
+    at: datetime | None
     attempt: int
     outcome: str
     detail: str | None
@@ -53,7 +56,7 @@ class Credit:
 
     status: str
     amount: float
-    created_at: datetime
+    created_at: datetime | None
     settled_at: datetime | None
     pools: dict[str, Any]
 
@@ -70,7 +73,7 @@ class Asset:
 class Anomaly:
     reason: str
     amount: float | None
-    at: datetime
+    at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ class JobStory:
     provider_kind: str | None
     provider_task_id: str | None
     progress: int
-    created_at: datetime
+    created_at: datetime | None
     provider_call_started_at: datetime | None
     completed_at: datetime | None
     reconcile_attempts: int
@@ -92,6 +95,8 @@ class JobStory:
     credits: list[Credit] = field(default_factory=list)
     assets: list[Asset] = field(default_factory=list)
     anomalies: list[Anomaly] = field(default_factory=list)
+    # Job timestamps PostgreSQL holds and Python cannot (BC, after 9999, infinity): shown as "-".
+    unreadable: tuple[str, ...] = ()
 
     @property
     def outcome(self) -> str:
@@ -135,10 +140,10 @@ def load_story(engine: sa.Engine, job_id: uuid.UUID | str) -> JobStory:
         conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         row = conn.execute(
             sa.text(
-                """
-                SELECT id, status, job_type, provider_kind, provider_task_id, progress, created_at,
-                       provider_call_started_at, completed_at, reconcile_attempts,
-                       reconcile_last_error, error_message, reconcile_lease_owner
+                f"""
+                SELECT id, status, job_type, provider_kind, provider_task_id, progress,
+                       {", ".join(readable_ts(c) for c in _JOB_TIMES)}, {unreadable_columns(_JOB_TIMES, "unreadable")},
+                       reconcile_attempts, reconcile_last_error, error_message, reconcile_lease_owner
                 FROM jobs WHERE id = :j
                 """
             ),
@@ -148,8 +153,8 @@ def load_story(engine: sa.Engine, job_id: uuid.UUID | str) -> JobStory:
             raise JobNotFound(f"no job {jid} in the jobs table")
         events = conn.execute(
             sa.text(
-                """
-                SELECT created_at, attempt, outcome, detail, run_key, duration_ms, run_id
+                f"""
+                SELECT {readable_ts("created_at")}, attempt, outcome, detail, run_key, duration_ms, run_id
                 FROM reconcile_events WHERE job_id = :j ORDER BY created_at, id
                 """
             ),
@@ -157,7 +162,8 @@ def load_story(engine: sa.Engine, job_id: uuid.UUID | str) -> JobStory:
         ).all()
         usage = conn.execute(
             sa.text(
-                "SELECT status, amount, created_at, settled_at, metadata FROM usage_logs "
+                f"SELECT status, amount, {readable_ts('created_at')}, {readable_ts('settled_at')}, metadata "
+                "FROM usage_logs "
                 "WHERE job_id = :j ORDER BY created_at"
             ),
             {"j": str(jid)},
@@ -169,7 +175,10 @@ def load_story(engine: sa.Engine, job_id: uuid.UUID | str) -> JobStory:
             {"j": str(jid)},
         ).all()
         anomalies = conn.execute(
-            sa.text("SELECT reason, amount, created_at FROM credit_anomalies WHERE job_id = :j ORDER BY id"),
+            sa.text(
+                f"SELECT reason, amount, {readable_ts('created_at')} FROM credit_anomalies WHERE job_id = :j "
+                "ORDER BY id"
+            ),
             {"j": str(jid)},
         ).all()
     return JobStory(
@@ -186,6 +195,7 @@ def load_story(engine: sa.Engine, job_id: uuid.UUID | str) -> JobStory:
         reconcile_last_error=row.reconcile_last_error,
         error_message=row.error_message,
         lease_owner=row.reconcile_lease_owner,
+        unreadable=tuple(row.unreadable or ()),
         attempts=[
             Attempt(
                 e.created_at,
@@ -284,7 +294,7 @@ def facts(story: JobStory) -> list[tuple[str, str]]:
         ("credits", "; ".join(_credit_line(c) for c in story.credits) or "no reservation"),
         ("assets", "; ".join(f"{a.asset_type} {a.storage_key}" for a in story.assets) or "none"),
         ("credit anomalies", "; ".join(f"{a.reason} ({_ts(a.at)})" for a in story.anomalies) or "none"),
-    ]
+    ] + ([("unreadable timestamps", ", ".join(story.unreadable))] if story.unreadable else [])
 
 
 def to_markdown(story: JobStory, base_url: str | None) -> str:

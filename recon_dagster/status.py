@@ -15,19 +15,23 @@ from typing import Any
 import sqlalchemy as sa
 
 from recon_dagster.db.engine import get_engine
-from recon_dagster.db.jobs import inflight_counts, scan_stale
+from recon_dagster.db.jobs import inflight_counts, readable, scan_stale
 from recon_dagster.kinds import MAX_ATTEMPTS
 
 # Status reads the whole due set; a bound keeps a pathological backlog from loading millions.
 _DUE_LIMIT = 100_000
 
-_WAITS_SQL = """
+# A time Python cannot hold (a year past 9999, infinity) is left out of the shown min/max; the
+# counts still include its row (the sweep clamps such a wait, see reconcile.poison).
+_WAITS_SQL = f"""
 SELECT COALESCE(provider_kind, '(none)') AS provider_kind,
        count(*) FILTER (WHERE reconcile_next_at > now()
                           AND (reconcile_lease_expires_at IS NULL OR reconcile_lease_expires_at <= now()))
          AS cadence,
-       min(reconcile_next_at) FILTER (WHERE reconcile_next_at > now()) AS next_at,
-       max(reconcile_lease_expires_at) FILTER (WHERE reconcile_lease_expires_at > now()) AS lease_until
+       min(reconcile_next_at) FILTER (WHERE reconcile_next_at > now() AND {readable("reconcile_next_at")})
+         AS next_at,
+       max(reconcile_lease_expires_at) FILTER (
+         WHERE reconcile_lease_expires_at > now() AND {readable("reconcile_lease_expires_at")}) AS lease_until
 FROM jobs
 WHERE status IN ('pending', 'processing')
 GROUP BY 1

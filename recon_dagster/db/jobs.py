@@ -29,8 +29,9 @@ TERMINAL_STATUSES = ("completed", "failed", "cancelled")
 class JobRow:
     """The columns reconciliation reads. ``usage_log_id`` is deliberately absent (spec D7).
 
-    A timestamp PostgreSQL holds as ``infinity`` / ``-infinity`` (Python's datetime cannot) is read
-    as None and its column named in ``nonfinite``, so one such row never breaks a read of many.
+    A timestamp PostgreSQL holds and Python's datetime cannot (``infinity`` / ``-infinity``, a BC
+    date, a year past 9999) is read as None and its column named in ``nonfinite``, so one such row
+    never breaks a read of many.
     """
 
     id: uuid.UUID
@@ -61,17 +62,40 @@ class JobRow:
 _TIMESTAMP_COLUMNS = ("provider_call_started_at", "reconcile_lease_expires_at", "created_at", "started_at")
 
 
+# Python's datetime holds years 1 to 9999; PostgreSQL's timestamptz holds 4713 BC to 294276 AD and
+# +/-infinity. The bounds keep two days of margin so no session time zone carries a value across.
+_READABLE_FROM = "timestamptz '0001-01-03 00:00:00+00'"
+_READABLE_BEFORE = "timestamptz '9999-12-29 00:00:00+00'"
+INT4_MAX = 2_147_483_647
+
+
+def readable(column: str) -> str:
+    """SQL that is true when ``column`` holds a timestamp Python can represent (NULL for NULL)."""
+    return f"({column} >= {_READABLE_FROM} AND {column} < {_READABLE_BEFORE})"
+
+
+def readable_ts(column: str, alias: str | None = None) -> str:
+    """Select ``column`` as itself when Python can represent it, else NULL (see ``readable``)."""
+    return f"CASE WHEN {readable(column)} THEN {column} END AS {alias or column.rsplit('.', 1)[-1]}"
+
+
 def _finite(column: str) -> str:
-    return f"CASE WHEN isfinite({column}) THEN {column} END AS {column}"
+    return readable_ts(column)
+
+
+def unreadable_columns(columns: Sequence[str], alias: str) -> str:
+    """Select, as ``alias``, the array of the ``columns`` whose timestamp Python cannot represent."""
+    arms = ", ".join(f"CASE WHEN NOT {readable(c)} THEN '{c.rsplit('.', 1)[-1]}' END" for c in columns)
+    return f"array_remove(ARRAY[{arms}]::text[], NULL) AS {alias}"
 
 
 def _nonfinite_list() -> str:
-    arms = ", ".join(f"CASE WHEN NOT isfinite({c}) THEN '{c}' END" for c in _TIMESTAMP_COLUMNS)
-    return f"array_remove(ARRAY[{arms}]::text[], NULL) AS nonfinite"
+    return unreadable_columns(_TIMESTAMP_COLUMNS, "nonfinite")
 
 
-# The conversion to Python happens here, on the SQL side: infinite timestamps become NULL plus a
-# named flag, for every reader (scan, load, lease renewal) alike.
+# The conversion to Python happens here, on the SQL side: a timestamp Python cannot hold becomes
+# NULL plus a named flag, for every reader (scan, load, lease renewal) alike. The WHERE and ORDER BY
+# clauses only compare stored values with now() +/- an interval, which never overflows.
 _ROW_COLUMNS = (
     "id, status, user_id, job_type, provider_kind, provider_task_id, "
     f"{_finite('provider_call_started_at')}, "
@@ -238,6 +262,7 @@ def claim_jobs(
     ttl: timedelta,
     *,
     planned: bool = False,
+    cap: int | None = None,
 ) -> list[Claim]:
     """Take the reconcile lease on jobs whose attempt counter is still what the scan saw.
 
@@ -247,7 +272,10 @@ def claim_jobs(
     Succeeds for rows that are in flight and unleased, leased by ``owner`` already, or whose lease
     expired. Taking over an expired lease of another owner means that run died mid-attempt, so it
     counts as a failed attempt (which keeps a job that crashes its run from looping forever).
-    Returns the claims that won, with the attempt number they now carry.
+    Returns the claims that won, with the attempt number they now carry. The takeover's count
+    never passes ``cap`` (a row at the cap keeps its count: its force-fail is being retried) nor
+    the column's range; the planned attempt is compared in bigint, so a counter at the integer
+    maximum is claimed like any other row (the caller then finds it exhausted).
     """
     if not claims:
         return []
@@ -260,7 +288,7 @@ def claim_jobs(
           SELECT * FROM unnest(:ids, :attempts) AS c(id, attempts)
         ), lockable AS (
           SELECT j.id FROM jobs j JOIN wanted c ON c.id = j.id
-          WHERE j.reconcile_attempts + CASE WHEN NOT :planned THEN 0
+          WHERE CAST(j.reconcile_attempts AS bigint) + CASE WHEN NOT :planned THEN 0
                 WHEN j.reconcile_lease_owner IS NULL OR j.reconcile_lease_owner = :owner THEN 1
                 ELSE 2 END = c.attempts
             AND j.status IN ('pending', 'processing')
@@ -271,9 +299,10 @@ def claim_jobs(
           FOR UPDATE OF j SKIP LOCKED
         )
         UPDATE jobs j SET
-          reconcile_attempts = j.reconcile_attempts
-            + CASE WHEN j.reconcile_lease_owner IS NULL OR j.reconcile_lease_owner = :owner
-                   THEN 0 ELSE 1 END,
+          reconcile_attempts = CASE
+            WHEN j.reconcile_lease_owner IS NULL OR j.reconcile_lease_owner = :owner
+              OR j.reconcile_attempts >= LEAST(COALESCE(CAST(:cap AS integer), :int_max), :int_max)
+            THEN j.reconcile_attempts ELSE j.reconcile_attempts + 1 END,
           reconcile_last_error = CASE
             WHEN j.reconcile_lease_owner IS NULL OR j.reconcile_lease_owner = :owner
             THEN j.reconcile_last_error
@@ -287,7 +316,7 @@ def claim_jobs(
         """
     ).bindparams(
         sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)),
-        sa.bindparam("attempts", type_=pg.ARRAY(sa.Integer)),
+        sa.bindparam("attempts", type_=pg.ARRAY(sa.BigInteger)),
     )
     rows = conn.execute(
         stmt,
@@ -297,6 +326,8 @@ def claim_jobs(
             "owner": owner,
             "ttl_s": ttl.total_seconds(),
             "planned": planned,
+            "cap": cap,
+            "int_max": INT4_MAX,
         },
     )
     return [Claim(uuid.UUID(str(r.id)), r.reconcile_attempts) for r in rows]
@@ -408,13 +439,16 @@ def bump_attempts(
     Compare-and-set on the attempt counter, so an attempt is never counted twice. Releases the
     lease and schedules the next attempt ``next_in`` from now. Returns the new count, or None if the
     row moved on (terminal, or another run counted this attempt). With ``cap``, a row already at
-    or past it keeps its count (its force-fail is being retried; it must not climb).
+    or past it keeps its count (its force-fail is being retried; it must not climb). The count
+    saturates at the column's maximum, and a negative count (never written by us) jumps to the cap
+    (or that maximum), so the caller finds it exhausted.
     """
     r = conn.execute(
         sa.text(
             """
             UPDATE jobs SET reconcile_attempts = CASE
-                WHEN CAST(:cap AS integer) IS NOT NULL AND reconcile_attempts >= :cap
+                WHEN reconcile_attempts < 0 THEN LEAST(COALESCE(CAST(:cap AS integer), :int_max), :int_max)
+                WHEN reconcile_attempts >= LEAST(COALESCE(CAST(:cap AS integer), :int_max), :int_max)
                 THEN reconcile_attempts ELSE reconcile_attempts + 1 END,
               reconcile_last_error = :err,
               reconcile_next_at = now() + make_interval(secs => :next_s),
@@ -434,6 +468,7 @@ def bump_attempts(
             "next_s": next_in.total_seconds(),
             "owner": owner,
             "cap": cap,
+            "int_max": INT4_MAX,
         },
     ).first()
     return None if r is None else int(r[0])

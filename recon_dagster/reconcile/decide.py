@@ -81,8 +81,13 @@ def decide_on_status(status: UpstreamStatus, *, breaker_open: bool = False) -> D
 
 
 def decide_after_attempt(attempts_after_bump: int, max_attempts: int = MAX_ATTEMPTS) -> Action:
-    """An attempt that ended without a terminal state was counted; is that the last one allowed?"""
-    return Action.FORCE_FAIL if attempts_after_bump >= max_attempts else Action.RETRY_LATER
+    """An attempt that ended without a terminal state was counted; is that the last one allowed?
+
+    A negative count was never written by reconciliation (a hand edit, a bad migration): it is
+    treated as exhausted, not as a budget larger than the cap."""
+    if attempts_after_bump >= max_attempts or attempts_after_bump < 0:
+        return Action.FORCE_FAIL
+    return Action.RETRY_LATER
 
 
 def failure_message(reason: str) -> str:

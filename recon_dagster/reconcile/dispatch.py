@@ -90,19 +90,51 @@ def plan_batches(rows: Sequence[JobRow], *, batch_size: int, single_below: int) 
     return batches
 
 
-def claim_at_start(conn: sa.Connection, claims: Sequence[Claim], owner: str, ttl: timedelta) -> list[Claim]:
-    """Take the reconcile lease for a run that is starting; returns the claims that won.
+def claim_at_start(
+    conn: sa.Connection, claims: Sequence[Claim], owner: str, ttl: timedelta, *, cap: int | None = None
+) -> tuple[list[Claim], dict[uuid.UUID, str]]:
+    """Take the reconcile lease for a run that is starting; returns the claims that won and the
+    jobs whose claim raised (job id -> the error, one line).
 
     Compare-and-set on the attempt the sensor planned: a job is claimed only if the attempt it
     would now make is still ``claim.attempt`` (nobody counted one since) and it is in flight and
     unleased, leased to ``owner`` already (a re-executed run), or its lease expired. Taking over an
-    expired lease counts the dead run's attempt (``reconcile_attempts + 1``), so the returned
-    ``attempt`` of such a claim is the counter after the takeover plus one: a caller must check it
-    against the cap. ``claim_jobs`` locks rows in id order and skips a row another claimer holds
-    right now, so two claimers never deadlock and never both win.
+    expired lease counts the dead run's attempt (``reconcile_attempts + 1``, never past ``cap``), so
+    the returned ``attempt`` of such a claim is the counter after the takeover plus one: a caller
+    must check it against the cap. ``claim_jobs`` locks rows in id order and skips a row another
+    claimer holds right now, so two claimers never deadlock and never both win.
     """
-    won = jobs_db.claim_jobs(conn, claims, owner, ttl, planned=True)
-    return [Claim(c.job_id, c.attempt + 1) for c in won]
+    won, errors = claim_isolated(conn, claims, owner, ttl, planned=True, cap=cap)
+    return [Claim(c.job_id, c.attempt + 1) for c in won], errors
+
+
+def claim_isolated(
+    conn: sa.Connection,
+    claims: Sequence[Claim],
+    owner: str,
+    ttl: timedelta,
+    *,
+    planned: bool,
+    cap: int | None,
+) -> tuple[list[Claim], dict[uuid.UUID, str]]:
+    """``claim_jobs`` in one statement; if that statement raises, each job is claimed on its own
+    (each in a savepoint), so a row whose claim raises keeps its error and the others are claimed.
+    """
+    try:
+        with conn.begin_nested():
+            return jobs_db.claim_jobs(conn, claims, owner, ttl, planned=planned, cap=cap), {}
+    except sa.exc.DBAPIError:
+        pass  # find the row(s) it chokes on
+    won: list[Claim] = []
+    errors: dict[uuid.UUID, str] = {}
+    for claim in claims:
+        try:
+            with conn.begin_nested():
+                won += jobs_db.claim_jobs(conn, [claim], owner, ttl, planned=planned, cap=cap)
+        except sa.exc.DBAPIError as exc:
+            cause = exc.orig if exc.orig is not None else exc
+            errors[claim.job_id] = f"claim raised {type(cause).__name__}: {str(cause).splitlines()[0]}"
+    return won, errors
 
 
 def renew_leases(

@@ -36,7 +36,7 @@ from recon_dagster.reconcile.decide import (
     failure_message,
     route,
 )
-from recon_dagster.reconcile.dispatch import claim_at_start, renew_leases
+from recon_dagster.reconcile.dispatch import claim_at_start, claim_isolated, renew_leases
 from recon_dagster.reconcile.finalize import (
     MediaPolicy,
     ProviderResult,
@@ -45,6 +45,7 @@ from recon_dagster.reconcile.finalize import (
     force_fail_and_refund,
     sweep_no_recovery,
 )
+from recon_dagster.reconcile.poison import clamp_impossible_waits
 from recon_dagster.redaction import redact_secrets
 
 log = logging.getLogger("recon_dagster.reconcile")
@@ -183,16 +184,19 @@ class Reconciler:
         settled here: jobs not won (skipped) and takeovers that reached the cap (force-failed)."""
         started = time.monotonic()
         with self.engine.begin() as conn:
-            won = claim_at_start(conn, planned, owner, self.settings.lease_ttl)
+            won, errors = claim_at_start(
+                conn, planned, owner, self.settings.lease_ttl, cap=self.settings.max_attempts
+            )
             rows = {r.id: r for r in jobs_db.load_jobs(conn, [c.job_id for c in won])}
         won_ids = {c.job_id for c in won}
         settled = [
             self._outcome(
                 c.job_id,
                 None,
-                Outcome.SKIPPED,
+                Outcome.ERROR if c.job_id in errors else Outcome.SKIPPED,
                 c.attempt,
-                "not claimed: another run holds it, an attempt was counted since, or it is no longer in flight",
+                errors.get(c.job_id)
+                or "not claimed: another run holds it, an attempt was counted since, or it is no longer in flight",
                 started,
             )
             for c in planned
@@ -260,6 +264,11 @@ class Reconciler:
 
     def _poll_one(self, row: JobRow) -> Polled:
         started = time.monotonic()
+        if decide_after_attempt(row.reconcile_attempts, self.settings.max_attempts) is Action.FORCE_FAIL:
+            # A count at or past the cap (or negative) before this attempt: counting it (capped)
+            # force-fails and refunds it, whatever its route.
+            why = f"attempt counter {row.reconcile_attempts} is outside 0..{self.settings.max_attempts - 1}"
+            return Polled(row, Step.COUNT, why, outcome=Outcome.ERROR)
         if row.nonfinite:
             self._flag_nonfinite(row)
             if route(row) is Route.SWEEP:
@@ -546,11 +555,17 @@ class Reconciler:
                     adopted.training_id,
                     adopted.job_id,
                 )
+        clamp_impossible_waits(self.engine, self.settings.lease_ttl, self.settings.cadence)
         with self.engine.begin() as conn:
             rows = jobs_db.scan_stale(conn, limit)
             claims = [jobs_db.Claim(r.id, r.reconcile_attempts) for r in rows if route(r) is Route.SWEEP]
-            won = jobs_db.claim_jobs(conn, claims, owner, self.settings.lease_ttl)
-        return len(rows), self.reconcile_many([c.job_id for c in won], owner)
+            won, errors = claim_isolated(
+                conn, claims, owner, self.settings.lease_ttl, planned=False, cap=self.settings.max_attempts
+            )
+        failed = [self._outcome(j, None, Outcome.ERROR, -1, e, time.monotonic()) for j, e in errors.items()]
+        for o in failed:
+            self._record(o, owner)
+        return len(rows), failed + self.reconcile_many([c.job_id for c in won], owner)
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
