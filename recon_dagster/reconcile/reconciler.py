@@ -480,7 +480,8 @@ class Reconciler:
         return self._outcome(row.id, row.provider_kind, kind, attempts, why, started)
 
     def _flag_nonfinite(self, row: JobRow) -> None:
-        """A timestamp at +/-infinity: logged with the job id and kept as a credit anomaly (once)."""
+        """A timestamp Python cannot hold (BC, after 9999, +/-infinity): logged with the job id and
+        kept as a credit anomaly (once)."""
         log.warning("job %s has non-finite %s", row.id, ", ".join(row.nonfinite))
         try:
             with self.engine.begin() as conn:

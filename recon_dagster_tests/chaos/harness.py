@@ -39,6 +39,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from recon_dagster.testing import SandboxProcess
+from recon_dagster_tests.chaos.poison import poison
 
 KIND = "kie-standard"
 START_BALANCE = Decimal("150")  # 100 subscription + 50 top-up per user (one user per job)
@@ -62,13 +63,17 @@ RECONCILE_POINTS = (
     "finalize.after_commit",
     "refund.in_settle",
 )
-FAULTS = ("sandbox.outage", "postgres.restart")
+# Poison rows (issue 17): a quarter of a reconcile round's jobs hold a value Python or an int4
+# cannot carry on; their batch-mates must settle all the same, and so must they.
+POISONS = ("poison.timestamp", "counter.max")
+FAULTS = ("sandbox.outage", "postgres.restart", *POISONS)
 # Reconcile-path rounds come first in a sweep: a worker round's jobs are fresh (not yet stale), so a
 # later `reconcile --once` that is meant to die over its own round never picks them up.
 CASES: tuple[tuple[str, str], ...] = (
     *(("reconcile", p) for p in RECONCILE_POINTS),
     *(("worker", p) for p in WORKER_POINTS),
     ("worker", "sandbox.outage"),
+    *(("reconcile", p) for p in POISONS),
 )
 
 # What an app worker does, for many jobs at once (one thread each): create or resume the upstream
@@ -408,6 +413,8 @@ def run_round(
         cmd = [sys.executable, "-c", WORKER_SCRIPT, str(spec_file)]
     else:
         shift_clock(engine, [j.id for j in jobs])  # this round's jobs, and only they, are due
+        if point in POISONS:
+            poison(engine, rng, jobs, point)
         # Long cadence and lease: a job this run bumps or leases is not due again until recovery.
         env = {**reconcile_env(env, n), "RECON_RECONCILE_CADENCE_S": "3600", "RECON_LEASE_S": "3600"}
         cmd = [_script("recon-dagster"), "reconcile", "--once"]
