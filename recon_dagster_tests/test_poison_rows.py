@@ -12,9 +12,9 @@ import pytest
 import sqlalchemy as sa
 
 from recon_dagster.db.jobs import load_job, scan_stale
-from recon_dagster.explain import load_story, to_json, to_text
+from recon_dagster.explain import explain_command, load_story, to_json, to_text
 from recon_dagster.sandbox import Scenario
-from recon_dagster.status import kind_status
+from recon_dagster.status import kind_status, print_status
 from recon_dagster_tests.factories import make_job, make_user, reserve
 from recon_dagster_tests.reconcile_support import make_defs, one, tick, usage_status
 from recon_dagster_tests.test_money_hardening import sql, state
@@ -75,11 +75,9 @@ def test_a_timestamp_python_cannot_hold_is_read_as_null_plus_a_flag_everywhere(
         assert state(db, j)["status"] == "completed"
     assert (state(db, good_sync)["status"], usage_status(db, good_sync)) == ("failed", "refunded")
     for j in (polled, swept):
-        story = load_story(db, j)
-        to_text(story, None), to_json(story, None)
+        assert explain_command(str(j)) == 0 and explain_command(str(j), as_json=True) == 0
         assert state(db, j)["status"] in ("processing", "completed", "failed")
-    with db.connect() as conn:
-        assert kind_status(conn) is not None
+    assert print_status() == 0
 
 
 @pytest.mark.parametrize("value", UNREADABLE[:2])
@@ -115,6 +113,14 @@ def test_explain_shows_a_timestamp_python_cannot_hold_as_unknown(
     assert str(job) in to_text(story, None) and to_json(story, None)["job_id"] == str(job)
     if table == "jobs":
         assert f"unreadable timestamps  {column}" in to_text(story, None)
+        run = (
+            make_defs(media_dir)
+            .resolve_job_def("explain_job")
+            .execute_in_process(
+                run_config={"ops": {"explain_job_story": {"config": {"job_id": str(job)}}}}, instance=instance
+            )
+        )
+        assert run.success
 
 
 def test_the_attempt_counter_at_the_integer_max_is_exhausted_and_its_batch_mates_settle(
