@@ -547,7 +547,8 @@ class Reconciler:
                     adopted.job_id,
                 )
         with self.engine.begin() as conn:
-            rows = jobs_db.scan_stale(conn, limit)
+            # Its own read (only rows it can sweep): no backlog of other kinds can fill its batch.
+            rows = jobs_db.scan_sweepable(conn, limit)
             claims = [jobs_db.Claim(r.id, r.reconcile_attempts) for r in rows if route(r) is Route.SWEEP]
             won = jobs_db.claim_jobs(conn, claims, owner, self.settings.lease_ttl)
         return len(rows), self.reconcile_many([c.job_id for c in won], owner)
