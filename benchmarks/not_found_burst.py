@@ -120,7 +120,13 @@ def main() -> int:
             start = time.perf_counter()
             for _ in range(n):
                 with engine.begin() as conn:
-                    record_answer(conn, "replicate", not_found=True, window_s=policy.window_s)
+                    record_answer(
+                        conn,
+                        "replicate",
+                        not_found=True,
+                        window_s=policy.window_s,
+                        kind="replicate-prediction",
+                    )
                 with engine.connect() as conn:
                     window_counts(conn, policy.window_s, "replicate")
             per = (time.perf_counter() - start) / n * 1000

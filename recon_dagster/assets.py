@@ -191,28 +191,37 @@ def lora_training_cohort(
 
 @dg.asset_check(
     asset=LORA_COHORT,
-    description="Shadow compare: every training the new path settled ends where the legacy "
-    "reconcileOrphanedTrainings cron would have put it. A passing check over a cohort is the "
-    "signal to retire the legacy cron, given a minimum cohort: 20 compared, 0 mismatches, 0 orphans.",
+    description="Shadow compare: every training reconciliation itself settled (a recovered, failed, "
+    "swept or exhausted reconcile event) ends where the legacy reconcileOrphanedTrainings cron would "
+    "have put it; a character settled while Replicate still trains is a mismatch. A passing check "
+    "over a cohort is the signal to retire the legacy cron, given a minimum cohort: 20 compared, "
+    "0 mismatches, 0 orphans. Trainings the app's worker or webhook settled are not counted.",
 )
 def lora_cohort_matches_legacy(
     database: DatabaseResource, providers: ProvidersResource
 ) -> dg.AssetCheckResult:
     from recon_dagster import lora
 
-    comparisons = lora.shadow_compare(database.get_engine(), providers)
+    comparisons, settled_elsewhere = lora.shadow_compare(database.get_engine(), providers)
     mismatches = [c for c in comparisons if not c.matches]
     compared = [c for c in comparisons if c.legacy_status is not None]
     with database.get_engine().connect() as conn:
         orphans = lora.orphan_trainings(conn)
-    blockers = lora.retirement_blockers(len(compared), len(mismatches), orphans)
+    blockers = lora.retirement_blockers(len(compared), len(mismatches), orphans, settled_elsewhere)
     return dg.AssetCheckResult(
         passed=not mismatches,
         severity=dg.AssetCheckSeverity.ERROR,
+        description="; ".join(
+            f"character {c.character_id} (training {c.training_id}) is {c.new_status}, the legacy cron "
+            f"would have it {c.legacy_status}" + (f" ({c.note})" if c.note else "")
+            for c in mismatches[:5]
+        )
+        or None,
         metadata={
             "settled_in_cohort": len(comparisons),
             "compared": len(compared),
             "mismatches": len(mismatches),
+            "settled_elsewhere": settled_elsewhere,
             "orphans_without_job_row": orphans,
             "legacy_cron_can_be_retired": not blockers,
             "retirement_blocked_by": "; ".join(blockers) or "nothing",
@@ -220,6 +229,8 @@ def lora_cohort_matches_legacy(
                 [
                     {
                         "character_id": str(c.character_id),
+                        "job_id": str(c.job_id),
+                        "training_id": c.training_id,
                         "new": c.new_status,
                         "legacy": c.legacy_status,
                         "note": c.note,

@@ -1,18 +1,22 @@
-"""The per-provider not-found breaker: a burst of "not found" is a misconfiguration, not lost tasks.
+"""The not-found breaker: a burst of "not found" is a misconfiguration, not lost tasks.
 
 A wrong token, account or base path makes every poll of one provider answer "not found"; failing
 and refunding on each would wipe out every stale job of that provider in one tick. So every poll
-answer is recorded per provider in PostgreSQL (``provider_poll_answers``, migration 139), where every
-reconcile run (each its own process) sees the others' answers, and a not-found is judged against
-the provider's recent answers (``decide.not_found_breaker_open``): while the breaker is open a
-not-found only counts an attempt (the attempt cap still ends every job), with an ERROR log line and
-the ``no_not_found_burst`` asset check failing.
+answer is recorded per provider and kind in PostgreSQL (``provider_poll_answers``, migrations 139
+and 142), where every reconcile run (each its own process) sees the others' answers, and a
+not-found is judged against two windows (``decide.not_found_breaker_open``): its kind's answers,
+and its provider's. The breaker is open for a kind when either is: per kind, because one kind's
+endpoint can be wrong while its siblings answer (40 running predictions must not dilute 15
+trainings answering 404); per provider, because a wrong token fails every kind of it at once. While
+it is open a not-found only counts an attempt (the attempt cap still ends every job), with an ERROR
+log line and the ``no_not_found_burst`` asset check failing.
 
-Race bound: a not-found is committed before the window is counted (other answers may be held
-back for a batch; that only makes the breaker stricter), and a count sees every answer
-committed before it started, so the k-th not-found to commit always counts at least k. Only the
-first ``burst`` not-founds of a burst can see a closed breaker, however many processes and threads
-poll at once: with the default policy at most 5 jobs of a 500-job burst are failed and refunded.
+Race bound: a not-found is committed before the windows are counted (other answers may be held
+back for a batch; that only makes the breaker stricter), and a count sees every answer committed
+before it started, so the k-th not-found of a kind to commit always counts at least k in its kind's
+window. Only the first ``burst`` not-founds of a kind can see a closed breaker, however many
+processes and threads poll at once and whatever the provider's other traffic: with the default
+policy at most 5 jobs of a kind are failed and refunded per burst.
 """
 
 from __future__ import annotations
@@ -95,25 +99,47 @@ def answered(exc: BaseException) -> bool:
 
 @dataclass(frozen=True)
 class ProviderWindow:
-    """One provider's answers within the breaker window."""
+    """Answers within the breaker window: of one provider's kind, or (``kind`` None) of the
+    provider as a whole."""
 
     provider: str
     not_found: int
     answers: int
     is_open: bool
+    kind: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.kind or self.provider
 
 
 def record_answer(
-    conn: sa.Connection, provider: str, *, not_found: bool, window_s: float, count: int = 1
+    conn: sa.Connection,
+    provider: str,
+    *,
+    not_found: bool,
+    window_s: float,
+    count: int = 1,
+    kind: str | None = None,
 ) -> None:
-    """Record ``count`` answers of one kind and delete a batch of this provider's rows older than
-    the window."""
+    """Record ``count`` answers of one provider kind and delete a batch of this provider's rows
+    older than the window."""
+    record_answers(conn, provider, {kind: count}, not_found=not_found, window_s=window_s)
+
+
+def record_answers(
+    conn: sa.Connection, provider: str, counts: Mapping[str | None, int], *, not_found: bool, window_s: float
+) -> None:
+    """Record answers of one provider, ``{kind: count}``, in one statement, and prune its rows
+    older than the window."""
+    kinds = sorted(counts, key=str)
     conn.execute(
         sa.text(
-            "INSERT INTO provider_poll_answers (provider, not_found) "
-            "SELECT :p, :nf FROM generate_series(1, :n)"
+            "INSERT INTO provider_poll_answers (provider, provider_kind, not_found) "
+            "SELECT :p, k.kind, :nf FROM unnest(CAST(:kinds AS text[]), CAST(:ns AS int[])) AS k(kind, n), "
+            "generate_series(1, k.n)"
         ),
-        {"p": provider, "nf": not_found, "n": count},
+        {"p": provider, "nf": not_found, "kinds": kinds, "ns": [counts[k] for k in kinds]},
     )
     conn.execute(
         sa.text(
@@ -130,29 +156,43 @@ def record_answer(
 
 def window_counts(
     conn: sa.Connection, window_s: float, provider: str | None = None
-) -> dict[str, tuple[int, int]]:
-    """``{provider: (not_found, answers)}`` within the window, for one provider or all of them."""
+) -> dict[tuple[str, str | None], tuple[int, int]]:
+    """``{(provider, kind): (not_found, answers)}`` within the window, for one provider or all of
+    them; ``(provider, None)`` holds the provider's totals (every kind, and rows from before
+    migration 142, which have no kind)."""
     rows = conn.execute(
         sa.text(
             """
-            SELECT provider, count(*) FILTER (WHERE not_found) AS nf, count(*) AS n
+            SELECT provider, provider_kind, GROUPING(provider_kind) = 1 AS total,
+                   count(*) FILTER (WHERE not_found) AS nf, count(*) AS n
             FROM provider_poll_answers
             WHERE at >= now() - make_interval(secs => :w)
               AND (CAST(:p AS text) IS NULL OR provider = :p)
-            GROUP BY provider
+            GROUP BY GROUPING SETS ((provider, provider_kind), (provider))
             """
         ),
         {"w": window_s, "p": provider},
     )
-    return {r.provider: (int(r.nf), int(r.n)) for r in rows}
+    # Rows from before migration 142 have no kind: they count in their provider's totals only.
+    return {
+        (r.provider, None if r.total else r.provider_kind): (int(r.nf), int(r.n))
+        for r in rows
+        if r.total or r.provider_kind is not None
+    }
 
 
 def provider_windows(conn: sa.Connection, policy: BreakerPolicy) -> list[ProviderWindow]:
-    """Every provider with answers in the window, and whether its breaker is open."""
+    """Every provider, and every kind, with answers in the window (a provider's own window first),
+    each with whether its breaker is open by its own counts."""
     return [
-        ProviderWindow(p, nf, n, not_found_breaker_open(nf, n, policy))
-        for p, (nf, n) in sorted(window_counts(conn, policy.window_s).items())
+        ProviderWindow(p, nf, n, not_found_breaker_open(nf, n, policy), kind)
+        for (p, kind), (nf, n) in sorted(window_counts(conn, policy.window_s).items(), key=_window_order)
     ]
+
+
+def _window_order(item: tuple[tuple[str, str | None], tuple[int, int]]) -> tuple[str, str]:
+    (provider, kind), _ = item
+    return provider, kind or ""
 
 
 class NotFoundBreaker:
@@ -163,52 +203,59 @@ class NotFoundBreaker:
         self.policy = policy or policy_from_env()
         self._loud_at: dict[str, float] = {}
         self._lock = threading.Lock()
-        self._pending: Counter[str] = Counter()  # provider -> answers not written yet
+        self._pending: Counter[tuple[str, str]] = Counter()  # (provider, kind) -> answers not written yet
         self._pending_since = 0.0
 
     def judge(self, status: UpstreamStatus) -> Decision:
-        """Record the answer, then decide on it; a not-found is weighed against the window."""
-        provider = provider_of(status.provider_kind)
+        """Record the answer, then decide on it; a not-found is weighed against its kind's window
+        and its provider's."""
+        kind = status.provider_kind
+        provider = provider_of(kind)
         if status.state is not UpstreamState.NOT_FOUND:
-            self._hold(provider)
+            self._hold(provider, kind)
             return decide_on_status(status)
         # This process's held answers first (the denominator), then the not-found, committed
         # before the count below: the ordering that bounds how many can slip through.
         self.flush()
         with self.engine.begin() as conn:
-            record_answer(conn, provider, not_found=True, window_s=self.policy.window_s)
+            record_answer(conn, provider, not_found=True, window_s=self.policy.window_s, kind=kind)
         with self.engine.connect() as conn:
-            nf, n = window_counts(conn, self.policy.window_s, provider).get(provider, (1, 1))
-        is_open = not_found_breaker_open(nf, n, self.policy)
-        if is_open and self._time_to_be_loud(provider):
+            counts = window_counts(conn, self.policy.window_s, provider)
+        open_by = [
+            (name, nf, n)
+            for name, (nf, n) in ((kind, counts.get((provider, kind), (1, 1))),
+                                  (provider, counts.get((provider, None), (1, 1))))
+            if not_found_breaker_open(nf, n, self.policy)
+        ]  # fmt: skip
+        if open_by and self._time_to_be_loud(kind):
+            name, nf, n = open_by[0]
             log.error(
                 "%s answered not-found %d times in %d answers within %gs: a burst like this is a wrong "
-                "token, account or base path, not lost tasks; %s task %s is NOT failed, an attempt is "
-                "counted instead (check the %s configuration; repeated at most every %gs)",
-                provider, nf, n, self.policy.window_s, status.provider_kind, status.task_id, provider,
-                LOUD_EVERY_S,
+                "token, account, endpoint or base path, not lost tasks; %s task %s is NOT failed, an "
+                "attempt is counted instead (check the %s configuration; repeated at most every %gs)",
+                name, nf, n, self.policy.window_s, kind, status.task_id, provider, LOUD_EVERY_S,
             )  # fmt: skip
-        return decide_on_status(status, breaker_open=is_open)
+        return decide_on_status(status, breaker_open=bool(open_by))
 
-    def _time_to_be_loud(self, provider: str) -> bool:
+    def _time_to_be_loud(self, key: str) -> bool:
         now = time.monotonic()
         with self._lock:
-            if now - self._loud_at.get(provider, -LOUD_EVERY_S) < LOUD_EVERY_S:
+            if now - self._loud_at.get(key, -LOUD_EVERY_S) < LOUD_EVERY_S:
                 return False
-            self._loud_at[provider] = now
+            self._loud_at[key] = now
             return True
 
     def record_error(self, provider_kind: str, exc: BaseException) -> None:
-        """A failed poll that still got an answer counts among the provider's answers."""
+        """A failed poll that still got an answer counts among its kind's and provider's answers."""
         if answered(exc):
-            self._hold(provider_of(provider_kind))
+            self._hold(provider_of(provider_kind), provider_kind)
 
-    def _hold(self, provider: str) -> None:
+    def _hold(self, provider: str, kind: str) -> None:
         now = time.monotonic()
         with self._lock:
             if not self._pending:
                 self._pending_since = now
-            self._pending[provider] += 1
+            self._pending[(provider, kind)] += 1
             due = self._pending.total() >= FLUSH_EVERY or now - self._pending_since >= FLUSH_AFTER_S
         if due:
             self.flush()
@@ -220,9 +267,12 @@ class NotFoundBreaker:
             pending, self._pending = self._pending, Counter()
         if not pending:
             return
+        by_provider: dict[str, dict[str | None, int]] = {}
+        for (provider, kind), n in pending.items():
+            by_provider.setdefault(provider, {})[kind] = n
         try:
             with self.engine.begin() as conn:
-                for provider, n in sorted(pending.items()):
-                    record_answer(conn, provider, not_found=False, window_s=self.policy.window_s, count=n)
+                for provider, counts in sorted(by_provider.items()):
+                    record_answers(conn, provider, counts, not_found=False, window_s=self.policy.window_s)
         except Exception:  # the denominator of a breaker must never turn an attempt into a crash
             log.exception("could not record %d poll answer(s)", pending.total())

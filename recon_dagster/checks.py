@@ -1,5 +1,5 @@
-"""Asset checks of the answers providers give: ``no_not_found_burst`` fails while a provider's
-not-found breaker is open (``recon_dagster.breaker``)."""
+"""Asset checks of the answers providers give: ``no_not_found_burst`` fails while the not-found
+breaker is open for a provider or one of its kinds (``recon_dagster.breaker``)."""
 
 import dagster as dg
 
@@ -10,26 +10,25 @@ from recon_dagster.resources import DatabaseResource
 
 @dg.asset_check(
     asset=BACKLOG,
-    description="No provider answers mostly 'not found': a burst of not-found answers is a wrong "
-    "token, account or base path. While it fails, reconciliation counts attempts instead of "
-    "failing and refunding on not-found for that provider.",
+    description="No provider, and no provider kind, answers mostly 'not found': a burst of not-found "
+    "answers is a wrong token, account, endpoint or base path. Counted per kind (healthy answers of "
+    "a sibling kind do not dilute a kind's burst) and per provider. While it fails, reconciliation "
+    "counts attempts instead of failing and refunding on not-found for that kind.",
 )
 def no_not_found_burst(database: DatabaseResource) -> dg.AssetCheckResult:
     policy = policy_from_env()
     with database.get_engine().connect() as conn:
         windows = provider_windows(conn, policy)
-    tripped = [w for w in windows if w.is_open]
+    tripped = [w.name for w in windows if w.is_open]
     return dg.AssetCheckResult(
         passed=not tripped,
         severity=dg.AssetCheckSeverity.ERROR,
-        description=(
-            "not-found breaker open for " + ", ".join(w.provider for w in tripped) if tripped else None
-        ),
+        description="not-found breaker open for " + ", ".join(tripped) if tripped else None,
         metadata={
-            "open_for": dg.MetadataValue.json([w.provider for w in tripped]),
+            "open_for": dg.MetadataValue.json(tripped),
             "window_s": policy.window_s,
             "burst": policy.burst,
-            **{f"not_found/{w.provider}": w.not_found for w in windows},
-            **{f"answers/{w.provider}": w.answers for w in windows},
+            **{f"not_found/{w.name}": w.not_found for w in windows},
+            **{f"answers/{w.name}": w.answers for w in windows},
         },
     )

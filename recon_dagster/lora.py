@@ -8,9 +8,14 @@ Each cohort run does two things:
   none of migration 135's columns on its ``jobs`` row, so the sensor cannot see it. Adoption copies
   the id over with a guarded write (only rows still in flight with no task id), after which the
   sensor reconciles it like any other stale job.
-* *shadow-compare*: for adopted trainings the new path has already settled, ask Replicate what the
-  legacy cron would have decided and compare. Zero mismatches over a cohort is the spec's "verified
-  on one cohort" that lets the legacy cron be deleted.
+* *shadow-compare*: for trainings the new path itself settled, ask Replicate what the legacy cron
+  would have decided and compare. Zero mismatches over a cohort is the spec's "verified on one
+  cohort" that lets the legacy cron be deleted.
+
+"The new path settled it" is proven by reconciliation's own audit trail: a ``reconcile_events`` row
+of that job whose outcome is a settle reconciliation won (recovered, failed, swept, exhausted). A
+training the app's worker or webhook completed has none, whatever its status: it is no evidence
+about the new path, and is only counted (``settled_elsewhere``) so the check can say so.
 """
 
 from __future__ import annotations
@@ -22,8 +27,12 @@ from typing import Protocol
 import sqlalchemy as sa
 
 from recon_dagster.providers.status import UpstreamState, UpstreamStatus
+from recon_dagster.reconcile.decide import Outcome
 
 KIND = "replicate-training"
+
+# Outcomes of an attempt whose guarded terminal write reconciliation itself won.
+SETTLED_BY_RECONCILE = (Outcome.RECOVERED, Outcome.FAILED, Outcome.SWEPT, Outcome.EXHAUSTED)
 
 
 class TrainingPoller(Protocol):
@@ -56,11 +65,19 @@ class Comparison:
 MIN_RETIREMENT_COHORT = 20
 
 
-def retirement_blockers(compared: int, mismatches: int, orphans: int) -> list[str]:
+def retirement_blockers(
+    compared: int, mismatches: int, orphans: int, settled_elsewhere: int = 0
+) -> list[str]:
     """What still stands between the cohort and retiring the legacy cron (empty: nothing)."""
     blockers = []
     if compared < MIN_RETIREMENT_COHORT:
         blockers.append(f"only {compared} training(s) compared, {MIN_RETIREMENT_COHORT} needed")
+        if settled_elsewhere:
+            # Named, so a cohort that looks big enough in the table says why it does not count.
+            blockers.append(
+                f"{settled_elsewhere} settled training(s) have no reconcile event (settled by the app's "
+                "worker or webhook, not reconciliation): not counted"
+            )
     if mismatches:
         blockers.append(f"{mismatches} training(s) settled differently from the legacy cron")
     if orphans:
@@ -70,14 +87,15 @@ def retirement_blockers(compared: int, mismatches: int, orphans: int) -> list[st
 
 def legacy_decision(status: UpstreamStatus) -> str | None:
     """What the legacy cron did with a training: ready on success, failed on failure or lost
-    output, nothing while it runs (the character stays 'training')."""
+    output, and nothing while it runs: the character stays 'training' (a settled character whose
+    training still runs is therefore a mismatch, never "no opinion")."""
     match status.state:
         case UpstreamState.SUCCEEDED:
             return "ready"
         case UpstreamState.FAILED | UpstreamState.EXPIRED | UpstreamState.NOT_FOUND:
             return "failed"
         case UpstreamState.RUNNING:
-            return None
+            return "training"
     return None  # pragma: no cover
 
 
@@ -120,39 +138,64 @@ def orphan_trainings(conn: sa.Connection) -> int:
     )
 
 
-def settled_cohort(conn: sa.Connection, limit: int = 200) -> list[tuple[uuid.UUID, uuid.UUID, str, str]]:
-    """Trainings the new path settled: (character, job, training id, character status)."""
+@dataclass(frozen=True)
+class Cohort:
+    """Settled trainings: (character, job, training id, character status) of those reconciliation
+    settled, and how many others (settled by another writer) were left out."""
+
+    members: list[tuple[uuid.UUID, uuid.UUID, str, str]]
+    settled_elsewhere: int
+
+
+# A settled training of the new path: its character settled, its job terminal, and whether
+# reconciliation's own audit trail (reconcile_events, one indexed probe per job) shows it won the
+# settle (``:reconciled``: true for the cohort, false for the count of the others).
+_SETTLED_SQL = """
+FROM characters c JOIN jobs j ON j.id = c.training_job_id
+WHERE j.provider_kind = :kind AND j.provider_task_id IS NOT NULL
+  AND c.training_status IN ('ready', 'failed')
+  AND j.status IN ('completed', 'failed')
+  AND EXISTS (SELECT 1 FROM reconcile_events e
+              WHERE e.job_id = j.id AND e.outcome = ANY(:outcomes)) = :reconciled
+"""
+
+
+def settled_cohort(conn: sa.Connection, limit: int = 200) -> Cohort:
+    """Trainings the new path settled (newest first, bounded), and a count of the others."""
+    params = {"kind": KIND, "outcomes": [o.value for o in SETTLED_BY_RECONCILE]}
     rows = conn.execute(
         sa.text(
-            """
-            SELECT c.id, j.id AS job_id, j.provider_task_id, c.training_status
-            FROM characters c JOIN jobs j ON j.id = c.training_job_id
-            WHERE j.provider_kind = :kind AND j.provider_task_id IS NOT NULL
-              AND c.training_status IN ('ready', 'failed')
-              AND j.status IN ('completed', 'failed')
-            ORDER BY c.updated_at DESC LIMIT :limit
-            """
+            "SELECT c.id, j.id AS job_id, j.provider_task_id, c.training_status "
+            + _SETTLED_SQL
+            + " ORDER BY c.updated_at DESC LIMIT :limit"
         ),
-        {"kind": KIND, "limit": limit},
+        {**params, "reconciled": True, "limit": limit},
     )
-    return [
+    members = [
         (uuid.UUID(str(r.id)), uuid.UUID(str(r.job_id)), r.provider_task_id, r.training_status) for r in rows
     ]
+    elsewhere = conn.execute(sa.text("SELECT count(*) " + _SETTLED_SQL), {**params, "reconciled": False})
+    return Cohort(members, int(elsewhere.scalar_one()))
 
 
-def shadow_compare(engine: sa.Engine, poller: TrainingPoller, limit: int = 200) -> list[Comparison]:
-    """Compare each settled training's character status with the legacy cron's decision."""
+def shadow_compare(
+    engine: sa.Engine, poller: TrainingPoller, limit: int = 200
+) -> tuple[list[Comparison], int]:
+    """Compare each training reconciliation settled with the legacy cron's decision; also returns
+    how many settled trainings were left out (settled by another writer)."""
     with engine.connect() as conn:
         cohort = settled_cohort(conn, limit)
     out: list[Comparison] = []
-    for character_id, job_id, training_id, new_status in cohort:
+    for character_id, job_id, training_id, new_status in cohort.members:
         try:
             status = poller.poll(KIND, training_id)
             legacy, note = legacy_decision(status), ""
+            if status.state is UpstreamState.RUNNING:
+                note = "Replicate still reports the training running; the legacy cron would have left it training"
             if status.state is UpstreamState.EXPIRED:
                 # Replicate drops outputs an hour after completion: no evidence either way now.
                 legacy, note = None, "output already removed upstream; not comparable"
         except Exception as exc:  # a poll error is a gap in the evidence, not a mismatch
             legacy, note = None, f"poll failed: {type(exc).__name__}: {exc}"
         out.append(Comparison(character_id, job_id, training_id, new_status, legacy, note))
-    return out
+    return out, cohort.settled_elsewhere

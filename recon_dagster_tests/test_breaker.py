@@ -151,7 +151,8 @@ def test_a_burst_of_not_found_from_two_processes_fails_at_most_the_burst_thresho
     assert any(r.levelno == logging.ERROR and provider in r.getMessage() for r in caplog.records)
     check = _check(db)
     assert not check.passed and check.severity is dg.AssetCheckSeverity.ERROR
-    assert check.metadata["open_for"].value == [provider]
+    # Open for the provider as a whole and for the kind that burst (issue 16 item 11: per kind).
+    assert check.metadata["open_for"].value == [provider, kind]
     # Other providers are not affected: a lone not-found elsewhere still fails at once.
     other_provider = next(p for p in sorted(KIND_OF) if p != provider)
     _, lone = _stale(db, KIND_OF[other_provider])
@@ -223,7 +224,10 @@ def test_a_smaller_configured_burst_opens_sooner(db, sandbox, media_dir):
     outcomes = [o.outcome for o in _work(db, media_dir, jobs, breaker=breaker)]
     assert outcomes.count(Outcome.FAILED) <= 1 and outcomes.count(Outcome.ERROR) >= 5
     with db.connect() as conn:
-        assert [w.is_open for w in provider_windows(conn, breaker.policy)] == [True]
+        assert [(w.name, w.is_open) for w in provider_windows(conn, breaker.policy)] == [
+            ("kie", True),
+            ("kie-veo", True),
+        ]
 
 
 # --- answers that cannot open the breaker are written in batches ----------------------------------
@@ -263,3 +267,57 @@ def test_a_not_found_is_judged_against_the_found_answers_before_it(db, sandbox, 
     outcomes = {o.job_id: o.outcome for o in rec.reconcile_many(running + lost, owner)}
     assert {outcomes[j] for j in lost} == {Outcome.FAILED}
     assert {outcomes[j] for j in running} == {Outcome.STILL_RUNNING}
+
+
+# --- issue 16 item 11: not-found is counted per kind -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("healthy", "bursting"),
+    [
+        ("replicate-prediction", "replicate-training"),  # the issue's scenario
+        ("replicate-training", "replicate-prediction"),
+        ("kie-veo", "kie-runway"),
+    ],
+)
+def test_not_found_breaker_counts_per_kind_whatever_the_providers_other_traffic(
+    db, sandbox, media_dir, healthy, bursting
+):
+    # 40 healthy answers of one kind fill the provider's window; then 15 tasks of a sibling kind
+    # of the same provider answer not-found. The healthy traffic must not dilute that burst.
+    burst = policy_from_env().burst
+    running = [
+        _stale(db, healthy, task_id=sandbox.add_task(healthy, Scenario(outcome="run_forever")))[1]
+        for _ in range(40)
+    ]
+    assert {o.outcome for o in _work(db, media_dir, running)} == {Outcome.STILL_RUNNING}
+    lost = [_stale(db, bursting)[1] for _ in range(15)]
+
+    outcomes = [o.outcome for o in _work(db, media_dir, lost)]
+
+    assert outcomes.count(Outcome.FAILED) <= burst, outcomes
+    assert outcomes.count(Outcome.ERROR) == 15 - outcomes.count(Outcome.FAILED)
+    assert _statuses(db, lost).get("failed", 0) <= burst
+    check = _check(db)
+    assert not check.passed and bursting in check.metadata["open_for"].value
+    assert healthy not in check.metadata["open_for"].value
+    # The healthy kind is not held: a lone genuine not-found of it still fails at once.
+    _, lone = _stale(db, healthy)
+    assert _work(db, media_dir, [lone])[0].outcome is Outcome.FAILED
+
+
+def test_not_found_breaker_per_kind_with_traffic_of_other_providers_and_kinds(db, sandbox, media_dir):
+    # Healthy traffic of every other provider and of two sibling kinds, interleaved with the burst
+    # in one batch: still at most the burst of the bursting kind fails.
+    burst = policy_from_env().burst
+    healthy = [
+        _stale(db, kind, task_id=sandbox.add_task(kind, Scenario(outcome="run_forever")))[1]
+        for kind in ("replicate-prediction", "kie-veo", "elevenlabs-async", "kie-standard") * 10
+    ]
+    lost = [_stale(db, "replicate-training")[1] for _ in range(15)]
+    batch = [j for pair in zip(healthy[:15], lost, strict=True) for j in pair] + healthy[15:]
+
+    outcomes = {o.job_id: o.outcome for o in _work(db, media_dir, batch)}
+
+    assert [outcomes[j] for j in lost].count(Outcome.FAILED) <= burst
+    assert {outcomes[j] for j in healthy} == {Outcome.STILL_RUNNING}

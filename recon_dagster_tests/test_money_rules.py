@@ -388,6 +388,14 @@ def _settled_trainings(db: sa.Engine, sandbox: SandboxServer, n: int) -> None:
                 ),
                 {"u": str(user), "t": training, "j": str(job)},
             )
+            # Reconciliation's own audit trail: only trainings it settled count (issue 16 item 2).
+            conn.execute(
+                sa.text(
+                    "INSERT INTO reconcile_events (job_id, provider_kind, attempt, outcome) "
+                    "VALUES (:j, 'replicate-training', 1, 'recovered')"
+                ),
+                {"j": str(job)},
+            )
 
 
 def _retirement(db: sa.Engine, instance: Any, media_dir: str) -> dict[str, Any]:

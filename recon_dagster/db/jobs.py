@@ -149,6 +149,7 @@ _AWAITS_ADOPTION = """provider_task_id IS NULL AND EXISTS (
       SELECT 1 FROM characters c WHERE c.training_job_id = jobs.id
         AND c.training_status IN ('pending', 'training') AND c.replicate_training_id IS NOT NULL)"""
 
+
 # Two branches, both served by jobs_inflight_idx (its predicate is status IN (pending, processing)):
 #  a) rows with provider_call_started_at: a range scan up to the smallest threshold, refined per
 #     kind, walked oldest first so LIMIT stops early;
@@ -158,11 +159,13 @@ _AWAITS_ADOPTION = """provider_task_id IS NULL AND EXISTS (
 #     never call a provider and so never get a provider_kind (spec 9.1), are not due at all.
 # Rows leased by a live reconcile run, or waiting out the reconcile cadence, are not due. ORDER BY
 # names jobs.* so it sorts by the stored column (the index order), not the finite-mapped output.
-_STALE_SCAN_TEMPLATE = f"""
-WITH timed AS (
+# ``where`` narrows a branch (the sweep's own branches below); each branch has its own LIMIT.
+def _timed_branch(name: str, where: str = "") -> str:
+    narrow = f" AND {where}" if where else ""
+    return f"""{name} AS (
   SELECT {_ROW_COLUMNS}, jobs.provider_call_started_at AS stale_since
   FROM jobs
-  WHERE status IN ('pending', 'processing')
+  WHERE status IN ('pending', 'processing'){narrow}
     AND jobs.provider_call_started_at < now() - interval '{_MIN_THRESHOLD_S} seconds'
     AND jobs.provider_call_started_at < now() - {_threshold_case("provider_kind")}
     AND NOT ({_AWAITS_ADOPTION})
@@ -170,10 +173,15 @@ WITH timed AS (
     AND (reconcile_next_at IS NULL OR reconcile_next_at <= now())
   ORDER BY jobs.provider_call_started_at
   LIMIT :limit
-), untimed AS (
+)"""
+
+
+def _untimed_branch(name: str, where: str = "") -> str:
+    narrow = f" AND {where}" if where else ""
+    return f"""{name} AS (
   SELECT {_ROW_COLUMNS}, COALESCE(jobs.started_at, jobs.created_at) AS stale_since
   FROM jobs
-  WHERE status IN ('pending', 'processing')
+  WHERE status IN ('pending', 'processing'){narrow}
     AND jobs.provider_call_started_at IS NULL
     AND NOT (provider_kind IS NULL AND job_type IN ({_NON_PROVIDER_TYPES}))
     AND COALESCE(jobs.started_at, jobs.created_at) < now() - {{precall}}
@@ -182,11 +190,44 @@ WITH timed AS (
     AND (reconcile_next_at IS NULL OR reconcile_next_at <= now())
   ORDER BY COALESCE(jobs.started_at, jobs.created_at)
   LIMIT :limit
-)
-SELECT {_ROW_NAMES} FROM (SELECT * FROM timed UNION ALL SELECT * FROM untimed) due
+)"""
+
+
+def _due_rows(branches: dict[str, str]) -> str:
+    """The union of ``{cte name: cte}`` branches, oldest first, bounded."""
+    union = " UNION ALL ".join(f"SELECT * FROM {name}" for name in branches)
+    return f"""
+WITH {", ".join(branches.values())}
+SELECT {_ROW_NAMES} FROM ({union}) due
 ORDER BY stale_since
 LIMIT :limit
 """
+
+
+_STALE_SCAN_TEMPLATE = _due_rows({"timed": _timed_branch("timed"), "untimed": _untimed_branch("untimed")})
+
+# The sweep's own read (issue 16 item 8): only rows reconcile.decide.route() sends to the sweep,
+# so a backlog of older async rows, which only the sensor's polls can settle, never fills the
+# sweep's batch. route() stays the rule (the sweep filters on it again); this selects that set:
+#  - task-less rows (legacy rows, sync kinds, async rows that never got a task id): the partial
+#    index jobs_taskless_inflight_idx (migration 142), range-scanned or IS NULL-probed like above;
+#  - rows with a task id that still cannot be polled (an empty id, no kind, a kind that is not
+#    async or not in the registry): rare, with no index of their own; jobs_inflight_idx with a
+#    filter, which at worst walks the due in-flight rows, never the whole table.
+_TASKLESS = "jobs.provider_task_id IS NULL"
+_ASYNC_KINDS = ", ".join(f"'{k.name}'" for k in KINDS.values() if k.is_async)
+_UNPOLLABLE_WITH_TASK = (
+    "jobs.provider_task_id IS NOT NULL AND (jobs.provider_task_id = '' OR jobs.provider_kind IS NULL "
+    f"OR jobs.provider_kind NOT IN ({_ASYNC_KINDS}))"
+)
+_SWEEP_SCAN_TEMPLATE = _due_rows(
+    {
+        "taskless_timed": _timed_branch("taskless_timed", _TASKLESS),
+        "taskless_untimed": _untimed_branch("taskless_untimed", _TASKLESS),
+        "tasked_timed": _timed_branch("tasked_timed", _UNPOLLABLE_WITH_TASK),
+        "tasked_untimed": _untimed_branch("tasked_untimed", _UNPOLLABLE_WITH_TASK),
+    }
+)
 
 
 def stale_scan_sql(precall: timedelta | None = None) -> str:
@@ -198,9 +239,22 @@ def stale_scan_sql(precall: timedelta | None = None) -> str:
     return _STALE_SCAN_TEMPLATE.replace("{precall}", _precall_interval(precall))
 
 
+def sweep_scan_sql(precall: timedelta | None = None) -> str:
+    """The sweep's own statement: the stale scan narrowed to rows that can only be swept."""
+    return _SWEEP_SCAN_TEMPLATE.replace("{precall}", _precall_interval(precall))
+
+
 def scan_stale(conn: sa.Connection, limit: int = 500, *, precall: timedelta | None = None) -> list[JobRow]:
     """In-flight rows past their kind's threshold and due for an attempt, oldest first, bounded."""
     rows = conn.execute(sa.text(stale_scan_sql(precall)), {"limit": limit}).mappings()
+    return [_row(r) for r in rows]
+
+
+def scan_sweepable(
+    conn: sa.Connection, limit: int = 500, *, precall: timedelta | None = None
+) -> list[JobRow]:
+    """Due rows with nothing to poll (sync, task-less, legacy, unknown kind), oldest first, bounded."""
+    rows = conn.execute(sa.text(sweep_scan_sql(precall)), {"limit": limit}).mappings()
     return [_row(r) for r in rows]
 
 

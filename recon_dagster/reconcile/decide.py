@@ -130,16 +130,16 @@ def unusable_result(*, media: int, result: object, promised: bool) -> str | None
 
 @dataclass(frozen=True)
 class BreakerPolicy:
-    """When a burst of not-found answers from one provider stops counting as lost tasks."""
+    """When a burst of not-found answers of one kind (or provider) stops counting as lost tasks."""
 
     # Open once MORE than this many not-found answers arrived within the window...
     burst: int = 5
-    # ...and they are more than this share of the provider's answers in the window.
+    # ...and they are more than this share of the kind's (or provider's) answers in the window.
     share: float = 0.5
     window_s: float = 600.0
 
 
 def not_found_breaker_open(not_found: int, answers: int, policy: BreakerPolicy) -> bool:
-    """The breaker's rule over one provider's answers within the window (both counts include the
-    answer being judged)."""
+    """The breaker's rule over one kind's (or one provider's) answers within the window (both
+    counts include the answer being judged)."""
     return not_found > policy.burst and not_found > policy.share * answers

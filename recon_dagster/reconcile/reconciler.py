@@ -558,7 +558,8 @@ class Reconciler:
                 )
         clamp_impossible_waits(self.engine, self.settings.lease_ttl, self.settings.cadence)
         with self.engine.begin() as conn:
-            rows = jobs_db.scan_stale(conn, limit)
+            # Its own read (only rows it can sweep): no backlog of other kinds can fill its batch.
+            rows = jobs_db.scan_sweepable(conn, limit)
             claims = [jobs_db.Claim(r.id, r.reconcile_attempts) for r in rows if route(r) is Route.SWEEP]
             won, errors = claim_isolated(
                 conn, claims, owner, self.settings.lease_ttl, planned=False, cap=self.settings.max_attempts
