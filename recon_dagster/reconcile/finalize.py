@@ -214,9 +214,7 @@ def finalize_job_with_media(
             out.asset_created = _create_asset(conn, row, primary, result)
         jobs_db.notify_job_event(conn, job_id, "completed", source)
         if row.workflow_execution_id is not None and row.node_id is not None:
-            out.workflow_reopened = _reopen_sole_cause_workflow(
-                conn, row.workflow_execution_id, row.node_id, job_id
-            )
+            out.workflow_reopened = _reopen_sole_cause_workflow(conn, row.workflow_execution_id, row.node_id)
         out.character_updated = _character_ready(conn, job_id, stored, result)
         crash_point("finalize.in_settle")
     crash_point("finalize.after_commit")
@@ -390,31 +388,36 @@ def _fail_and_refund(conn: sa.Connection, job_id: uuid.UUID, error_message: str)
     return Failed(refund)
 
 
-def _reopen_sole_cause_workflow(
-    conn: sa.Connection, workflow_execution_id: uuid.UUID, node_id: str, job_id: uuid.UUID
-) -> bool:
-    """Spec 5.7: reopen a workflow that failed only because of this job; CAS on 'failed'.
+def _reopen_sole_cause_workflow(conn: sa.Connection, workflow_execution_id: uuid.UUID, node_id: str) -> bool:
+    """Spec 5.7: reopen a workflow that failed only because of this job's node; CAS on 'failed'.
 
-    Sole cause: the workflow lists only this node as failed, and no other job of that node in
-    this execution is failed (a node can run several jobs; one recovered job does not recover a
-    sibling that really failed). The test and the compare-and-set are one statement, so a user
-    cancel (or a second failed node) landing in between leaves the workflow as it is.
+    Sole cause: the workflow lists only this node as failed, and every job of that node in this
+    execution has completed (a node can run several jobs: one recovered while a sibling still runs
+    must not flip the workflow, since nothing would fail it again if that sibling then fails).
+    The last sibling to complete reopens it. Two siblings completing at once would each see the
+    other still in flight in their own snapshot, so the workflow row is locked first: the second
+    waits for the first to commit and then, in a fresh snapshot, sees it completed.
     """
+    params = {"id": str(workflow_execution_id), "node": node_id}
+    sole_cause = "status = 'failed' AND failed_nodes = jsonb_build_array(CAST(:node AS text))"
+    locked = conn.execute(
+        sa.text(f"SELECT id FROM workflow_executions WHERE id = :id AND {sole_cause} FOR UPDATE"), params
+    ).first()
+    if locked is None:
+        return False
     r = conn.execute(
         sa.text(
-            """
+            f"""
             UPDATE workflow_executions w
             SET status = 'completed', failed_nodes = '[]'::jsonb, error_message = NULL, updated_at = now()
-            WHERE w.id = :id AND w.status = 'failed'
-              AND w.failed_nodes = jsonb_build_array(CAST(:node AS text))
+            WHERE w.id = :id AND {sole_cause}
               AND NOT EXISTS (
                 SELECT 1 FROM jobs o
-                WHERE o.workflow_execution_id = w.id AND o.node_id = :node
-                  AND o.status = 'failed' AND o.id <> :job)
+                WHERE o.workflow_execution_id = w.id AND o.node_id = :node AND o.status <> 'completed')
             RETURNING w.id
             """
         ),
-        {"id": str(workflow_execution_id), "node": node_id, "job": str(job_id)},
+        params,
     ).first()
     return r is not None
 
