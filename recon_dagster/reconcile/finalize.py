@@ -425,13 +425,21 @@ def _reopen_sole_cause_workflow(conn: sa.Connection, workflow_execution_id: uuid
 def _create_asset(
     conn: sa.Connection, row: jobs_db.JobRow, obj: StoredObject, result: ProviderResult
 ) -> bool:
-    # is_public NULL means the crash-before-creditGuard window: free-tier baseline, public (9.1).
-    is_public = True if row.is_public is None else row.is_public
+    # An MCP-origin job (its workflow execution names an mcp_client; the app's worker gates on the
+    # same column, as a JavaScript truthy test: NULL and '' are not MCP) stays private whatever
+    # is_public holds. Otherwise is_public NULL means the crash-before-creditGuard window:
+    # free-tier baseline, public (9.1).
     r = conn.execute(
         sa.text(
             """
             INSERT INTO assets (user_id, job_id, asset_type, storage_key, url, is_public, metadata)
-            VALUES (:u, :j, :t, :k, :url, :p, CAST(:m AS jsonb))
+            SELECT :u, :j, :t, :k, :url,
+              CASE WHEN EXISTS (
+                     SELECT 1 FROM workflow_executions w
+                     WHERE w.id = CAST(:wf AS uuid) AND w.mcp_client <> '')
+                   THEN false
+                   ELSE COALESCE(CAST(:p AS boolean), true) END,
+              CAST(:m AS jsonb)
             ON CONFLICT (job_id) DO NOTHING RETURNING id
             """
         ),
@@ -441,7 +449,8 @@ def _create_asset(
             "t": row.job_type,
             "k": obj.key,
             "url": obj.url,
-            "p": is_public,
+            "wf": None if row.workflow_execution_id is None else str(row.workflow_execution_id),
+            "p": row.is_public,
             "m": jobs_db._json(
                 {"provider_kind": result.provider_kind, "size": obj.size, "sha256": obj.sha256}
             ),
