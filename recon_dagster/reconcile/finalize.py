@@ -41,6 +41,7 @@ from recon_dagster.media.store import MediaStore, StoredObject, guess_ext, media
 from recon_dagster.media.transfer import DEFAULT_CONTENT_TYPE, fetch_bytes, fetch_to_store
 from recon_dagster.media.watermark import watermark_image
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
+from recon_dagster.reconcile.completion import create_asset, reopen_sole_cause_workflow
 from recon_dagster.reconcile.decide import promised_media, unusable_result
 
 log = logging.getLogger("recon_dagster.finalize")
@@ -262,10 +263,10 @@ def finalize_job_with_media(
         out.credits_committed = credits.commit_job_credits(conn, job_id, result.cost_usd) is not None
         primary = _primary(stored, watermark)
         if primary is not None:
-            out.asset_created = _create_asset(conn, row, primary, result)
+            out.asset_created = create_asset(conn, row, primary, result.provider_kind)
         jobs_db.notify_job_event(conn, job_id, "completed", source)
         if row.workflow_execution_id is not None and row.node_id is not None:
-            out.workflow_reopened = _reopen_sole_cause_workflow(conn, row.workflow_execution_id, row.node_id)
+            out.workflow_reopened = reopen_sole_cause_workflow(conn, row.workflow_execution_id, row.node_id)
         out.character_updated = _character_ready(conn, job_id, stored, result)
         crash_point("finalize.in_settle")
     crash_point("finalize.after_commit")
@@ -462,77 +463,6 @@ def _fail_and_refund(conn: sa.Connection, job_id: uuid.UUID, error_message: str)
     _character_failed(conn, job_id, error_message)
     crash_point("refund.in_settle")
     return Failed(refund)
-
-
-def _reopen_sole_cause_workflow(conn: sa.Connection, workflow_execution_id: uuid.UUID, node_id: str) -> bool:
-    """Spec 5.7: reopen a workflow that failed only because of this job's node; CAS on 'failed'.
-
-    Sole cause: the workflow lists only this node as failed, and every job of that node in this
-    execution has completed (a node can run several jobs: one recovered while a sibling still runs
-    must not flip the workflow, since nothing would fail it again if that sibling then fails).
-    The last sibling to complete reopens it. Two siblings completing at once would each see the
-    other still in flight in their own snapshot, so the workflow row is locked first: the second
-    waits for the first to commit and then, in a fresh snapshot, sees it completed.
-    """
-    params = {"id": str(workflow_execution_id), "node": node_id}
-    sole_cause = "status = 'failed' AND failed_nodes = jsonb_build_array(CAST(:node AS text))"
-    locked = conn.execute(
-        sa.text(f"SELECT id FROM workflow_executions WHERE id = :id AND {sole_cause} FOR UPDATE"), params
-    ).first()
-    if locked is None:
-        return False
-    r = conn.execute(
-        sa.text(
-            f"""
-            UPDATE workflow_executions w
-            SET status = 'completed', failed_nodes = '[]'::jsonb, error_message = NULL, updated_at = now()
-            WHERE w.id = :id AND {sole_cause}
-              AND NOT EXISTS (
-                SELECT 1 FROM jobs o
-                WHERE o.workflow_execution_id = w.id AND o.node_id = :node AND o.status <> 'completed')
-            RETURNING w.id
-            """
-        ),
-        params,
-    ).first()
-    return r is not None
-
-
-def _create_asset(
-    conn: sa.Connection, row: jobs_db.JobRow, obj: StoredObject, result: ProviderResult
-) -> bool:
-    # An MCP-origin job (its workflow execution names an mcp_client, the column the app's worker
-    # gates on; NULL and '' name no client) stays private whatever is_public holds: a worker that
-    # died before writing is_public = false must not get it published. Otherwise is_public NULL means the crash-before-creditGuard window:
-    # free-tier baseline, public (9.1).
-    r = conn.execute(
-        sa.text(
-            """
-            INSERT INTO assets (user_id, job_id, asset_type, storage_key, url, is_public, metadata)
-            SELECT :u, :j, :t, :k, :url,
-              CASE WHEN EXISTS (
-                     SELECT 1 FROM workflow_executions w
-                     WHERE w.id = CAST(:wf AS uuid) AND w.mcp_client <> '')
-                   THEN false
-                   ELSE COALESCE(CAST(:p AS boolean), true) END,
-              CAST(:m AS jsonb)
-            ON CONFLICT (job_id) DO NOTHING RETURNING id
-            """
-        ),
-        {
-            "u": str(row.user_id),
-            "j": str(row.id),
-            "t": row.job_type,
-            "k": obj.key,
-            "url": obj.url,
-            "wf": None if row.workflow_execution_id is None else str(row.workflow_execution_id),
-            "p": row.is_public,
-            "m": jobs_db._json(
-                {"provider_kind": result.provider_kind, "size": obj.size, "sha256": obj.sha256}
-            ),
-        },
-    ).first()
-    return r is not None
 
 
 def _character_ready(
