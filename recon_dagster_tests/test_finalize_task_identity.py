@@ -6,6 +6,7 @@ before any download, and a losing finalize never changes an object the winner re
 from __future__ import annotations
 
 import hashlib
+import threading
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -259,3 +260,29 @@ def test_the_same_task_finalized_twice_keeps_one_object_under_one_key(db, sandbo
     assert lost.ok is False and lost.discarded == []  # the same task's key: the winner's own
     _assert_store_is_the_winners(db, job, media_dir, {"a": a})
     assert len(_files(media_dir)) == 1
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_two_tasks_finalized_at_once_leave_only_the_winners_bytes(db, sandbox, media_dir, round_):
+    a, ra = _task(sandbox)
+    b, rb = _task(sandbox)
+    job = _job(db, None)
+    store = LocalMediaStore(base_dir=media_dir)
+    start = threading.Barrier(4)
+    oks: list[bool] = []
+
+    def run(result: ProviderResult, source: str) -> None:
+        start.wait(timeout=10)
+        oks.append(_finalize(db, store, job, result, source).ok)
+
+    threads = [
+        threading.Thread(target=run, args=args)
+        for args in ((ra, "worker"), (rb, "webhook"), (ra, "reconcile"), (rb, "webhook"))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+
+    assert sorted(oks) == [False, False, False, True]
+    _assert_store_is_the_winners(db, job, media_dir, {"a": a, "b": b})
