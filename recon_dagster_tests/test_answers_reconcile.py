@@ -198,7 +198,10 @@ def test_a_text_result_still_completes_a_text_job(db, media_dir, kind):
         if kind == "kie-standard"
         else {"id": "x", "status": "succeeded", "output": ["a ", "poem"]}
     )
-    _, job, out = _answer(db, media_dir, kind, body, "prompt-enhance")
+    _, job = _job(db, kind, "prompt-enhance", task_id="x")  # the task the answer is about
+    upstream = BodyUpstream()
+    upstream.bodies["x"] = body
+    out = _reconcile(db, upstream, media_dir, job)
 
     assert out.outcome is Outcome.RECOVERED, out.detail
     assert job_row(db, job)["status"] == "completed" and usage_status(db, job) == "committed"

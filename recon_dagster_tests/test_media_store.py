@@ -30,6 +30,7 @@ from recon_dagster.media.store import (
     guess_ext,
     media_key,
     media_store_from_env,
+    validate_key,
 )
 from recon_dagster.media.transfer import fetch_bytes, fetch_to_store
 from recon_dagster.media.watermark import watermark_image
@@ -127,6 +128,22 @@ def test_media_key_is_deterministic_per_job() -> None:
     assert media_key(job, "weights", 0, "safetensors") == f"loras/{job}/0.safetensors"
     assert media_key(job, "ai-writer", 0, "json") == f"files/{job}/0.json"
     assert media_key(job, "image-ai", 0, "png") == media_key(str(job), "image-ai", 0, "png")
+
+
+@pytest.mark.parametrize(
+    "task", ["task-1", "a/../b", "ü ø\n", "x" * 500, "550e8400-e29b-41d4-a716-446655440000"]
+)
+def test_media_keys_are_deterministic_per_task_and_distinct_across_tasks(task: str) -> None:
+    job = uuid.UUID("5f0c2c2e-8d0b-4c8e-9a59-0f4e3a7c1d10")
+    key = media_key(job, "video-ai", 0, "mp4", task=task)
+    assert key == media_key(str(job), "video-ai", 0, "mp4", task=task)  # a retry rewrites one object
+    assert validate_key(key) == key and key.startswith(f"videos/{job}/") and key.endswith("/0.mp4")
+    others = {media_key(job, "video-ai", 0, "mp4", task=t) for t in (task + "x", task.upper() + "!")}
+    assert key not in others and key != media_key(job, "video-ai", 0, "mp4")
+    marked = media_key(job, "image", 0, "png", variant="watermarked", task=task)
+    assert ".watermarked." in marked and marked.rsplit("/", 2)[1] == key.rsplit("/", 2)[1]
+    with pytest.raises(ValueError):
+        media_key(job, "image", 0, "png", task="")
 
 
 @pytest.mark.parametrize(

@@ -134,8 +134,13 @@ def text_job(db: sa.Engine, user: uuid.UUID) -> uuid.UUID:
 
 
 def finalize_training(db: sa.Engine, store: LocalMediaStore, sandbox: SandboxServer, job: uuid.UUID) -> Any:
-    """Finalize a LoRA training the sandbox finished (its weights fetched over loopback HTTP)."""
-    _, result, policy = finished_training(sandbox)
+    """Finalize a LoRA training the sandbox finished (its weights fetched over loopback HTTP); the
+    row carries that training's id, as the worker persisted it."""
+    task, result, policy = finished_training(sandbox)
+    with db.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE jobs SET provider_task_id = :t WHERE id = :j"), {"t": task, "j": str(job)}
+        )
     return finalize_job_with_media(db, store, job, result, source="test", policy=policy)
 
 

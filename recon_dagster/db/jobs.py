@@ -433,8 +433,10 @@ def complete_job(
     provider: str | None,
     provider_cost: float | None,
     display_cost: float | None,
+    task_id: str | None = None,
 ) -> bool:
-    """Spec 5.4 step 4: pending/processing -> completed. False: another writer won.
+    """Spec 5.4 step 4: pending/processing -> completed. False: another writer won, or the row
+    carries another upstream task than ``task_id`` (None: the result names no task).
 
     The spec writes the guard as ``status != 'cancelled'``; asserting the in-flight states is
     strictly narrower: it also refuses to complete a row that already completed (so a second
@@ -448,11 +450,13 @@ def complete_job(
               progress = 100, error_message = NULL, completed_at = now(), updated_at = now(),
               reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
             WHERE id = :id AND status IN ('pending', 'processing')
+              AND (CAST(:task AS text) IS NULL OR provider_task_id IS NULL OR provider_task_id = :task)
             RETURNING id
             """
         ),
         {
             "id": str(job_id),
+            "task": task_id,
             "output": _json(output_data),
             "provider": provider,
             "provider_cost": provider_cost,

@@ -1,9 +1,10 @@
 """What every media store shares, free of Dagster: keys, ``StoredObject`` and the ``MediaStore``
 protocol.
 
-Keys are derived from the job id (``media_key``) so that a repeated upload -- worker and
-reconciliation racing, a retried finalize -- overwrites the same object instead of adding one
-(spec 5.4 step 3). Every ``put_stream`` is all-or-nothing: when the chunk iterator raises (cap
+Keys are derived from the job id and the upstream task (``media_key``) so that a repeated upload of
+the same result -- worker and reconciliation racing, a retried finalize -- overwrites the same
+object instead of adding one (spec 5.4 step 3), while a finalize of another task's result (an
+orphan duplicate, a stray webhook) can never overwrite an object the winner references. Every ``put_stream`` is all-or-nothing: when the chunk iterator raises (cap
 exceeded, network error) nothing is left at the key, and a previous object there is untouched.
 
 The writers (``folder.FolderWriter``, ``s3.S3Writer``) and this module import no Dagster, so a
@@ -12,6 +13,7 @@ process that only moves bytes does not pay for it; ``store`` wraps them as Dagst
 
 from __future__ import annotations
 
+import hashlib
 import mimetypes
 import os
 import re
@@ -70,13 +72,27 @@ def media_folder(job_type: str) -> str:
     return "files"
 
 
-def media_key(
-    job_id: object, job_type: str, index: int = 0, ext: str = "bin", variant: str | None = None
-) -> str:
-    """Deterministic key for output ``index`` of a job, e.g. ``images/{job_id}/0.watermarked.png``.
+def task_segment(task_id: str) -> str:
+    """The key folder of one upstream task: 16 hex digits of its SHA-256 (any task id is safe)."""
+    return hashlib.sha256(task_id.encode()).hexdigest()[:16]
 
-    The same arguments always give the same key, so a repeated upload overwrites one object.
-    Raises ``ValueError`` for a job id, extension or variant that is not a safe key segment.
+
+def media_key(
+    job_id: object,
+    job_type: str,
+    index: int = 0,
+    ext: str = "bin",
+    variant: str | None = None,
+    *,
+    task: str | None = None,
+) -> str:
+    """Deterministic key for output ``index`` of a job's result from upstream ``task``, e.g.
+    ``images/{job_id}/{task_segment(task)}/0.watermarked.png`` (no task, as for a sync call:
+    ``images/{job_id}/0.png``).
+
+    The same arguments always give the same key, so a repeated upload overwrites one object; two
+    tasks of one job never share a key. Raises ``ValueError`` for a job id, extension or variant
+    that is not a safe key segment, or an empty task id.
     """
     job = str(job_id)
     if not _SEGMENT.match(job) or ".." in job:
@@ -91,7 +107,11 @@ def media_key(
         if not _VARIANT.match(variant):
             raise ValueError(f"variant {variant!r} must be lowercase letters, digits, _ or -")
         name = f"{name}.{variant}"
-    return f"{media_folder(job_type)}/{job}/{name}.{extension}"
+    if task is None:
+        return f"{media_folder(job_type)}/{job}/{name}.{extension}"
+    if not isinstance(task, str) or not task:
+        raise ValueError(f"task must be a non-empty string, got {task!r}")
+    return f"{media_folder(job_type)}/{job}/{task_segment(task)}/{name}.{extension}"
 
 
 _EXT_OVERRIDES = {

@@ -5,9 +5,11 @@ Phases, Stripe-idempotency style:
 
 1. *read* (no transaction held): load the row, bail if it is already terminal; look up the
    reservation (D7).
+   A result from another upstream task than the row's is refused here, before any download.
 2. *media* (outside any transaction, idempotent): stream each result into the ``MediaStore`` under a
-   key derived from the job id, so a repeat (worker racing the reconciler, a late webhook)
-   overwrites the same object instead of adding one.
+   key derived from the job id and the task, so a repeat of the same result (worker racing the
+   reconciler, a late webhook) overwrites the same object instead of adding one, and another
+   task's result never lands on an object the winner references.
 3. *settle* (one transaction): the guarded completion, the credit commit, the asset row, the
    completion event, the sole-cause workflow reopen and the LoRA character update. If the guarded
    completion finds zero rows, nothing else in the transaction happens: ``ok=False``.
@@ -25,7 +27,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import httpx
 import sqlalchemy as sa
@@ -39,6 +41,7 @@ from recon_dagster.media.store import MediaStore, StoredObject, guess_ext, media
 from recon_dagster.media.transfer import DEFAULT_CONTENT_TYPE, fetch_bytes, fetch_to_store
 from recon_dagster.media.watermark import watermark_image
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
+from recon_dagster.reconcile.completion import create_asset, reopen_sole_cause_workflow
 from recon_dagster.reconcile.decide import promised_media, unusable_result
 
 log = logging.getLogger("recon_dagster.finalize")
@@ -126,6 +129,51 @@ class UnusableResult(ValueError):
         self.problem = problem
 
 
+class ForeignTaskResult(UnusableResult):
+    """The result comes from another upstream task than the row's ``provider_task_id`` (an orphan
+    duplicate task, a stray webhook): it never touches the row's media or money. Refused with a
+    ``foreign_task_result`` credit anomaly naming both tasks; the job is neither completed nor
+    failed by it (the row's own task can still complete it)."""
+
+    def __init__(self, job_id: uuid.UUID, provider_kind: str, row_task: str, result_task: str | None) -> None:
+        super().__init__(
+            job_id, provider_kind, f"result of task {result_task}, but the row's task is {row_task}"
+        )
+        self.row_task = row_task
+        self.result_task = result_task
+
+
+def _refuse_foreign(
+    engine: sa.Engine, row: jobs_db.JobRow, row_task: str, result: ProviderResult, source: str
+) -> NoReturn:
+    """Record the ``foreign_task_result`` anomaly (in its own transaction), then raise."""
+    with engine.begin() as conn:
+        credits.log_credit_anomaly(
+            conn,
+            job_id=row.id,
+            user_id=row.user_id,
+            reason="foreign_task_result",
+            details={
+                "row_task_id": row_task,
+                "result_task_id": result.task_id,
+                "provider_kind": result.provider_kind,
+                "source": source,
+            },
+        )
+    raise ForeignTaskResult(row.id, result.provider_kind, row_task, result.task_id)
+
+
+def foreign_task(row_task: str | None, result_task: str | None) -> bool:
+    """Whether a result names another upstream task than the one the row persisted (pure). A
+    result without a task id, or a row without one yet, names no conflict."""
+    return row_task is not None and result_task is not None and result_task != row_task
+
+
+def _task_of(row: jobs_db.JobRow, result: ProviderResult) -> str | None:
+    """The upstream task whose result this is: the result's own id, else the row's."""
+    return result.task_id or row.provider_task_id
+
+
 def _require_usable(row: jobs_db.JobRow, result: ProviderResult, media: int) -> None:
     problem = unusable_result(
         media=media, result=result.result, promised=promised_media(result.provider_kind, row.job_type)
@@ -163,7 +211,9 @@ def finalize_job_with_media(
     writer wins the guarded completion; media errors (an expired signed URL, a refused host)
     propagate so the caller counts a failed attempt instead of completing the row without media.
     A success without the media the job promised (or without anything) raises ``UnusableResult``
-    the same way: a success is charged only with the media it promised, stored.
+    the same way: a success is charged only with the media it promised, stored. A result from
+    another task than the row's raises ``ForeignTaskResult`` (an ``UnusableResult``) before any
+    download, or at the settle if the row was given its task meanwhile.
     """
     policy = policy or MediaPolicy()
     started = time.monotonic()
@@ -177,6 +227,8 @@ def finalize_job_with_media(
         if not row.inflight:
             return FinalizeResult(False, f"already {row.status}")
         reservation = credits.find_reserved_usage_log(conn, job_id)
+    if row.provider_task_id is not None and foreign_task(row.provider_task_id, result.task_id):
+        _refuse_foreign(engine, row, row.provider_task_id, result, source)
     _require_usable(row, result, len(result.media))
 
     # Phase 2: media (the row's own should_watermark, never the user's current tier).
@@ -191,7 +243,8 @@ def finalize_job_with_media(
         if not jobs_db.complete_job(
             conn,
             job_id,
-            output_data=_output_data(result, stored, source),
+            task_id=result.task_id,
+            output_data=_output_data(result, stored, source, task=_task_of(row, result)),
             provider=result.provider,
             provider_cost=result.cost_usd,
             display_cost=result.display_cost
@@ -202,8 +255,7 @@ def finalize_job_with_media(
                 else None
             ),
         ):
-            out.reason = "another writer finished the job first"
-            out.discarded = _discard_losing_media(store, job_id, stored, *_winner(conn, job_id))
+            _settle_lost(engine, conn, store, row, result, source, out)
             out.duration_ms = _ms(started)
             return out
         out.ok = True
@@ -211,17 +263,34 @@ def finalize_job_with_media(
         out.credits_committed = credits.commit_job_credits(conn, job_id, result.cost_usd) is not None
         primary = _primary(stored, watermark)
         if primary is not None:
-            out.asset_created = _create_asset(conn, row, primary, result)
+            out.asset_created = create_asset(conn, row, primary, result.provider_kind)
         jobs_db.notify_job_event(conn, job_id, "completed", source)
         if row.workflow_execution_id is not None and row.node_id is not None:
-            out.workflow_reopened = _reopen_sole_cause_workflow(
-                conn, row.workflow_execution_id, row.node_id, job_id
-            )
+            out.workflow_reopened = reopen_sole_cause_workflow(conn, row.workflow_execution_id, row.node_id)
         out.character_updated = _character_ready(conn, job_id, stored, result)
         crash_point("finalize.in_settle")
     crash_point("finalize.after_commit")
     out.duration_ms = _ms(started)
     return out
+
+
+def _settle_lost(
+    engine: sa.Engine,
+    conn: sa.Connection,
+    store: MediaStore,
+    row: jobs_db.JobRow,
+    result: ProviderResult,
+    source: str,
+    out: FinalizeResult,
+) -> None:
+    """The guarded completion found zero rows: remove what this attempt stored unless the winner
+    references it. A row still in flight was given another task between the read and the settle:
+    ``ForeignTaskResult``."""
+    status, refs, row_task = _winner(conn, row.id)
+    out.discarded = _discard_losing_media(store, row.id, out.stored, status, refs)
+    if status in jobs_db.INFLIGHT_STATUSES and row_task is not None:
+        _refuse_foreign(engine, row, row_task, result, source)
+    out.reason = "another writer finished the job first"
 
 
 def watermark_required(row: jobs_db.JobRow) -> bool:
@@ -237,13 +306,14 @@ def store_result_media(
     should_watermark: bool,
     policy: MediaPolicy,
 ) -> list[StoredObject]:
-    """Stream every media reference into the store under the job's deterministic keys, all of
-    them within the policy's overall deadline.
+    """Stream every media reference into the store under the job's deterministic keys for this
+    task (``media_key``), all of them within the policy's overall deadline.
 
     Where the row says watermark, an image is stored only as its watermarked variant: the clean
     original is never written, so no key or URL of it can reach output_data, assets or logs.
     """
     out: list[StoredObject] = []
+    task = _task_of(row, result)  # keys per task: another task's result never shares one
     budget_s = policy.deadline_s if policy.deadline_s is not None else media_deadline_s()
     rate = policy.min_bytes_per_s if policy.min_bytes_per_s is not None else media_min_bytes_per_s()
     deadline = time.monotonic() + budget_s
@@ -258,7 +328,9 @@ def store_result_media(
         if not (should_watermark and ref.kind == "image"):
 
             def key_for(media: MediaStream, i: int = index, r: MediaRef = ref) -> str:
-                return media_key(row.id, row.job_type, i, _ext(media.content_type or DEFAULT_CONTENT_TYPE, r))
+                return media_key(
+                    row.id, row.job_type, i, _ext(media.content_type or DEFAULT_CONTENT_TYPE, r), task=task
+                )
 
             out.append(
                 fetch_to_store(
@@ -281,7 +353,9 @@ def store_result_media(
             deadline_s=left, min_bytes_per_s=rate,
         )  # fmt: skip
         marked, marked_type = watermark_image(data, policy.watermark_text)
-        marked_key = media_key(row.id, row.job_type, index, _ext(marked_type, ref), variant="watermarked")
+        marked_key = media_key(
+            row.id, row.job_type, index, _ext(marked_type, ref), variant="watermarked", task=task
+        )
         out.append(store.put_stream(marked_key, iter([marked]), marked_type))
     return out
 
@@ -289,8 +363,9 @@ def store_result_media(
 def media_to_discard(stored_keys: list[str], winner_status: str | None, winner_refs: str) -> list[str]:
     """Which objects a losing finalize wrote must go (pure).
 
-    Keys are deterministic per job, so a completed winner may reference the very objects this
-    attempt overwrote: every key its output or asset names (``winner_refs``, their text) stays.
+    Keys are deterministic per job and task, so a completed winner of the same task references the
+    very objects this attempt rewrote: every key its output or asset names (``winner_refs``, their
+    text) stays. Another task's keys are never the winner's, so they all go.
     Against a cancel, a failure or a vanished row nothing references them: all go.
     """
     if winner_status == "completed":
@@ -298,12 +373,12 @@ def media_to_discard(stored_keys: list[str], winner_status: str | None, winner_r
     return list(stored_keys)
 
 
-def _winner(conn: sa.Connection, job_id: uuid.UUID) -> tuple[str | None, str]:
-    """The row's final status and the text of everything that may reference its media."""
+def _winner(conn: sa.Connection, job_id: uuid.UUID) -> tuple[str | None, str, str | None]:
+    """The row's final status, the text of everything that may reference its media, and its task."""
     r = conn.execute(
         sa.text(
             """
-            SELECT j.status, coalesce(j.output_data::text, '') || ' ' || coalesce(
+            SELECT j.status, j.provider_task_id, coalesce(j.output_data::text, '') || ' ' || coalesce(
               (SELECT string_agg(concat_ws(' ', a.storage_key, a.url), ' ') FROM assets a WHERE a.job_id = j.id),
               '') AS refs
             FROM jobs j WHERE j.id = :id
@@ -311,7 +386,7 @@ def _winner(conn: sa.Connection, job_id: uuid.UUID) -> tuple[str | None, str]:
         ),
         {"id": str(job_id)},
     ).first()
-    return (None, "") if r is None else (r.status, r.refs)
+    return (None, "", None) if r is None else (r.status, r.refs, r.provider_task_id)
 
 
 def _discard_losing_media(
@@ -390,63 +465,6 @@ def _fail_and_refund(conn: sa.Connection, job_id: uuid.UUID, error_message: str)
     return Failed(refund)
 
 
-def _reopen_sole_cause_workflow(
-    conn: sa.Connection, workflow_execution_id: uuid.UUID, node_id: str, job_id: uuid.UUID
-) -> bool:
-    """Spec 5.7: reopen a workflow that failed only because of this job; CAS on 'failed'.
-
-    Sole cause: the workflow lists only this node as failed, and no other job of that node in
-    this execution is failed (a node can run several jobs; one recovered job does not recover a
-    sibling that really failed). The test and the compare-and-set are one statement, so a user
-    cancel (or a second failed node) landing in between leaves the workflow as it is.
-    """
-    r = conn.execute(
-        sa.text(
-            """
-            UPDATE workflow_executions w
-            SET status = 'completed', failed_nodes = '[]'::jsonb, error_message = NULL, updated_at = now()
-            WHERE w.id = :id AND w.status = 'failed'
-              AND w.failed_nodes = jsonb_build_array(CAST(:node AS text))
-              AND NOT EXISTS (
-                SELECT 1 FROM jobs o
-                WHERE o.workflow_execution_id = w.id AND o.node_id = :node
-                  AND o.status = 'failed' AND o.id <> :job)
-            RETURNING w.id
-            """
-        ),
-        {"id": str(workflow_execution_id), "node": node_id, "job": str(job_id)},
-    ).first()
-    return r is not None
-
-
-def _create_asset(
-    conn: sa.Connection, row: jobs_db.JobRow, obj: StoredObject, result: ProviderResult
-) -> bool:
-    # is_public NULL means the crash-before-creditGuard window: free-tier baseline, public (9.1).
-    is_public = True if row.is_public is None else row.is_public
-    r = conn.execute(
-        sa.text(
-            """
-            INSERT INTO assets (user_id, job_id, asset_type, storage_key, url, is_public, metadata)
-            VALUES (:u, :j, :t, :k, :url, :p, CAST(:m AS jsonb))
-            ON CONFLICT (job_id) DO NOTHING RETURNING id
-            """
-        ),
-        {
-            "u": str(row.user_id),
-            "j": str(row.id),
-            "t": row.job_type,
-            "k": obj.key,
-            "url": obj.url,
-            "p": is_public,
-            "m": jobs_db._json(
-                {"provider_kind": result.provider_kind, "size": obj.size, "sha256": obj.sha256}
-            ),
-        },
-    ).first()
-    return r is not None
-
-
 def _character_ready(
     conn: sa.Connection, job_id: uuid.UUID, stored: list[StoredObject], result: ProviderResult
 ) -> bool:
@@ -493,12 +511,14 @@ def _primary(stored: list[StoredObject], watermarked: bool) -> StoredObject | No
     return stored[0]
 
 
-def _output_data(result: ProviderResult, stored: list[StoredObject], source: str) -> dict[str, Any]:
+def _output_data(
+    result: ProviderResult, stored: list[StoredObject], source: str, *, task: str | None
+) -> dict[str, Any]:
     return {
         "media": [{"key": o.key, "url": o.url, "size": o.size, "sha256": o.sha256} for o in stored],
         "result": result.result,
         "provider_kind": result.provider_kind,
-        "provider_task_id": result.task_id,
+        "provider_task_id": task,
         "finalized_by": source,
     }
 
