@@ -50,6 +50,9 @@ BODIES = {
     "text": b"Internal Server Error",
     "html-with-bom-and-blank-lines": b"\xef\xbb\xbf\r\n\r\n  <html><body>oops</body></html>",
     "utf16-html": "\ufeff<html><body>fehler</body></html>".encode("utf-16-le"),
+    "latin1-html": "<html><body>Zugriff verweigert: Schlüssel abgelaufen</body></html>".encode("latin-1"),
+    "cp1252-json": '{"error": "quota “exceeded”"}'.encode("cp1252"),
+    "shift-jis-text": "エラーが発生しました".encode("shift_jis"),
     "long-html": b"<html><body>" + "Fehlerbeschreibung \u00e9\u00e8 ".encode() * 200 + b"</body></html>",
 }
 TEXT_TYPES = {

@@ -118,26 +118,18 @@ def _is_text_type(media_type: str) -> bool:
 
 
 def _looks_like_text(head: bytes) -> bool:
-    """True when the bytes read as text: UTF-8 (or UTF-16 with a BOM) without control characters.
+    """True when the bytes read as text in any charset: no control byte but tab, line breaks and
+    form feed (UTF-16 text, which has a BOM, judged by its characters).
 
-    Binary media formats (PNG, JPEG, GIF, WebP, MP4, WebM, MP3, WAV, OGG, FLAC...) all carry
-    non-text bytes in their first kilobyte; HTML, XML, JSON and plain-text error pages do not.
+    Binary media formats (PNG, JPEG, GIF, WebP, MP4, WebM, MP3, WAV, OGG, FLAC...) carry control
+    bytes (NUL above all) in their headers, and compressed data has them within any kilobyte;
+    HTML, XML, JSON and plain-text error pages, in UTF-8, Latin-1 or another charset, do not.
     """
     if head.startswith((b"\xff\xfe", b"\xfe\xff")):
-        try:
-            text = head[2 : len(head) - len(head) % 2].decode("utf-16-be" if head[0] == 0xFE else "utf-16-le")
-        except UnicodeDecodeError:
-            return False
+        encoding = "utf-16-be" if head[0] == 0xFE else "utf-16-le"
+        text = head[2 : len(head) - len(head) % 2].decode(encoding, errors="replace")
         return not any(ord(c) < 32 and ord(c) not in _TEXT_CONTROLS for c in text)
-    body = head[3:] if head.startswith(b"\xef\xbb\xbf") else head
-    try:
-        body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        # A multi-byte character cut by the sniff window is still text.
-        if exc.start < len(body) - 3 or exc.reason != "unexpected end of data":
-            return False
-        body = body[: exc.start]
-    return not any(b < 32 and b not in _TEXT_CONTROLS for b in body) and 0x7F not in body
+    return not any(b < 32 and b not in _TEXT_CONTROLS for b in head) and 0x7F not in head
 
 
 def _text_shape(head: bytes) -> str:
