@@ -8,9 +8,9 @@ EXIF orientation is applied first so the band sits at the bottom of the image as
 Video (PyAV, whose wheels ship FFmpeg) is read from a file and written to a file, frame by frame:
 memory holds a few frames and the codecs' buffers, never the video. Every frame of the first video
 stream gets the band; the audio is copied packet for packet; other streams (a second video track, a
-cover picture, subtitles) are dropped, so no clean picture survives. WebM with VP8/VP9/AV1 comes
-back as WebM (VP8 or VP9), everything else as MP4 (H.264), or as Matroska when its audio cannot go
-into MP4.
+cover picture, subtitles) are dropped, so no clean picture survives. Every video comes back as
+MP4 (H.264, which every player reads), or as Matroska when its audio cannot go into MP4: a WebM
+too, since libvpx's VP9 encoder peaked at 165 MB on 720p where x264 stays under 100 MB.
 """
 
 from __future__ import annotations
@@ -109,29 +109,17 @@ def _overlay(size: tuple[int, int], text: str) -> Image.Image:
 
 # 8K UHD: a larger frame is refused (a frame is held as RGB while its band is drawn).
 MAX_VIDEO_PIXELS = 7680 * 4320
-_WEBM_CODECS = {"vp8": "libvpx", "vp9": "libvpx-vp9", "av1": "libvpx-vp9"}
-_CONTENT_TYPES = {"mp4": "video/mp4", "webm": "video/webm", "matroska": "video/x-matroska"}
-# Fast presets, two threads: re-encoding must not hold many frames (memory) or take long.
-# x264 measured on 720p noise (benchmarks/video_watermark_memory.py): veryfast peaks at 145 MB,
+_CONTENT_TYPES = {"mp4": "video/mp4", "matroska": "video/x-matroska"}
+# A fast preset and two threads: re-encoding must not hold many frames (memory) or take long.
+# Measured on 720p noise (benchmarks/video_watermark_memory.py): veryfast peaks at 145 MB,
 # superfast without lookahead 120 MB, ultrafast 88 MB and 2.5x faster (files ~1.4x larger).
-_ENCODER_OPTIONS = {
-    "libx264": {"preset": "ultrafast", "crf": "20", "threads": "2"},
-    "libvpx": {"deadline": "realtime", "cpu-used": "8", "crf": "10", "b": "4M", "threads": "2"},
-    "libvpx-vp9": {
-        "deadline": "realtime",
-        "cpu-used": "8",
-        "row-mt": "1",
-        "crf": "32",
-        "b": "0",
-        "threads": "2",
-    },
-}
+_X264_OPTIONS = {"preset": "ultrafast", "crf": "20", "threads": "2"}
 
 
 def watermark_video(src_path: str, dst_path: str, text: str = "recon") -> str:
     """Re-encode the video at ``src_path`` into ``dst_path`` with the band drawn into every frame.
 
-    Returns the content type written (``video/mp4`` or ``video/webm``); raises ``MediaNotVideo``
+    Returns the content type written (``video/mp4``, or ``video/x-matroska``); raises ``MediaNotVideo``
     when the input is no readable video (corrupt, no video stream, no decodable frame, an
     unsupported codec). ``dst_path`` is then incomplete and must be discarded by the caller.
     """
@@ -143,12 +131,9 @@ def watermark_video(src_path: str, dst_path: str, text: str = "recon") -> str:
                 raise MediaNotVideo(None, "cannot watermark: no video stream")
             video = source.streams.video[0]
             audio = source.streams.audio[0] if source.streams.audio else None
-            video_codec = video.codec_context.codec.canonical_name
-            webm = "webm" in (source.format.name or "") and video_codec in _WEBM_CODECS
-            out_format = "webm" if webm else _container_for(audio)
-            codec = _WEBM_CODECS[video_codec] if webm else "libx264"
+            out_format = _container_for(audio)
             with av.open(dst_path, "w", format=out_format) as target:
-                frames = _reencode(source, video, audio, target, codec, text)
+                frames = _reencode(source, video, audio, target, text)
             if frames == 0:
                 raise MediaNotVideo(None, "cannot watermark: no decodable video frame")
     except MediaNotVideo:
@@ -180,10 +165,9 @@ def _reencode(
     video: VideoStream,
     audio: AudioStream | None,
     target: OutputContainer,
-    codec: str,
     text: str,
 ) -> int:
-    """Demux ``source``: video frames get the band and go through ``codec``, audio packets are
+    """Demux ``source``: video frames get the band and go through x264, audio packets are
     copied. Returns the number of video frames written."""
     width, height = video.width, video.height
     if not width or not height or width * height > MAX_VIDEO_PIXELS:
@@ -192,7 +176,7 @@ def _reencode(
     width, height = width - width % 2, height - height % 2
     rate = video.average_rate or video.guessed_rate or Fraction(25)
     time_base = video.time_base or 1 / Fraction(rate)
-    out_video = cast("VideoStream", target.add_stream(codec, rate=rate, options=_ENCODER_OPTIONS[codec]))
+    out_video = cast("VideoStream", target.add_stream("libx264", rate=rate, options=_X264_OPTIONS))
     out_video.width, out_video.height, out_video.pix_fmt = width, height, "yuv420p"
     out_video.time_base = out_video.codec_context.time_base = time_base
     out_audio = target.add_stream_from_template(audio) if audio is not None else None
