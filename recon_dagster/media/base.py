@@ -121,6 +121,7 @@ _EXT_OVERRIDES = {
     "audio/wav": "wav",
     "audio/x-wav": "wav",
     "video/quicktime": "mov",
+    "video/x-matroska": "mkv",
     "application/x-tar": "tar",
     "application/zip": "zip",
 }

@@ -249,6 +249,8 @@ class MediaStream:
         self.status_code = response.status_code
         self.content_type: str | None = response.headers.get("content-type")
         self.content_length: int | None = _content_length(response)
+        # Checked by the caller (media.content): httpx would decode it at any ratio.
+        self.content_encoding: str | None = response.headers.get("content-encoding")
         self.bytes_read = 0
 
     def iter_chunks(self, chunk_size: int | None = None) -> Iterator[bytes]:

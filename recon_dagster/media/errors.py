@@ -69,3 +69,12 @@ class MediaFetchError(MediaError):
 
 class MediaNotImage(MediaError):
     """Bytes handed to the watermarker are not an image Pillow can read."""
+
+
+class MediaNotVideo(MediaError):
+    """Bytes handed to the video watermarker are not a video FFmpeg can decode and re-encode."""
+
+
+class MediaUnusable(MediaError):
+    """The response is not the media promised: empty, an error page or other text, or encoded
+    (``Content-Encoding``) although identity was asked for."""

@@ -36,10 +36,11 @@ from recon_dagster.crashpoints import crash_point
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.deadlines import media_deadline_s, media_min_bytes_per_s
-from recon_dagster.media.download import MediaStream
+from recon_dagster.media.base import media_folder
+from recon_dagster.media.content import promised_kind
+from recon_dagster.media.errors import MediaNotImage, MediaNotVideo, MediaUnusable
 from recon_dagster.media.store import MediaStore, StoredObject, guess_ext, media_key
-from recon_dagster.media.transfer import DEFAULT_CONTENT_TYPE, fetch_bytes, fetch_to_store
-from recon_dagster.media.watermark import watermark_image
+from recon_dagster.media.transfer import fetch_media_to_store
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
 from recon_dagster.reconcile.completion import create_asset, reopen_sole_cause_workflow
 from recon_dagster.reconcile.decide import promised_media, unusable_result
@@ -233,7 +234,13 @@ def finalize_job_with_media(
 
     # Phase 2: media (the row's own should_watermark, never the user's current tier).
     watermark = watermark_required(row)
-    stored = store_result_media(store, row, result, should_watermark=watermark, policy=policy)
+    try:
+        stored = store_result_media(store, row, result, should_watermark=watermark, policy=policy)
+    except MediaUnusable as exc:
+        raise UnusableResult(row.id, result.provider_kind, str(exc)) from None
+    except (MediaNotImage, MediaNotVideo) as exc:
+        _watermark_failed(engine, row, result, exc)
+        raise UnusableResult(row.id, result.provider_kind, str(exc)) from None
     _require_usable(row, result, len(stored))
     crash_point("finalize.after_upload")
 
@@ -293,6 +300,25 @@ def _settle_lost(
     out.reason = "another writer finished the job first"
 
 
+def _watermark_failed(
+    engine: sa.Engine, row: jobs_db.JobRow, result: ProviderResult, exc: MediaNotImage | MediaNotVideo
+) -> None:
+    """A watermark row whose media cannot be watermarked is never completed with the clean
+    original: the caller counts an attempt, and one ``watermark_failed`` anomaly names the job."""
+    with engine.begin() as conn:
+        credits.log_credit_anomaly(
+            conn,
+            job_id=row.id,
+            user_id=row.user_id,
+            reason="watermark_failed",
+            details={
+                "error": str(exc)[:2000],
+                "provider_kind": result.provider_kind,
+                "provider_task_id": row.provider_task_id,
+            },
+        )
+
+
 def watermark_required(row: jobs_db.JobRow) -> bool:
     """The row's own ``should_watermark``; NULL is the free-tier default: watermark."""
     return row.should_watermark is not False
@@ -309,8 +335,10 @@ def store_result_media(
     """Stream every media reference into the store under the job's deterministic keys for this
     task (``media_key``), all of them within the policy's overall deadline.
 
-    Where the row says watermark, an image is stored only as its watermarked variant: the clean
-    original is never written, so no key or URL of it can reach output_data, assets or logs.
+    Where the row says watermark, an image or a video is stored only as its watermarked variant:
+    the clean original is never written, so no key or URL of it can reach output_data, assets or
+    logs. Audio is stored as it came. A body that cannot be the promised media (empty, an error
+    page, an encoded body) raises ``MediaUnusable`` before anything is stored.
     """
     out: list[StoredObject] = []
     task = _task_of(row, result)  # keys per task: another task's result never shares one
@@ -324,39 +352,26 @@ def store_result_media(
             if ref.needs_auth and policy.headers_for
             else None
         )
-        client = shared_media_client()
-        if not (should_watermark and ref.kind == "image"):
 
-            def key_for(media: MediaStream, i: int = index, r: MediaRef = ref) -> str:
-                return media_key(
-                    row.id, row.job_type, i, _ext(media.content_type or DEFAULT_CONTENT_TYPE, r), task=task
-                )
+        def key_for(content_type: str, variant: str | None, i: int = index, r: MediaRef = ref) -> str:
+            return media_key(row.id, row.job_type, i, _ext(content_type, r), variant=variant, task=task)
 
-            out.append(
-                fetch_to_store(
-                    ref.url,
-                    store,
-                    key_for,
-                    max_bytes=policy.max_bytes,
-                    allowed_hosts=policy.allowed_hosts,
-                    headers=headers,
-                    client=client,
-                    deadline_s=left,
-                    min_bytes_per_s=rate,
-                )  # fmt: skip
+        out.append(
+            fetch_media_to_store(
+                ref.url,
+                store,
+                key_for,
+                promised=promised_kind(ref.kind, media_folder(row.job_type)),
+                watermark_text=policy.watermark_text if should_watermark else None,
+                max_bytes=policy.max_bytes,
+                max_image_bytes=policy.max_image_bytes,
+                allowed_hosts=policy.allowed_hosts,
+                headers=headers,
+                client=shared_media_client(),
+                deadline_s=left,
+                min_bytes_per_s=rate,
             )
-            continue
-        # Images are small and must be decoded to be watermarked: buffer this one (capped).
-        data, _ = fetch_bytes(
-            ref.url, max_bytes=policy.max_image_bytes,
-            allowed_hosts=policy.allowed_hosts, headers=headers, client=client,
-            deadline_s=left, min_bytes_per_s=rate,
-        )  # fmt: skip
-        marked, marked_type = watermark_image(data, policy.watermark_text)
-        marked_key = media_key(
-            row.id, row.job_type, index, _ext(marked_type, ref), variant="watermarked", task=task
         )
-        out.append(store.put_stream(marked_key, iter([marked]), marked_type))
     return out
 
 
