@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from urllib.parse import quote, quote_plus
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from recon_dagster.redaction import CUT_PREFIX, MASK, isolated_secrets, redact_secrets, register_secret
@@ -107,13 +107,16 @@ def echoes(draw: st.DrawFn) -> tuple[str, str, str]:
     encoding = draw(st.sampled_from(sorted(ENCODINGS)))
     spelled = draw(ENCODINGS[encoding](key))
     template = draw(st.sampled_from(TEMPLATES))
-    before, after = draw(texts), draw(texts)
+    # A lone backslash right before the echo would escape its first character: not that echo.
+    before, after = draw(texts.filter(lambda t: not t.endswith("\\"))), draw(texts)
     message = before + template.format(spelled) + after
     return key, message, before + template.format(MASK) + after
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(echo=echoes(), others=st.lists(keys, max_size=3))
+# JSON inside JSON of a key with a character escaped in its middle.
+@example(echo=("0000000é", 'key \\"0000000\\\\u00e9\\"', "key [redacted]"), others=[])
 def test_no_run_of_a_key_survives_any_encoding(echo: tuple[str, str, str], others: list[str]) -> None:
     key, message, clean = echo
     with isolated_secrets():
