@@ -21,10 +21,11 @@ from dagster._serdes import serialize_value
 from recon_dagster.kinds import KINDS, MAX_ATTEMPTS
 from recon_dagster.providers import KieResource, ProviderError
 from recon_dagster.providers.http import HttpSettings, ProviderHttp, generic_error_message
-from recon_dagster.redaction import CUT_PREFIX, MASK, redact_secrets, register_secret, secret_forms
+from recon_dagster.redaction import CUT_PREFIX, MASK, redact_secrets, register_secret
 from recon_dagster.sandbox import SandboxServer, Scenario
 from recon_dagster_tests.factories import job_row, make_job, make_user, reserve
 from recon_dagster_tests.reconcile_support import make_defs, reconcile_once
+from recon_dagster_tests.redaction_support import runs
 
 # '+', '/' and '=' make the URL-encoded forms differ from the key itself.
 KEY = "sk-live+Echo/Key=" + secrets.token_hex(16)
@@ -106,16 +107,14 @@ def _dagster_text(instance) -> dict[str, str]:  # noqa: ANN001
     return out
 
 
-@pytest.mark.parametrize("configured", [KEY, KEY + "\n", f"  {KEY}\r\n"], ids=["plain", "newline", "padded"])
-def test_an_echoed_key_appears_nowhere_after_reconcile_once(
-    db, instance, media_dir, echo_sandbox, captured_logs, capfd, monkeypatch, configured
-):
-    monkeypatch.setenv("KIE_API_KEY", configured)
+def _reconcile_echoing_jobs(db, instance, media_dir, sandbox, scenario: Scenario):  # noqa: ANN001, ANN202
+    """A counted attempt and a force-fail with its anomaly, both polled from an echoing gateway
+    by one ``reconcile --once``; returns the two job rows and the report."""
     kind = "kie-standard"
     jobs = []
-    for attempts in (0, MAX_ATTEMPTS - 1):  # a counted attempt, and the force-fail with its anomaly
+    for attempts in (0, MAX_ATTEMPTS - 1):
         user = make_user(db)
-        task = echo_sandbox.add_task(kind, Scenario(echo_key=True))
+        task = sandbox.add_task(kind, scenario)
         job = make_job(
             db,
             user,
@@ -130,22 +129,50 @@ def test_an_echoed_key_appears_nowhere_after_reconcile_once(
     report = reconcile_once(make_defs(media_dir), instance=instance)
 
     # The echo really was answered and really went through every path.
-    assert all(echo_sandbox.poll_count(task) >= 1 for _, task in jobs)
+    assert all(sandbox.poll_count(task) >= 1 for _, task in jobs)
     counted, exhausted = (job_row(db, job) for job, _ in jobs)
-    assert counted["reconcile_attempts"] == 1 and "401" in counted["reconcile_last_error"]
-    assert MASK in counted["reconcile_last_error"]
+    assert counted["reconcile_attempts"] == 1 and MASK in counted["reconcile_last_error"]
     assert exhausted["status"] == "failed" and MASK in exhausted["error_message"]
     assert report.summary.errors == 1 and report.summary.failed == 1
+    return counted, exhausted, report
 
+
+def _everywhere(db, instance, capfd, captured_logs) -> dict[str, str]:  # noqa: ANN001
+    """Every place a message can land: our tables, Dagster's storage, stdout/stderr, log records."""
     out, err = capfd.readouterr()
-    texts = {
+    return {
         **_all_text(db),
         **_dagster_text(instance),
         "stdout": out,
         "stderr": err,
         "logs": "\n".join(captured_logs.lines),
     }
-    assert_no_key(texts, configured)
+
+
+@pytest.mark.parametrize("configured", [KEY, KEY + "\n", f"  {KEY}\r\n"], ids=["plain", "newline", "padded"])
+def test_an_echoed_key_appears_nowhere_after_reconcile_once(
+    db, instance, media_dir, echo_sandbox, captured_logs, capfd, monkeypatch, configured
+):
+    monkeypatch.setenv("KIE_API_KEY", configured)
+    counted, _, _ = _reconcile_echoing_jobs(db, instance, media_dir, echo_sandbox, Scenario(echo_key=True))
+    assert "401" in counted["reconcile_last_error"]
+    assert_no_key(_everywhere(db, instance, capfd, captured_logs), configured)
+
+
+def test_a_key_escaped_in_a_500_body_appears_nowhere_after_reconcile_once(
+    db, instance, media_dir, echo_sandbox, captured_logs, capfd
+):
+    """The gateway answers HTTP 500 with the key as JSON \\u escapes (any case, every character
+    or every other one), with \\/ for its '/', and base64'd in a Basic credential."""
+    scenario = Scenario(echo_key=True, echo_key_escaped=True)
+    counted, _, _ = _reconcile_echoing_jobs(db, instance, media_dir, echo_sandbox, scenario)
+    assert "500" in counted["reconcile_last_error"]
+
+    texts = _everywhere(db, instance, capfd, captured_logs)
+    assert_no_key(texts, KEY)
+    # Nor any run of RUN key characters, read back through any escaping or base64.
+    leaked = {where: sorted(runs(KEY, text))[:3] for where, text in texts.items() if runs(KEY, text)}
+    assert not leaked, f"the key leaked: {leaked}"
 
 
 def test_a_key_with_a_newline_is_stripped_when_read_and_the_call_succeeds(echo_sandbox):
@@ -192,9 +219,10 @@ def test_other_providers_echoes_are_masked_too(echo_sandbox, scenario_provider):
 def test_every_form_of_a_registered_secret_is_masked_and_other_text_is_kept():
     secret = "tok_" + secrets.token_hex(12) + "/+= \n"
     register_secret(secret)
-    for form in secret_forms(secret):
+    for form in leaked_forms(secret).values():
         masked = redact_secrets(f"before {form} after")
-        assert masked == f"before {MASK} after", form
+        assert masked.startswith("before ") and masked.endswith(" after") and MASK in masked, form
+        assert secret.strip()[:CUT_PREFIX] not in masked, form
     assert redact_secrets("nothing secret here") == "nothing secret here"
     # A message cut to a length limit in the middle of the key.
     cut = f"error: Bearer {secret.strip()}"[:30]

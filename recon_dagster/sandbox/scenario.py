@@ -105,6 +105,9 @@ class Scenario:
     # Polls answered by a gateway that echoes the credential it was sent, raw and URL-encoded
     # (KIE: HTTP 200 with code 401 in the envelope; others: HTTP 401).
     echo_key: bool = False
+    # With echo_key: HTTP 500 whose JSON body spells the key with \uXXXX escapes and \/, and
+    # carries it base64'd in a Basic credential (a gateway dumping its request, escaped).
+    echo_key_escaped: bool = False
     # Poll bodies / media bodies sent one byte every this many seconds (a slow-drip server).
     poll_drip_s: float | None = None
     media_drip_s: float | None = None

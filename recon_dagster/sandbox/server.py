@@ -8,6 +8,7 @@ latency and write the response outside any lock, so many calls proceed concurren
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import email.parser
 import email.policy
@@ -106,13 +107,15 @@ def _unauthorized(provider: str, missing: bool) -> Response:
     return _json(401, shapes.anthropic_error("authentication_error", message))
 
 
-def _echo_key(provider: str, req: Request, delay_s: float) -> Response:
-    """A gateway that rejects the key and echoes it back, as sent and URL-encoded."""
+def _echo_key(provider: str, req: Request, delay_s: float, escaped: bool = False) -> Response:
+    """A gateway that rejects the key and echoes it back, as sent and URL-encoded (or escaped)."""
     header = (
         "xi-api-key" if provider == ELEVENLABS else "x-api-key" if provider == ANTHROPIC else "Authorization"
     )
     presented = req.headers.get(header) or ""
     token = presented.partition(" ")[2] if header == "Authorization" else presented
+    if escaped:
+        return _escaped_echo(token, delay_s)
     message = f"Invalid API key {presented} (rejected {req.path}?api_key={quote(token, safe='')})"
     if provider == KIE:
         return _json(200, shapes.kie_error(401, message), delay_s=delay_s)
@@ -122,6 +125,25 @@ def _echo_key(provider: str, req: Request, delay_s: float) -> Response:
     return _json(
         401, shapes.elevenlabs_error("authentication_error", "invalid_api_key", message), delay_s=delay_s
     )
+
+
+def _escaped_echo(token: str, delay_s: float) -> Response:
+    """HTTP 500 with a JSON body (built by hand: ``json.dumps`` escapes nothing of an ASCII key)
+    spelling the key as encoders that escape freely do: every character as ``\\uXXXX`` (hex case
+    alternating), then every other character, then only ``/`` as ``\\/``; plus a Basic credential."""
+
+    def u(i: int, ch: str) -> str:
+        return f"\\u{ord(ch):04x}" if i % 2 else f"\\u{ord(ch):04X}"
+
+    every = "".join(u(i, ch) for i, ch in enumerate(token))
+    alternate = "".join(u(i, ch) if i % 2 else ch.replace("/", "\\/") for i, ch in enumerate(token))
+    slashed = token.replace("/", "\\/")
+    basic = base64.b64encode(f"api:{token}".encode()).decode()
+    body = (
+        f'{{"error":{{"message":"upstream rejected key {every}","detail":"key {alternate} / {slashed}",'
+        f'"request":{{"authorization":"Basic {basic}"}}}}}}'
+    )
+    return Response(500, body.encode(), delay_s=delay_s)
 
 
 def _gzip_bomb(decoded_bytes: int) -> bytes:
@@ -398,7 +420,7 @@ class Sandbox:
     ) -> Response:
         sc = task.scenario
         if sc.echo_key and req is not None:
-            return _echo_key(provider, req, self._latency(sc))
+            return _echo_key(provider, req, self._latency(sc), sc.echo_key_escaped)
         if sc.poll_gzip_bytes:
             return Response(
                 200,
