@@ -168,6 +168,9 @@ def _cmd_reconcile(args: argparse.Namespace) -> int:
         )
     require_migrated()
     from recon_dagster.once_cli import run_reconcile_once
+    from recon_dagster.providers.limits import verify_account_budgets
+
+    verify_account_budgets()  # a budget that differs from the account's refuses to start
 
     return run_reconcile_once(sweep=not args.no_sweep, debug=args.debug)
 

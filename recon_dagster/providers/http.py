@@ -370,7 +370,11 @@ class ProviderHttp:
             bucket.acquire(self._sleep)
         all_headers = {"accept-encoding": ACCEPT_ENCODING, **self._auth, **(headers or {})}
         started = time.perf_counter()
-        account = self._account.request(label, create=not idempotent) if self._account else nullcontext()
+        account = (
+            self._account.request(label, create=not idempotent, deadline=deadline)
+            if self._account
+            else nullcontext()
+        )
         try:
             with account, self._limiter.semaphore:
                 response = self._send_capped(

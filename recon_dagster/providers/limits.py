@@ -24,6 +24,7 @@ e.g. in unit tests) or the tables cannot be reached (logged).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -34,12 +35,14 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sqlalchemy as sa
 
 from recon_dagster.db.engine import DatabaseUnavailable, get_engine
+from recon_dagster.deadlines import stale_part_age_s
+from recon_dagster.providers.status import ProviderHTTPError
 
 _DB_ERRORS = (sa.exc.SQLAlchemyError, DatabaseUnavailable)
 
@@ -50,6 +53,11 @@ LIMITS_MODE_ENV = "RECON_LIMITS"  # "database" (default) or "process"
 
 class LimitsConfigError(ValueError):
     """A malformed ``RECON_LIMIT_*`` value; the message names the variable."""
+
+
+class TokenWaitTooLong(ProviderHTTPError):
+    """The account's next token comes after the request's deadline or the run's lease: the request
+    fails now (an error outcome, attempt counted) instead of sleeping past them."""
 
 
 class AccountBusy(RuntimeError):
@@ -98,6 +106,8 @@ class AccountLimits:
     kind_share: float = 0.5
     # A slot whose holder vanished is free again after this long (longer than any request).
     slot_ttl_s: float = 180.0
+    # Where this budget was configured (the variable), named in errors.
+    source: str = field(default="", compare=False)
 
     def budget(self, create: bool) -> Budget | None:
         return self.creates if create else self.reads
@@ -126,50 +136,76 @@ DEFAULT_LIMITS: dict[str, AccountLimits] = {
 }
 
 
+# Bounds of a configured budget (README, Configuration): beyond them a value is a typo, and an
+# absurd one hangs the account (a billion slot rows, a window of a nanosecond or of forever).
+MAX_REQUESTS = 100_000
+MIN_WINDOW_S = 1.0
+MAX_WINDOW_S = 86_400.0
+MAX_CONCURRENCY = 1_000
+UNLIMITED = ("none", "off")
+
+
 def _parse_budget(name: str, text: str) -> Budget | None:
-    if text.lower() in ("none", "off", "0"):
+    if text.lower() in UNLIMITED:
         return None
     count, _, window = text.partition("/")
+    shape = f"{name}: a budget is N/SECONDS (e.g. 600/60) or none"
     try:
-        return Budget(int(count), float(window.rstrip("s") or 60))
-    except (ValueError, LimitsConfigError):
+        requests = int(count)
+        window_s = float(window.removesuffix("s") or 60)
+    except ValueError:
+        raise LimitsConfigError(f"{shape}, got {text!r}") from None
+    if not 1 <= requests <= MAX_REQUESTS:
         raise LimitsConfigError(
-            f"{name}: a budget is N/SECONDS (e.g. 600/60) or none, got {text!r}"
-        ) from None
+            f"{shape}, with N from 1 to {MAX_REQUESTS} ('none' for unlimited), got {text!r}"
+        )
+    if not (math.isfinite(window_s) and MIN_WINDOW_S <= window_s <= MAX_WINDOW_S):
+        raise LimitsConfigError(
+            f"{shape}, with SECONDS from {MIN_WINDOW_S:g} to {MAX_WINDOW_S:g}, got {text!r}"
+        )
+    return Budget(requests, window_s)
+
+
+def _parse_concurrency(name: str, value: str) -> int | None:
+    if value.lower() in UNLIMITED:
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= MAX_CONCURRENCY:
+        raise LimitsConfigError(
+            f"{name}: concurrency is a whole number from 1 to {MAX_CONCURRENCY} or none, got {value!r}"
+        )
+    return int(value)
 
 
 def parse_account_limits(name: str, raw: str, default: AccountLimits) -> AccountLimits:
     """``RECON_LIMIT_<PROVIDER>``: comma-separated ``reads=N/S``, ``creates=N/S``,
-    ``concurrency=N|none``, ``kind_share=F``, ``account=NAME``; omitted fields keep ``default``."""
-    limits = default
+    ``concurrency=N|none``, ``kind_share=F``, ``account=NAME``; omitted fields keep ``default``.
+    Every value is checked against the bounds above; ``none`` is the only way to say unlimited."""
+    limits = replace(default, source=name)
     for part in filter(None, (p.strip() for p in raw.split(","))):
         key, sep, value = part.partition("=")
         key, value = key.strip().lower(), value.strip()
         if not sep or not value:
             raise LimitsConfigError(f"{name}: expected key=value, got {part!r}")
-        try:
-            if key == "reads":
-                limits = replace(limits, reads=_parse_budget(name, value))
-            elif key == "creates":
-                limits = replace(limits, creates=_parse_budget(name, value))
-            elif key == "concurrency":
-                limits = replace(limits, concurrency=None if value.lower() == "none" else int(value))
-            elif key == "kind_share":
-                limits = replace(limits, kind_share=float(value))
-            elif key == "account":
-                limits = replace(limits, account=value)
-            else:
-                raise LimitsConfigError(
-                    f"{name}: unknown field {key!r} (reads, creates, concurrency, kind_share, account)"
-                )
-        except ValueError as exc:
-            if isinstance(exc, LimitsConfigError):
-                raise
-            raise LimitsConfigError(f"{name}: bad value in {part!r}") from None
-    if limits.concurrency is not None and limits.concurrency < 1:
-        raise LimitsConfigError(f"{name}: concurrency must be at least 1")
-    if not 0 < limits.kind_share <= 1:
-        raise LimitsConfigError(f"{name}: kind_share must be in (0, 1]")
+        if key == "reads":
+            limits = replace(limits, reads=_parse_budget(name, value))
+        elif key == "creates":
+            limits = replace(limits, creates=_parse_budget(name, value))
+        elif key == "concurrency":
+            limits = replace(limits, concurrency=_parse_concurrency(name, value))
+        elif key == "kind_share":
+            try:
+                share = float(value)
+            except ValueError:
+                share = math.nan
+            if not 0 < share <= 1:  # NaN fails this too
+                raise LimitsConfigError(f"{name}: kind_share must be a number in (0, 1], got {value!r}")
+            limits = replace(limits, kind_share=share)
+        elif key == "account":
+            limits = replace(limits, account=value)
+        else:
+            raise LimitsConfigError(
+                f"{name}: unknown field {key!r} (reads, creates, concurrency, kind_share, account)"
+            )
     return limits
 
 
@@ -314,6 +350,37 @@ _BLOCK = sa.text(
 )
 
 
+MIGRATE_ENV = "RECON_LIMITS_MIGRATE"
+# Statement and lock timeout of the setup statements (ensure): a start fails in seconds, named.
+SETUP_TIMEOUT_MS = 10_000
+
+
+def budget_migration_requested(environ: dict[str, str] | None = None) -> bool:
+    """``RECON_LIMITS_MIGRATE=1``: this process's budgets replace the account's rows."""
+    raw = (os.environ if environ is None else environ).get(MIGRATE_ENV, "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    raise LimitsConfigError(f"{MIGRATE_ENV} must be 1 or 0, got {raw!r}")
+
+
+def _describe_bucket(rate: float, burst: float) -> str:
+    return f"{rate:.6g}/s, burst {burst:g}"
+
+
+def _as_budget(rate: float, burst: float) -> str:
+    """The budget whose bucket is ``(rate, burst)``, when one of a plain form matches (else '?')."""
+    for window in (1, 10, 60, 3600, 86400):
+        for requests in range(1, MAX_REQUESTS + 1):
+            r, b = Budget(requests, window).bucket()
+            if math.isclose(r, rate, rel_tol=1e-9) and b == burst:
+                return f"{requests}/{window}"
+            if r > rate * 1.01:
+                break
+    return "a budget set elsewhere"
+
+
 class AccountLimiter:
     """One account's shared budget, as seen from this process (thread-safe)."""
 
@@ -340,12 +407,16 @@ class AccountLimiter:
         return f"AccountLimiter({self.limits.account!r})"
 
     def ensure(self) -> None:
-        """Create this account's rows, or bring their rate and burst to this configuration."""
+        """Create this account's rows; refuse (``LimitsConfigError``) a budget that differs from the
+        account's row unless ``RECON_LIMITS_MIGRATE=1`` asks to change it for every process."""
         with self._ready_lock:
             if self._ready:
                 return
             lim = self.limits
             with self._engine().begin() as conn:
+                # Setup must never hang a start behind another process's lock or a huge insert.
+                conn.execute(sa.text(f"SET LOCAL statement_timeout = {SETUP_TIMEOUT_MS}"))
+                conn.execute(sa.text(f"SET LOCAL lock_timeout = {SETUP_TIMEOUT_MS}"))
                 conn.execute(
                     sa.text(
                         "INSERT INTO provider_limit_accounts (account) VALUES (:a) ON CONFLICT DO NOTHING"
@@ -353,21 +424,8 @@ class AccountLimiter:
                     {"a": lim.account},
                 )
                 for name, budget in (("read", lim.reads), ("create", lim.creates)):
-                    if budget is None:
-                        continue
-                    rate, burst = budget.bucket()
-                    conn.execute(
-                        sa.text(
-                            """
-                            INSERT INTO provider_limit_buckets (account, bucket, rate_per_s, burst, tokens)
-                            VALUES (:a, :b, :rate, :burst, :burst)
-                            ON CONFLICT (account, bucket) DO UPDATE
-                              SET rate_per_s = EXCLUDED.rate_per_s, burst = EXCLUDED.burst,
-                                  tokens = LEAST(provider_limit_buckets.tokens, EXCLUDED.burst)
-                            """
-                        ),
-                        {"a": lim.account, "b": name, "rate": rate, "burst": burst},
-                    )
+                    if budget is not None:
+                        self._ensure_bucket(conn, name, budget)
                 if lim.concurrency:
                     conn.execute(
                         sa.text(
@@ -377,6 +435,48 @@ class AccountLimiter:
                         {"a": lim.account, "n": lim.concurrency},
                     )
             self._ready = True
+
+    def _ensure_bucket(self, conn: sa.Connection, name: str, budget: Budget) -> None:
+        lim = self.limits
+        rate, burst = budget.bucket()
+        params = {"a": lim.account, "b": name, "rate": rate, "burst": burst}
+        conn.execute(
+            sa.text(
+                "INSERT INTO provider_limit_buckets (account, bucket, rate_per_s, burst, tokens) "
+                "VALUES (:a, :b, :rate, :burst, :burst) ON CONFLICT (account, bucket) DO NOTHING"
+            ),
+            params,
+        )
+        row = conn.execute(
+            sa.text(
+                "SELECT rate_per_s, burst FROM provider_limit_buckets "
+                "WHERE account = :a AND bucket = :b FOR UPDATE"
+            ),
+            params,
+        ).one()
+        have_rate, have_burst = float(row[0]), float(row[1])
+        if math.isclose(have_rate, rate, rel_tol=1e-9) and have_burst == burst:
+            return
+        field_name = "reads" if name == "read" else "creates"
+        if not budget_migration_requested():
+            raise LimitsConfigError(
+                f"{lim.source or 'RECON_LIMIT_*'}: {field_name}={budget.requests}/{budget.window_s:g} "
+                f"({_describe_bucket(rate, burst)}) differs from account {lim.account!r}'s shared {name} "
+                f"budget in the database ({_as_budget(have_rate, have_burst)}, "
+                f"{_describe_bucket(have_rate, have_burst)}); configure the same budget, or set "
+                f"{MIGRATE_ENV}=1 once to change it for every process"
+            )
+        log.warning(
+            "%s=1: account %r %s budget changed from %s to %s",
+            MIGRATE_ENV, lim.account, name, _describe_bucket(have_rate, have_burst), _describe_bucket(rate, burst),
+        )  # fmt: skip
+        conn.execute(
+            sa.text(
+                "UPDATE provider_limit_buckets SET rate_per_s = :rate, burst = :burst, "
+                "tokens = LEAST(tokens, :burst) WHERE account = :a AND bucket = :b"
+            ),
+            params,
+        )
 
     def take_token(self, create: bool) -> float:
         """Reserve one token of the read or create bucket; returns the seconds to wait for it."""
@@ -447,6 +547,22 @@ class AccountLimiter:
         except _DB_ERRORS as exc:
             self._degraded(exc)
 
+    def _check_wait(self, kind: str, wait: float, deadline: float | None) -> None:
+        lease_s = stale_part_age_s()
+        left = math.inf if deadline is None else deadline - time.monotonic()
+        if wait <= min(left, lease_s):
+            return
+        bound = (
+            f"the request's deadline ({max(0.0, left):.1f} s left)"
+            if left < lease_s
+            else (f"the run's lease (RECON_LEASE_S={lease_s:g})")
+        )
+        raise TokenWaitTooLong(
+            kind,
+            None,
+            f"account {self.limits.account!r}: the next token comes in {wait:.1f} s, after {bound}; not waited for",
+        )
+
     def _degraded(self, exc: BaseException) -> None:
         now = time.monotonic()
         if now - self._degraded_at >= 60:
@@ -462,8 +578,12 @@ class AccountLimiter:
             self._ready = False
 
     @contextmanager
-    def request(self, kind: str, *, create: bool) -> Iterator[None]:
-        """Hold a slot (if the account limits concurrency) and a rate token for one request."""
+    def request(self, kind: str, *, create: bool, deadline: float | None = None) -> Iterator[None]:
+        """Hold a slot (if the account limits concurrency) and a rate token for one request.
+
+        A token that comes after ``deadline`` (monotonic; the request's own) or after the run's
+        lease (``RECON_LEASE_S``) is not waited for: ``TokenWaitTooLong``.
+        """
         held: tuple[int, str] | None = None
         try:
             if self.limits.concurrency:
@@ -484,10 +604,16 @@ class AccountLimiter:
                     delay = min(0.25, delay * 2)
             wait = self.take_token(create)
             if wait > 0:
+                self._check_wait(kind, wait, deadline)
                 self._sleep(wait)
         except _DB_ERRORS as exc:
             self._degraded(exc)
             held = None
+        except BaseException:
+            if held is not None:  # a request that will not be sent gives its slot back at once
+                with contextlib.suppress(*_DB_ERRORS):
+                    self.release(*held)
+            raise
         try:
             yield
         finally:
@@ -496,6 +622,17 @@ class AccountLimiter:
                     self.release(*held)
                 except _DB_ERRORS as exc:  # the slot frees itself at its expiry
                     self._degraded(exc)
+
+
+def verify_account_budgets(environ: dict[str, str] | None = None) -> None:
+    """At start: every provider's configured budget against its account's rows (created when
+    missing); a budget that differs refuses the start with ``LimitsConfigError``."""
+    if not shared_limits_enabled(environ):
+        return
+    for provider in DEFAULT_LIMITS:
+        limiter = account_limiter(account_limits_from_env(provider, environ))
+        if limiter is not None:
+            limiter.ensure()
 
 
 _ACCOUNTS: dict[AccountLimits, AccountLimiter] = {}
@@ -521,6 +658,7 @@ __all__ = [
     "Budget",
     "LimitsConfigError",
     "RunShape",
+    "TokenWaitTooLong",
     "account_limiter",
     "account_limits_from_env",
     "batch_size_within_budgets",
@@ -529,4 +667,5 @@ __all__ = [
     "resource_limit_fields",
     "run_shape",
     "shared_limits_enabled",
+    "verify_account_budgets",
 ]
