@@ -316,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
             quiet_dagster_warnings()
         if args.uses_database:
             use_database_url(args)
+            from recon_dagster.settings import validate_settings
+
+            validate_settings()  # every RECON_* setting, before anything runs
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130

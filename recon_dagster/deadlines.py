@@ -28,7 +28,7 @@ import os
 import threading
 import time
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import httpcore
@@ -47,10 +47,10 @@ DEFAULT_MEDIA_MIN_BYTES_PER_S = 1024.0 * 1024.0
 MEDIA_FLOOR_S = 30.0
 
 
-def env_positive(name: str, default: float) -> float:
+def env_positive(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
     """A positive number from the environment (``default`` when unset); a bad value is a
     ``ValueError`` naming the variable."""
-    raw = os.environ.get(name, "").strip()
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
     if not raw:
         return default
     try:
@@ -62,20 +62,20 @@ def env_positive(name: str, default: float) -> float:
     return value
 
 
-def poll_deadline_s() -> float:
-    return env_positive(POLL_DEADLINE_ENV, DEFAULT_POLL_DEADLINE_S)
+def poll_deadline_s(environ: Mapping[str, str] | None = None) -> float:
+    return env_positive(POLL_DEADLINE_ENV, DEFAULT_POLL_DEADLINE_S, environ)
 
 
-def poll_max_bytes() -> int:
-    return int(env_positive(POLL_MAX_BYTES_ENV, DEFAULT_POLL_MAX_BYTES))
+def poll_max_bytes(environ: Mapping[str, str] | None = None) -> int:
+    return int(env_positive(POLL_MAX_BYTES_ENV, DEFAULT_POLL_MAX_BYTES, environ))
 
 
-def media_deadline_s() -> float:
-    return env_positive(MEDIA_DEADLINE_ENV, DEFAULT_MEDIA_DEADLINE_S)
+def media_deadline_s(environ: Mapping[str, str] | None = None) -> float:
+    return env_positive(MEDIA_DEADLINE_ENV, DEFAULT_MEDIA_DEADLINE_S, environ)
 
 
-def media_min_bytes_per_s() -> float:
-    return env_positive(MEDIA_MIN_RATE_ENV, DEFAULT_MEDIA_MIN_BYTES_PER_S)
+def media_min_bytes_per_s(environ: Mapping[str, str] | None = None) -> float:
+    return env_positive(MEDIA_MIN_RATE_ENV, DEFAULT_MEDIA_MIN_BYTES_PER_S, environ)
 
 
 def stale_part_age_s() -> float:

@@ -148,20 +148,9 @@ def get_engine(url: str | None = None) -> sa.Engine:
         return engine
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a whole number, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {raw!r}")
-    return value
-
-
 def _create_engine(url: str) -> sa.Engine:
+    from recon_dagster.settings import knob
+
     parsed = parse_url(url)
     engine = sa.create_engine(
         parsed,
@@ -169,8 +158,8 @@ def _create_engine(url: str) -> sa.Engine:
         # Every Dagster run worker is a process with its own pool, all on one server: keep each
         # pool small (a run's threads hold a connection only for short transactions) so ten
         # concurrent runs stay well inside max_connections = 100.
-        pool_size=_env_int("RECON_DB_POOL_SIZE", 5),
-        max_overflow=_env_int("RECON_DB_MAX_OVERFLOW", 5),
+        pool_size=knob("RECON_DB_POOL_SIZE", 5, int),
+        max_overflow=knob("RECON_DB_MAX_OVERFLOW", 5, int),
         pool_timeout=30,
         connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
     )
