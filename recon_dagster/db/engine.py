@@ -26,12 +26,40 @@ class InvalidDatabaseUrl(ValueError):
 
 
 class DatabaseUnavailable(RuntimeError):
-    """The database did not answer (refused, timed out, unknown host or database, auth failed)."""
+    """The database did not answer (refused, timed out, unknown host or database, auth failed);
+    ``kind`` names which (``connect_failure_kind``)."""
 
-    def __init__(self, url: str, reason: str) -> None:
+    def __init__(self, url: str, reason: str, kind: str = "unreachable") -> None:
         super().__init__(f"database unavailable at {redact(url)}: {reason}")
         self.url = redact(url)
         self.reason = reason
+        self.kind = kind
+
+
+# What a failed connect means, from the server's or libpq's first line (connect errors carry no
+# SQLSTATE in psycopg): the first pattern that matches names it; anything else is "unreachable".
+_CONNECT_FAILURES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("too many connections", ("too many connections", "too many clients", "remaining connection slots")),
+    (
+        "authentication failed",
+        ("authentication failed", "no pg_hba.conf entry", "role \"", "password is required", "permission denied"),
+    ),
+    ("database does not exist", ("database \"",)),
+)
+
+
+def connect_failure_kind(text: str) -> str:
+    """``too many connections``, ``authentication failed``, ``database does not exist`` or
+    ``unreachable`` (refused, timed out, unknown host) for a failed connect's message."""
+    lowered = text.lower()
+    for kind, needles in _CONNECT_FAILURES:
+        if any(n in lowered for n in needles):
+            return kind
+    return "unreachable"
+
+
+# SQLSTATEs of a statement that ran out of time: named so, not "unexpected".
+STATEMENT_TIMEOUTS = {"57014": "statement timeout", "55P03": "lock timeout"}
 
 
 def project_root() -> Path | None:
@@ -169,9 +197,8 @@ def _create_engine(url: str) -> sa.Engine:
         # Only failures to open a connection become DatabaseUnavailable; errors of statements
         # on an open connection stay what they are.
         if ctx.connection is None and isinstance(ctx.original_exception, psycopg.OperationalError):
-            return DatabaseUnavailable(
-                url, f"{describe(url)}: {_connect_failure_reason(ctx.original_exception, parsed)}"
-            )
+            text = _connect_failure_reason(ctx.original_exception, parsed)
+            return DatabaseUnavailable(url, f"{describe(url)}: {text}", connect_failure_kind(text))
         return None
 
     return engine
