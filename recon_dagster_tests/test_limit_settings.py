@@ -49,6 +49,7 @@ BAD_LIMITS = [
     "reads=0",
     "reads=0/60",
     "reads=99999999999/60",
+    "creates=1000001/60",
     "creates=20/1e12",
     "reads=600/60s0",
     "kind_share=nan",
@@ -144,3 +145,17 @@ def test_a_token_wait_never_outlives_the_lease_without_a_deadline(two_engines, m
     with pytest.raises(TokenWaitTooLong, match="lease"), lim.request("kie-standard", create=True):
         pass
     assert time.monotonic() - started < 2
+
+
+def test_the_cli_refuses_to_start_with_a_budget_that_differs_from_the_account_row(db, monkeypatch, capsys):
+    from recon_dagster import cli
+    from recon_dagster.providers.limits import verify_account_budgets
+
+    account = _account()
+    monkeypatch.delenv("RECON_LIMITS_MIGRATE", raising=False)
+    verify_account_budgets({"RECON_LIMIT_KIE": f"account={account}"})  # a well-configured process
+    monkeypatch.setenv("RECON_LIMIT_KIE", f"reads=1/86400,account={account}")
+
+    assert cli.main(["reconcile", "--once"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "RECON_LIMIT_KIE" in err and "1/86400" in err and "600/60" in err

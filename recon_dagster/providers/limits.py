@@ -138,7 +138,7 @@ DEFAULT_LIMITS: dict[str, AccountLimits] = {
 
 # Bounds of a configured budget (README, Configuration): beyond them a value is a typo, and an
 # absurd one hangs the account (a billion slot rows, a window of a nanosecond or of forever).
-MAX_REQUESTS = 100_000
+MAX_REQUESTS = 1_000_000
 MIN_WINDOW_S = 1.0
 MAX_WINDOW_S = 86_400.0
 MAX_CONCURRENCY = 1_000
