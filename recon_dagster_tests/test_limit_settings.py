@@ -191,3 +191,19 @@ def test_a_token_past_the_poll_deadline_is_an_error_outcome_with_the_attempt_cou
     assert "token" in row["reconcile_last_error"] and "deadline" in row["reconcile_last_error"]
     assert usage_status(db, job) == "reserved"
     assert report.summary.errors == 1
+
+
+def test_setup_statements_run_under_a_statement_timeout_instead_of_waiting_on_a_lock(
+    two_engines, monkeypatch
+):
+    from recon_dagster.providers import limits as limits_module
+
+    monkeypatch.setattr(limits_module, "SETUP_TIMEOUT_MS", 500)
+    account = _account()
+    AccountLimiter(AccountLimits(account, reads=Budget(600, 60)), lambda: two_engines[0]).ensure()
+    with two_engines[0].begin() as holder:  # another process mid-setup holds the account's rows
+        holder.execute(sa.text("LOCK TABLE provider_limit_buckets IN ACCESS EXCLUSIVE MODE"))
+        started = time.monotonic()
+        with pytest.raises(sa.exc.OperationalError, match="lock timeout|statement timeout"):
+            AccountLimiter(AccountLimits(account, reads=Budget(600, 60)), lambda: two_engines[1]).ensure()
+        assert time.monotonic() - started < 5
