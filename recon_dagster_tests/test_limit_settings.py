@@ -172,9 +172,9 @@ def test_a_token_past_the_poll_deadline_is_an_error_outcome_with_the_attempt_cou
     monkeypatch.setenv("RECON_LIMIT_KIE", raw)
     monkeypatch.setenv("RECON_POLL_DEADLINE_S", "3")
     # Another process spent the account's only token: the next one comes in an hour.
-    AccountLimiter(parse_account_limits("RECON_LIMIT_KIE", raw, DEFAULT_LIMITS["kie"]), lambda: db).take_token(
-        create=False
-    )
+    AccountLimiter(
+        parse_account_limits("RECON_LIMIT_KIE", raw, DEFAULT_LIMITS["kie"]), lambda: db
+    ).take_token(create=False)
     user = make_user(db)
     job = make_job(
         db, user, provider_kind="kie-standard", provider_task_id=sandbox.add_task("kie-standard"),

@@ -235,6 +235,8 @@ def batch_size_within_budgets(batch_size: int, run_concurrency: int, lease_s: fl
 
 
 MIGRATE_ENV = "RECON_LIMITS_MIGRATE"
+
+
 def budget_migration_requested(environ: dict[str, str] | None = None) -> bool:
     """``RECON_LIMITS_MIGRATE=1``: this process's budgets replace the account's rows."""
     raw = (os.environ if environ is None else environ).get(MIGRATE_ENV, "").strip().lower()
