@@ -6,13 +6,14 @@ works a round's jobs at once and dies by SIGKILL with every job parked at the po
 a day and ``reconcile --once`` runs until nothing is in flight; then every job is checked (see
 ``recon_dagster_tests/chaos/harness.py``). Faults too: ``sandbox.outage`` (429/5xx bursts past the
 worker's retries) and, with ``--postgres-restart``, the embedded PostgreSQL stopped and started
-under a running worker.
+under a running worker; with ``--header-drip``, a host that drips its response headers a line a
+second under ``reconcile --once`` (``recon_dagster_tests/chaos/headerdrip.py``).
 
 Prints one line per round, then the Jepsen-style table per point (Markdown) and a JSON line.
 Exits 1 if any invariant was violated.
 
     .venv/bin/python benchmarks/chaos.py [--rounds 10] [--jobs 20] [--seed 1] [--cases worker:refund.in_settle,...]
-        [--database-url URL] [--postgres-restart] [--keep]
+        [--database-url URL] [--postgres-restart] [--header-drip] [--keep]
 
 200 trials per point = ``--rounds 10 --jobs 20`` (the default). Each round is reproducible from its
 seed (printed): ``--seed S --rounds 1 --cases <path>:<point>`` replays campaign S's first round.
@@ -53,18 +54,24 @@ def main(argv: list[str] | None = None) -> int:
         "--database-url", default=None, help="server (default RECON_DATABASE_URL, else embedded)"
     )
     parser.add_argument("--postgres-restart", action="store_true", help="also the PostgreSQL restart fault")
+    parser.add_argument(
+        "--header-drip", action="store_true", help="also the header-drip fault (a host dripping headers)"
+    )
     parser.add_argument("--parallel", type=int, default=2, help="worker rounds run at once")
     parser.add_argument("--keep", action="store_true", help="keep the database and the work folder")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.jobs < 1:
         parser.error("--rounds and --jobs must be at least 1")
-    known = {f"{p}:{q}" for p, q in harness.CASES} | {"worker:postgres.restart"}
+    known = {f"{p}:{q}" for p, q in harness.CASES} | {"worker:postgres.restart", "reconcile:header.drip"}
     cases = harness.CASES
     if args.cases:
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
         if "worker:postgres.restart" in wanted:
             wanted.remove("worker:postgres.restart")
             args.postgres_restart = True
+        if "reconcile:header.drip" in wanted:
+            wanted.remove("reconcile:header.drip")
+            args.header_drip = True
         unknown = sorted(set(wanted) - known)
         if unknown:
             parser.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -108,6 +115,13 @@ def main(argv: list[str] | None = None) -> int:
 
                 pg = run_postgres_restart(sandbox, work, seed=args.seed, jobs=args.jobs, rounds=args.rounds)
                 campaign.reports[pg.case] = pg
+            if args.header_drip:
+                from recon_dagster_tests.chaos.headerdrip import run_header_drip
+
+                drip = run_header_drip(
+                    engine, url, sandbox, media_dir, work, seed=args.seed, jobs=args.jobs, rounds=args.rounds
+                )
+                campaign.reports[drip.case] = drip
         print()
         print(harness.table(campaign))
         print(f"\n{campaign.seconds:.0f} s, {campaign.recovery_passes} recovery passes")

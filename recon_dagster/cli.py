@@ -31,6 +31,13 @@ DAGSTER_NOISE = (
 FIX_URL = "set RECON_DATABASE_URL or --database-url to postgresql://user:password@host:port/dbname"
 FIX_UNAVAILABLE = "start PostgreSQL there, or point RECON_DATABASE_URL / --database-url at a running one"
 FIX_MIGRATE = "run `recon-dagster migrate`"
+FIX_DATABASE = {
+    "too many connections": "lower RECON_DB_POOL_SIZE / RECON_DB_MAX_OVERFLOW or the runs at once, "
+    "or raise the server's max_connections (or the role's connection limit)",
+    "authentication failed": "check the user and password in RECON_DATABASE_URL / --database-url",
+    "database does not exist": "create that database, or point RECON_DATABASE_URL / --database-url at one",
+}
+FIX_TIMEOUT = "another session may hold a lock it needs (see pg_stat_activity); retry once it is gone"
 FIX_DEBUG = "re-run with --debug for the traceback"
 
 
@@ -66,7 +73,7 @@ def as_cli_error(exc: BaseException) -> CliError:
     import sqlalchemy as sa
 
     from recon_dagster.db.embedded import EmbeddedPostgresError, embedded_pgdata
-    from recon_dagster.db.engine import DatabaseUnavailable, InvalidDatabaseUrl
+    from recon_dagster.db.engine import STATEMENT_TIMEOUTS, DatabaseUnavailable, InvalidDatabaseUrl
     from recon_dagster.db.migrate import MigrationError
 
     if isinstance(exc, CliError):
@@ -74,7 +81,12 @@ def as_cli_error(exc: BaseException) -> CliError:
     if isinstance(exc, InvalidDatabaseUrl):
         return CliError(str(exc), FIX_URL)
     if isinstance(exc, DatabaseUnavailable):
-        return CliError(f"database unavailable at {exc.reason}", FIX_UNAVAILABLE)
+        if exc.kind == "unreachable":
+            return CliError(f"database unavailable at {exc.reason} (unreachable)", FIX_UNAVAILABLE)
+        return CliError(f"database {exc.kind} at {exc.reason}", FIX_DATABASE[exc.kind])
+    timeout = STATEMENT_TIMEOUTS.get(getattr(getattr(exc, "orig", None), "sqlstate", None) or "")
+    if isinstance(exc, sa.exc.OperationalError) and timeout:
+        return CliError(f"database {timeout}: {_one_line(str(exc.orig))}", FIX_TIMEOUT)
     if isinstance(exc, EmbeddedPostgresError):
         return CliError(
             _one_line(str(exc)),
@@ -168,6 +180,9 @@ def _cmd_reconcile(args: argparse.Namespace) -> int:
         )
     require_migrated()
     from recon_dagster.once_cli import run_reconcile_once
+    from recon_dagster.providers.limits import verify_account_budgets
+
+    verify_account_budgets()  # a budget that differs from the account's refuses to start
 
     return run_reconcile_once(sweep=not args.no_sweep, debug=args.debug)
 
@@ -313,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
             quiet_dagster_warnings()
         if args.uses_database:
             use_database_url(args)
+            from recon_dagster.settings import validate_settings
+
+            validate_settings()  # every RECON_* setting, before anything runs
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130

@@ -14,11 +14,25 @@ together) plus the settle transaction end before another run may take the job ov
 - ``RECON_MEDIA_MIN_BYTES_PER_S`` (1 MiB/s): an object that declares its size gets
   ``MEDIA_FLOOR_S + size / rate`` of that budget, so a small image stalled by a drip fails in
   seconds instead of holding the job for ten minutes.
+
+Per-read timeouts are not enough either: a host that sends its headers one line a second resets
+them with every line, and httpx reads headers inside one call. So every socket read and write of
+an exchange run under ``exchange_deadline`` is cut to what is left of the overall deadline (see
+``guard_transports``); past it the read fails, httpcore closes the connection, and the error says
+how long the exchange waited.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
+import typing
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import httpcore
+import httpx
 
 POLL_DEADLINE_ENV = "RECON_POLL_DEADLINE_S"
 POLL_MAX_BYTES_ENV = "RECON_POLL_MAX_BYTES"
@@ -33,10 +47,10 @@ DEFAULT_MEDIA_MIN_BYTES_PER_S = 1024.0 * 1024.0
 MEDIA_FLOOR_S = 30.0
 
 
-def env_positive(name: str, default: float) -> float:
+def env_positive(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
     """A positive number from the environment (``default`` when unset); a bad value is a
     ``ValueError`` naming the variable."""
-    raw = os.environ.get(name, "").strip()
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
     if not raw:
         return default
     try:
@@ -48,20 +62,20 @@ def env_positive(name: str, default: float) -> float:
     return value
 
 
-def poll_deadline_s() -> float:
-    return env_positive(POLL_DEADLINE_ENV, DEFAULT_POLL_DEADLINE_S)
+def poll_deadline_s(environ: Mapping[str, str] | None = None) -> float:
+    return env_positive(POLL_DEADLINE_ENV, DEFAULT_POLL_DEADLINE_S, environ)
 
 
-def poll_max_bytes() -> int:
-    return int(env_positive(POLL_MAX_BYTES_ENV, DEFAULT_POLL_MAX_BYTES))
+def poll_max_bytes(environ: Mapping[str, str] | None = None) -> int:
+    return int(env_positive(POLL_MAX_BYTES_ENV, DEFAULT_POLL_MAX_BYTES, environ))
 
 
-def media_deadline_s() -> float:
-    return env_positive(MEDIA_DEADLINE_ENV, DEFAULT_MEDIA_DEADLINE_S)
+def media_deadline_s(environ: Mapping[str, str] | None = None) -> float:
+    return env_positive(MEDIA_DEADLINE_ENV, DEFAULT_MEDIA_DEADLINE_S, environ)
 
 
-def media_min_bytes_per_s() -> float:
-    return env_positive(MEDIA_MIN_RATE_ENV, DEFAULT_MEDIA_MIN_BYTES_PER_S)
+def media_min_bytes_per_s(environ: Mapping[str, str] | None = None) -> float:
+    return env_positive(MEDIA_MIN_RATE_ENV, DEFAULT_MEDIA_MIN_BYTES_PER_S, environ)
 
 
 def stale_part_age_s() -> float:
@@ -75,3 +89,138 @@ def sized_deadline_s(size: int | None, remaining_s: float, min_bytes_per_s: floa
     if size is None or not min_bytes_per_s:
         return remaining_s
     return min(remaining_s, MEDIA_FLOOR_S + size / min_bytes_per_s)
+
+
+# -- one overall deadline per exchange, at the socket ------------------------------------------
+
+
+class _Exchange(typing.NamedTuple):
+    started: float
+    at: float
+    limit_s: float
+
+    def expired(self) -> str:
+        waited = time.monotonic() - self.started
+        return f"overall deadline of {self.limit_s:g} s passed (waited {waited:.1f} s)"
+
+
+_current = threading.local()
+
+
+def _exchange() -> _Exchange | None:
+    return getattr(_current, "exchange", None)
+
+
+@contextmanager
+def exchange_deadline(at: float | None, started: float | None = None) -> Iterator[None]:
+    """Run the socket I/O of this thread's exchange under the monotonic deadline ``at`` (None: no
+    overall deadline); ``started`` (default now) is when the exchange began, for the message."""
+    outer = _exchange()
+    now = time.monotonic()
+    start = now if started is None else started
+    _current.exchange = None if at is None else _Exchange(start, at, max(0.0, at - start))
+    try:
+        yield
+    finally:
+        _current.exchange = outer
+
+
+def _left(timeout: float | None, error: type[Exception]) -> float | None:
+    """``timeout`` cut to what is left of the thread's exchange deadline; past it, ``error``."""
+    ex = _exchange()
+    if ex is None:
+        return timeout
+    left = ex.at - time.monotonic()
+    if left <= 0:
+        raise error(ex.expired())
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A network stream whose every read and write ends by the exchange's overall deadline."""
+
+    def __init__(self, stream: httpcore.NetworkStream) -> None:
+        self._stream = stream
+
+    def _timed(
+        self, call: typing.Callable[[float | None], typing.Any], timeout: float | None, error: type[Exception]
+    ) -> typing.Any:
+        cut = _left(timeout, error)
+        try:
+            return call(cut)
+        except error:
+            ex = _exchange()
+            if ex is not None and time.monotonic() >= ex.at:
+                raise error(ex.expired()) from None
+            raise
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._timed(lambda t: self._stream.read(max_bytes, t), timeout, httpcore.ReadTimeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._timed(lambda t: self._stream.write(buffer, t), timeout, httpcore.WriteTimeout)
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self,
+        ssl_context: typing.Any,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        stream = self._timed(
+            lambda t: self._stream.start_tls(ssl_context, server_hostname, t),
+            timeout,
+            httpcore.ConnectTimeout,
+        )
+        return _DeadlineStream(stream)
+
+    def get_extra_info(self, info: str) -> typing.Any:
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    def __init__(self, backend: httpcore.NetworkBackend) -> None:
+        self._backend = backend
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: typing.Iterable[typing.Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        cut = _left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._backend.connect_tcp(host, port, cut, local_address, socket_options))
+
+    def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: typing.Iterable[typing.Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        cut = _left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._backend.connect_unix_socket(path, cut, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+def guard_transports(client: httpx.Client) -> httpx.Client:
+    """``client`` with every socket it opens bound by ``exchange_deadline`` (returned for chaining).
+
+    httpx has no public hook for the network backend of its default transport, so the pool's
+    backend is wrapped in place; a test pins that this keeps working across httpx upgrades
+    (``test_header_drip``), and a transport of another shape is refused rather than left unguarded.
+    """
+    transports = [client._transport, *(t for t in client._mounts.values() if t is not None)]
+    for transport in transports:
+        pool = getattr(transport, "_pool", None)
+        backend = getattr(pool, "_network_backend", None)
+        if backend is None:
+            raise TypeError(f"cannot bound the exchanges of {type(transport).__name__}: no network backend")
+        if not isinstance(backend, _DeadlineBackend):
+            pool._network_backend = _DeadlineBackend(backend)  # type: ignore[union-attr]
+    return client

@@ -31,6 +31,7 @@ from recon_dagster.providers import providers_from_env
 from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource, with_nested_resources_on_top
 from recon_dagster.schedules import sync_sweep_schedule
 from recon_dagster.sensors import stale_inflight_jobs_sensor
+from recon_dagster.settings import validate_settings
 
 
 def default_resources() -> dict[str, Any]:
@@ -45,7 +46,10 @@ def default_resources() -> dict[str, Any]:
 
 
 def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
-    """The definitions with the default resources, some of them replaced (tests, the demo)."""
+    """The definitions with the default resources, some of them replaced (tests, the demo).
+
+    Every ``RECON_*`` setting is checked first: a bad one is a load error naming its variable."""
+    validate_settings()
     return dg.Definitions(
         assets=[inflight_backlog, lora_training_cohort, reconcile_outcomes, credit_anomalies, reconcile_error_rates],
         asset_checks=[

@@ -7,8 +7,6 @@ the health schedule and carry the checks that turn red during an outage.
 """
 
 
-import importlib
-import os
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from decimal import Decimal
@@ -21,6 +19,7 @@ from recon_dagster.kinds import KIND_NAMES, KINDS, Provider
 from recon_dagster.reconcile.decide import Outcome
 from recon_dagster.reconcile.reconciler import JobOutcome
 from recon_dagster.resources import DatabaseResource
+from recon_dagster.settings import ALERT_HOOK_ENV, load_alert_hook
 
 OUTCOMES = dg.AssetKey("reconcile_outcomes")
 ANOMALIES = dg.AssetKey("credit_anomalies")
@@ -241,19 +240,10 @@ HEALTH_ASSETS = (ANOMALIES, ERROR_RATES)
 
 # --- alerting hook ------------------------------------------------------------------------------
 
-ALERT_HOOK_ENV = "RECON_ALERT_HOOK"
-
-
 def _alert_hook():  # noqa: ANN202
     """``RECON_ALERT_HOOK=package.module:function``: called with the failure context. Unset: the
-    sensor only logs (no outbound call is made by default)."""
-    spec = os.environ.get(ALERT_HOOK_ENV, "").strip()
-    if not spec:
-        return None
-    module, _, name = spec.partition(":")
-    if not module or not name:
-        raise ValueError(f"{ALERT_HOOK_ENV} must look like package.module:function, got {spec!r}")
-    return getattr(importlib.import_module(module), name)
+    sensor only logs (no outbound call is made by default). Checked when the definitions load."""
+    return load_alert_hook()
 
 
 @dg.run_failure_sensor(

@@ -4,7 +4,6 @@ environment. Provider clients live in ``recon_dagster.providers``; media stores 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -18,6 +17,7 @@ from recon_dagster.kinds import MAX_ATTEMPTS, RECONCILE_CADENCE
 from recon_dagster.media.download import allowed_hosts_from_env
 from recon_dagster.reconcile.finalize import DEFAULT_MAX_MEDIA_BYTES, MediaPolicy
 from recon_dagster.reconcile.reconciler import ReconcileSettings
+from recon_dagster.settings import knob
 
 
 class DatabaseResource(dg.ConfigurableResource):
@@ -33,19 +33,9 @@ class DatabaseResource(dg.ConfigurableResource):
 
 def _env_number(name: str, fallback: float, cast: type) -> Any:
     """A default from the environment, so run workers the daemon starts see the same settings as
-    the process that configured it; a malformed value is an error naming the variable."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return cast(fallback)
-    try:
-        value = cast(raw)
-    except ValueError:
-        raise ValueError(
-            f"{name} must be {'an integer' if cast is int else 'a number'}, got {raw!r}"
-        ) from None
-    if value < 0:
-        raise ValueError(f"{name} must not be negative, got {raw!r}")
-    return value
+    the process that configured it; a malformed or out-of-bounds value is an error naming the
+    variable (bounds: ``recon_dagster.settings``)."""
+    return knob(name, fallback, cast)
 
 
 class ReconcileSettingsResource(dg.ConfigurableResource):

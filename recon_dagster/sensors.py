@@ -8,6 +8,7 @@ import os
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 
 import dagster as dg
 
@@ -24,16 +25,16 @@ from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource
 MAX_SCAN = 50_000
 
 
-def _sensor_interval_s() -> int:
+def sensor_interval_s(environ: Mapping[str, str] | None = None) -> int:
     """``RECON_SENSOR_INTERVAL_S`` (default 30): seconds between ticks; tests and benchmarks
     shorten it (the daemon's sensor loop itself wakes every 5 s at most)."""
-    raw = os.environ.get("RECON_SENSOR_INTERVAL_S", "").strip()
+    raw = (os.environ if environ is None else environ).get("RECON_SENSOR_INTERVAL_S", "").strip()
     try:
         value = int(raw) if raw else 30
     except ValueError:
         raise ValueError(f"RECON_SENSOR_INTERVAL_S must be a whole number of seconds, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"RECON_SENSOR_INTERVAL_S must be at least 1, got {raw!r}")
+    if not 1 <= value <= 86_400:
+        raise ValueError(f"RECON_SENSOR_INTERVAL_S must be from 1 to 86400, got {raw!r}")
     return value
 
 
@@ -73,7 +74,9 @@ def run_request_for(batch: Batch) -> dg.RunRequest:
     return dg.RunRequest(
         run_key=batch.run_key,
         partition_key=batch.provider_kind,
-        run_config={"ops": {"claim_and_poll": {"config": {"job_ids": batch.job_ids, "attempts": batch.attempts}}}},
+        run_config={
+            "ops": {"claim_and_poll": {"config": {"job_ids": batch.job_ids, "attempts": batch.attempts}}}
+        },
         tags=tags,
     )
 
@@ -81,7 +84,9 @@ def run_request_for(batch: Batch) -> dg.RunRequest:
 def jobs_in_active_runs(instance: dg.DagsterInstance) -> set[uuid.UUID]:
     """Job ids carried by reconcile runs that are queued or running (read from their run config)."""
     busy: set[uuid.UUID] = set()
-    for run in instance.get_runs(filters=dg.RunsFilter(job_name=reconcile_job.name, statuses=ACTIVE_STATUSES)):
+    for run in instance.get_runs(
+        filters=dg.RunsFilter(job_name=reconcile_job.name, statuses=ACTIVE_STATUSES)
+    ):
         run_config: dict = dict(run.run_config or {})
         config = run_config.get("ops", {}).get("claim_and_poll", {}).get("config", {})
         for job_id in config.get("job_ids") or []:
@@ -119,7 +124,7 @@ def fresh_keys(instance: dg.DagsterInstance, batches: list[Batch]) -> tuple[list
 
 @dg.sensor(
     job=reconcile_job,
-    minimum_interval_seconds=_sensor_interval_s(),
+    minimum_interval_seconds=sensor_interval_s(),
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Finds in-flight jobs past their provider kind's stale threshold and requests "
     "reconcile runs for them, one per job or packed per kind in a backlog. Writes nothing: each "

@@ -26,12 +26,40 @@ class InvalidDatabaseUrl(ValueError):
 
 
 class DatabaseUnavailable(RuntimeError):
-    """The database did not answer (refused, timed out, unknown host or database, auth failed)."""
+    """The database did not answer (refused, timed out, unknown host or database, auth failed);
+    ``kind`` names which (``connect_failure_kind``)."""
 
-    def __init__(self, url: str, reason: str) -> None:
+    def __init__(self, url: str, reason: str, kind: str = "unreachable") -> None:
         super().__init__(f"database unavailable at {redact(url)}: {reason}")
         self.url = redact(url)
         self.reason = reason
+        self.kind = kind
+
+
+# What a failed connect means, from the server's or libpq's first line (connect errors carry no
+# SQLSTATE in psycopg): the first pattern that matches names it; anything else is "unreachable".
+_CONNECT_FAILURES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("too many connections", ("too many connections", "too many clients", "remaining connection slots")),
+    (
+        "authentication failed",
+        ("authentication failed", "no pg_hba.conf entry", "role \"", "password is required", "permission denied"),
+    ),
+    ("database does not exist", ("database \"",)),
+)
+
+
+def connect_failure_kind(text: str) -> str:
+    """``too many connections``, ``authentication failed``, ``database does not exist`` or
+    ``unreachable`` (refused, timed out, unknown host) for a failed connect's message."""
+    lowered = text.lower()
+    for kind, needles in _CONNECT_FAILURES:
+        if any(n in lowered for n in needles):
+            return kind
+    return "unreachable"
+
+
+# SQLSTATEs of a statement that ran out of time: named so, not "unexpected".
+STATEMENT_TIMEOUTS = {"57014": "statement timeout", "55P03": "lock timeout"}
 
 
 def project_root() -> Path | None:
@@ -148,20 +176,9 @@ def get_engine(url: str | None = None) -> sa.Engine:
         return engine
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a whole number, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {raw!r}")
-    return value
-
-
 def _create_engine(url: str) -> sa.Engine:
+    from recon_dagster.settings import knob
+
     parsed = parse_url(url)
     engine = sa.create_engine(
         parsed,
@@ -169,8 +186,8 @@ def _create_engine(url: str) -> sa.Engine:
         # Every Dagster run worker is a process with its own pool, all on one server: keep each
         # pool small (a run's threads hold a connection only for short transactions) so ten
         # concurrent runs stay well inside max_connections = 100.
-        pool_size=_env_int("RECON_DB_POOL_SIZE", 5),
-        max_overflow=_env_int("RECON_DB_MAX_OVERFLOW", 5),
+        pool_size=knob("RECON_DB_POOL_SIZE", 5, int),
+        max_overflow=knob("RECON_DB_MAX_OVERFLOW", 5, int),
         pool_timeout=30,
         connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
     )
@@ -180,9 +197,8 @@ def _create_engine(url: str) -> sa.Engine:
         # Only failures to open a connection become DatabaseUnavailable; errors of statements
         # on an open connection stay what they are.
         if ctx.connection is None and isinstance(ctx.original_exception, psycopg.OperationalError):
-            return DatabaseUnavailable(
-                url, f"{describe(url)}: {_connect_failure_reason(ctx.original_exception, parsed)}"
-            )
+            text = _connect_failure_reason(ctx.original_exception, parsed)
+            return DatabaseUnavailable(url, f"{describe(url)}: {text}", connect_failure_kind(text))
         return None
 
     return engine

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import httpx
 
 from recon_dagster.crashpoints import crash_point
-from recon_dagster.deadlines import sized_deadline_s
+from recon_dagster.deadlines import exchange_deadline, guard_transports, sized_deadline_s
 from recon_dagster.media.errors import (
     MediaExpired,
     MediaFetchError,
@@ -319,18 +319,20 @@ def open_media_stream(
     started = time.monotonic()
     deadline = None if deadline_s is None else started + deadline_s
     own_client = client is None
-    http = client or httpx.Client(trust_env=False, follow_redirects=False)
+    # Our own client's sockets end by the deadline even while headers drip (``guard_transports``).
+    http = client or guard_transports(httpx.Client(trust_env=False, follow_redirects=False))
     response: httpx.Response | None = None
     try:
-        response, final_url = _open(
-            http,
-            url,
-            max_bytes,
-            headers or {},
-            timeout_s,
-            lambda u: check_url(u, allowed, resolver),
-            deadline,
-        )
+        with exchange_deadline(deadline, started):
+            response, final_url = _open(
+                http,
+                url,
+                max_bytes,
+                headers or {},
+                timeout_s,
+                lambda u: check_url(u, allowed, resolver),
+                deadline,
+            )
         if deadline_s is not None:
             share = sized_deadline_s(_content_length(response), deadline_s, min_bytes_per_s)
             deadline = started + share

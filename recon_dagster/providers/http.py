@@ -24,7 +24,12 @@ from typing import Any
 import httpx
 import tenacity
 
-from recon_dagster.deadlines import DEFAULT_POLL_DEADLINE_S, DEFAULT_POLL_MAX_BYTES
+from recon_dagster.deadlines import (
+    DEFAULT_POLL_DEADLINE_S,
+    DEFAULT_POLL_MAX_BYTES,
+    exchange_deadline,
+    guard_transports,
+)
 from recon_dagster.providers.limits import AccountLimits, account_limiter
 from recon_dagster.providers.status import AmbiguousCreateError, ProviderHTTPError, ProviderProtocolError
 from recon_dagster.redaction import redact_secrets
@@ -284,6 +289,8 @@ class ProviderHttp:
             ),
             follow_redirects=False,
         )
+        # Headers dripped a line at a time reset every per-read timeout: bound the socket itself.
+        guard_transports(self.client)
 
     def __repr__(self) -> str:
         return f"ProviderHttp(provider={self.provider!r}, base_url={self.base_url!r})"
@@ -363,7 +370,11 @@ class ProviderHttp:
             bucket.acquire(self._sleep)
         all_headers = {"accept-encoding": ACCEPT_ENCODING, **self._auth, **(headers or {})}
         started = time.perf_counter()
-        account = self._account.request(label, create=not idempotent) if self._account else nullcontext()
+        account = (
+            self._account.request(label, create=not idempotent, deadline=deadline)
+            if self._account
+            else nullcontext()
+        )
         try:
             with account, self._limiter.semaphore:
                 response = self._send_capped(
@@ -425,6 +436,13 @@ class ProviderHttp:
         clock against ``deadline``; returns a response whose body is read."""
         # Creates and billed sync calls are not capped: a text-to-speech answer is the audio itself.
         cap = self.settings.max_body_bytes if idempotent else _UNCAPPED
+        started = None if deadline is None else deadline - (self.settings.read_deadline_s or 0.0)
+        with exchange_deadline(deadline, started):
+            return self._read_capped(method, path, label, deadline, request, cap)
+
+    def _read_capped(
+        self, method: str, path: str, label: str, deadline: float | None, request: httpx.Request, cap: int
+    ) -> httpx.Response:
         response = self.client.send(request, stream=True)
         try:
             chunks: list[bytes] = []
@@ -435,8 +453,13 @@ class ProviderHttp:
                     problem = f"{method} {path}: answer larger than {cap} bytes decoded; refused"
                     raise ProviderHTTPError(label, response.status_code, problem)
                 if deadline is not None and time.monotonic() > deadline:
+                    limit = self.settings.read_deadline_s or 0.0
+                    waited = time.monotonic() - deadline + limit
                     raise ProviderHTTPError(
-                        label, None, f"{method} {path}: answer still arriving at the deadline ({size} bytes)"
+                        label,
+                        None,
+                        f"{method} {path}: answer still arriving at the {limit:g} s deadline "
+                        f"({size} bytes; waited {waited:.1f} s)",
                     )
                 chunks.append(chunk)
         finally:

@@ -16,7 +16,7 @@ every process draws on one budget per account (migration 140):
   process may still spend the tokens it reserved before the block: at most one chunk, 1 at the
   documented polling rates).
 
-Budgets come from ``RECON_LIMIT_<PROVIDER>`` (``parse_account_limits``), with defaults per provider
+Budgets come from ``RECON_LIMIT_<PROVIDER>`` (``limit_config.parse_account_limits``), with defaults per provider
 from their documented limits. The per-process limiter in ``http.py`` stays as a fast path and is
 the fallback when no account is configured (``RECON_LIMITS=process``, or a resource built by hand,
 e.g. in unit tests) or the tables cannot be reached (logged).
@@ -24,9 +24,9 @@ e.g. in unit tests) or the tables cannot be reached (logged).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-import os
 import random
 import threading
 import time
@@ -34,216 +34,47 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from typing import Any
 
 import sqlalchemy as sa
 
 from recon_dagster.db.engine import DatabaseUnavailable, get_engine
+from recon_dagster.deadlines import stale_part_age_s
+from recon_dagster.providers.limit_config import (
+    DEFAULT_LIMITS,
+    LIMITS_MODE_ENV,
+    MAX_CONCURRENCY,
+    MAX_REQUESTS,
+    MAX_WINDOW_S,
+    MIGRATE_ENV,
+    MIN_WINDOW_S,
+    POLLED_PROVIDERS,
+    AccountLimits,
+    Budget,
+    LimitsConfigError,
+    RunShape,
+    _as_budget,
+    _describe_bucket,
+    account_limits_from_env,
+    batch_size_within_budgets,
+    budget_migration_requested,
+    parse_account_limits,
+    resource_limit_fields,
+    run_shape,
+    shared_limits_enabled,
+)
+from recon_dagster.providers.status import ProviderHTTPError
 
 _DB_ERRORS = (sa.exc.SQLAlchemyError, DatabaseUnavailable)
 
 log = logging.getLogger("recon_dagster.providers.limits")
 
-LIMITS_MODE_ENV = "RECON_LIMITS"  # "database" (default) or "process"
-
-
-class LimitsConfigError(ValueError):
-    """A malformed ``RECON_LIMIT_*`` value; the message names the variable."""
+class TokenWaitTooLong(ProviderHTTPError):
+    """The account's next token comes after the request's deadline or the run's lease: the request
+    fails now (an error outcome, attempt counted) instead of sleeping past them."""
 
 
 class AccountBusy(RuntimeError):
     """No concurrency slot of the account came free within the wait bound."""
-
-
-@dataclass(frozen=True)
-class Budget:
-    """At most ``requests`` in any window of ``window_s`` seconds, as the provider states it."""
-
-    requests: int
-    window_s: float
-
-    def __post_init__(self) -> None:
-        if self.requests < 1 or self.window_s <= 0:
-            raise LimitsConfigError(f"a budget needs requests >= 1 and window > 0, got {self}")
-
-    @property
-    def per_s(self) -> float:
-        return self.requests / self.window_s
-
-    def bucket(self) -> tuple[float, int]:
-        """``(rate per s, burst)`` of a token bucket that never admits more than the budget.
-
-        A bucket admits at most ``burst + rate * window`` in any window. A little headroom (2%,
-        at least one request) covers the spread between a token's time and the request's arrival
-        at the provider; a small burst (5%) keeps the sustained rate near the budget.
-        """
-        headroom = max(1, math.ceil(self.requests * 0.02))
-        burst = max(1, round(self.requests * 0.05))
-        sustained = self.requests - headroom - burst
-        if sustained <= 0:  # a tiny budget (e.g. 2 per window): one at a time, evenly spaced
-            return max(self.requests - 1, 1) / self.window_s, 1
-        return sustained / self.window_s, burst
-
-
-@dataclass(frozen=True)
-class AccountLimits:
-    """One provider account's shared budget."""
-
-    account: str
-    reads: Budget | None = None
-    creates: Budget | None = None
-    concurrency: int | None = None
-    # Share of the account's slots one kind may hold while other kinds want slots.
-    kind_share: float = 0.5
-    # A slot whose holder vanished is free again after this long (longer than any request).
-    slot_ttl_s: float = 180.0
-
-    def budget(self, create: bool) -> Budget | None:
-        return self.creates if create else self.reads
-
-    def kind_cap(self) -> int:
-        """Slots one kind may hold while other kinds want slots (at least 1)."""
-        return max(1, math.floor((self.concurrency or 1) * self.kind_share))
-
-    def reserve(self) -> int:
-        """Slots a kind over its cap leaves free, so a kind under its cap always finds one."""
-        n = self.concurrency or 1
-        return max(1, n // 8) if n > 1 else 0
-
-
-# Documented limits where the provider publishes them; our own ceilings elsewhere (marked).
-DEFAULT_LIMITS: dict[str, AccountLimits] = {
-    # KIE: about 20 new generation requests per 10 s per account. Reads: not documented; 600/min
-    # is our own ceiling.
-    "kie": AccountLimits("kie", reads=Budget(600, 60), creates=Budget(20, 10), concurrency=48),
-    # Replicate: create 600/min, every other call 3000/min.
-    "replicate": AccountLimits("replicate", reads=Budget(3000, 60), creates=Budget(600, 60), concurrency=64),
-    # ElevenLabs limits concurrent requests per plan (5-15 on the lower tiers); rates are ours.
-    "elevenlabs": AccountLimits("elevenlabs", reads=Budget(600, 60), creates=Budget(60, 60), concurrency=16),
-    # Anthropic: requests per minute per tier (50 on tier 1); calls are billed creates.
-    "anthropic": AccountLimits("anthropic", reads=None, creates=Budget(50, 60), concurrency=16),
-}
-
-
-def _parse_budget(name: str, text: str) -> Budget | None:
-    if text.lower() in ("none", "off", "0"):
-        return None
-    count, _, window = text.partition("/")
-    try:
-        return Budget(int(count), float(window.rstrip("s") or 60))
-    except (ValueError, LimitsConfigError):
-        raise LimitsConfigError(
-            f"{name}: a budget is N/SECONDS (e.g. 600/60) or none, got {text!r}"
-        ) from None
-
-
-def parse_account_limits(name: str, raw: str, default: AccountLimits) -> AccountLimits:
-    """``RECON_LIMIT_<PROVIDER>``: comma-separated ``reads=N/S``, ``creates=N/S``,
-    ``concurrency=N|none``, ``kind_share=F``, ``account=NAME``; omitted fields keep ``default``."""
-    limits = default
-    for part in filter(None, (p.strip() for p in raw.split(","))):
-        key, sep, value = part.partition("=")
-        key, value = key.strip().lower(), value.strip()
-        if not sep or not value:
-            raise LimitsConfigError(f"{name}: expected key=value, got {part!r}")
-        try:
-            if key == "reads":
-                limits = replace(limits, reads=_parse_budget(name, value))
-            elif key == "creates":
-                limits = replace(limits, creates=_parse_budget(name, value))
-            elif key == "concurrency":
-                limits = replace(limits, concurrency=None if value.lower() == "none" else int(value))
-            elif key == "kind_share":
-                limits = replace(limits, kind_share=float(value))
-            elif key == "account":
-                limits = replace(limits, account=value)
-            else:
-                raise LimitsConfigError(
-                    f"{name}: unknown field {key!r} (reads, creates, concurrency, kind_share, account)"
-                )
-        except ValueError as exc:
-            if isinstance(exc, LimitsConfigError):
-                raise
-            raise LimitsConfigError(f"{name}: bad value in {part!r}") from None
-    if limits.concurrency is not None and limits.concurrency < 1:
-        raise LimitsConfigError(f"{name}: concurrency must be at least 1")
-    if not 0 < limits.kind_share <= 1:
-        raise LimitsConfigError(f"{name}: kind_share must be in (0, 1]")
-    return limits
-
-
-def account_limits_from_env(provider: str, environ: dict[str, str] | None = None) -> AccountLimits:
-    """The budget of ``provider``'s account: its default, overridden by ``RECON_LIMIT_<PROVIDER>``."""
-    env = os.environ if environ is None else environ
-    name = f"RECON_LIMIT_{provider.upper()}"
-    return parse_account_limits(name, env.get(name, ""), DEFAULT_LIMITS[provider])
-
-
-def shared_limits_enabled(environ: dict[str, str] | None = None) -> bool:
-    """``RECON_LIMITS``: ``database`` (default) shares budgets through PostgreSQL; ``process``
-    keeps today's per-process limiter only (for comparison, or a deployment of one process)."""
-    raw = (os.environ if environ is None else environ).get(LIMITS_MODE_ENV, "").strip().lower()
-    if raw in ("", "database", "shared"):
-        return True
-    if raw in ("process", "local"):
-        return False
-    raise LimitsConfigError(f"{LIMITS_MODE_ENV} must be 'database' or 'process', got {raw!r}")
-
-
-def resource_limit_fields(provider: str, environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """Config fields of a provider resource wired from the environment: the per-process buckets
-    at the account's budget (the fast path, and the whole limiter in ``process`` mode) and
-    whether to share the budget through the database."""
-    limits = account_limits_from_env(provider, environ)
-    fields: dict[str, Any] = {"shared_limits": shared_limits_enabled(environ)}
-    for name, budget in (("read", limits.reads), ("create", limits.creates)):
-        rate, burst = budget.bucket() if budget is not None else (None, 1)
-        fields[f"{name}_rate_per_s"] = rate
-        fields[f"{name}_burst"] = burst
-    return fields
-
-
-# -- run shape ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunShape:
-    """How many reconcile runs of one provider may run at once, and how big a batch may be."""
-
-    provider_runs: int
-    batch_cap: int | None
-
-
-def run_shape(limits: AccountLimits, run_concurrency: int, lease_s: float) -> RunShape:
-    """Run-queue numbers that follow the account budget.
-
-    Runs of one provider together hold at most ``provider_runs * run_concurrency`` requests, which
-    must fit the account's slots (else runs start only to wait on the limiter); a run's batch
-    must finish within half its lease at its share of the read rate (one poll per job at least),
-    else the lease expires mid-run and another run takes the jobs over.
-    """
-    if run_concurrency < 1:
-        raise ValueError("run_concurrency must be at least 1")
-    runs = max(1, (limits.concurrency or run_concurrency) // run_concurrency)
-    cap = None
-    if limits.reads is not None:
-        rate, _ = limits.reads.bucket()
-        cap = max(1, math.floor(rate / runs * lease_s / 2))
-    return RunShape(runs, cap)
-
-
-# Providers whose kinds the reconcile runs poll (the others' kinds are synchronous: swept only).
-POLLED_PROVIDERS = ("kie", "replicate", "elevenlabs")
-
-
-def batch_size_within_budgets(batch_size: int, run_concurrency: int, lease_s: float) -> int:
-    """``batch_size``, lowered where an account's read budget (from the environment) could not
-    poll a whole batch within half its lease (see ``run_shape``)."""
-    caps = [
-        run_shape(account_limits_from_env(p), run_concurrency, lease_s).batch_cap for p in POLLED_PROVIDERS
-    ]
-    return min([batch_size, *(c for c in caps if c is not None)])
 
 
 # -- the shared limiter --------------------------------------------------------------------------
@@ -314,6 +145,10 @@ _BLOCK = sa.text(
 )
 
 
+# Statement and lock timeout of the setup statements (ensure): a start fails in seconds, named.
+SETUP_TIMEOUT_MS = 10_000
+
+
 class AccountLimiter:
     """One account's shared budget, as seen from this process (thread-safe)."""
 
@@ -340,12 +175,16 @@ class AccountLimiter:
         return f"AccountLimiter({self.limits.account!r})"
 
     def ensure(self) -> None:
-        """Create this account's rows, or bring their rate and burst to this configuration."""
+        """Create this account's rows; refuse (``LimitsConfigError``) a budget that differs from the
+        account's row unless ``RECON_LIMITS_MIGRATE=1`` asks to change it for every process."""
         with self._ready_lock:
             if self._ready:
                 return
             lim = self.limits
             with self._engine().begin() as conn:
+                # Setup must never hang a start behind another process's lock or a huge insert.
+                conn.execute(sa.text(f"SET LOCAL statement_timeout = {SETUP_TIMEOUT_MS}"))
+                conn.execute(sa.text(f"SET LOCAL lock_timeout = {SETUP_TIMEOUT_MS}"))
                 conn.execute(
                     sa.text(
                         "INSERT INTO provider_limit_accounts (account) VALUES (:a) ON CONFLICT DO NOTHING"
@@ -353,21 +192,8 @@ class AccountLimiter:
                     {"a": lim.account},
                 )
                 for name, budget in (("read", lim.reads), ("create", lim.creates)):
-                    if budget is None:
-                        continue
-                    rate, burst = budget.bucket()
-                    conn.execute(
-                        sa.text(
-                            """
-                            INSERT INTO provider_limit_buckets (account, bucket, rate_per_s, burst, tokens)
-                            VALUES (:a, :b, :rate, :burst, :burst)
-                            ON CONFLICT (account, bucket) DO UPDATE
-                              SET rate_per_s = EXCLUDED.rate_per_s, burst = EXCLUDED.burst,
-                                  tokens = LEAST(provider_limit_buckets.tokens, EXCLUDED.burst)
-                            """
-                        ),
-                        {"a": lim.account, "b": name, "rate": rate, "burst": burst},
-                    )
+                    if budget is not None:
+                        self._ensure_bucket(conn, name, budget)
                 if lim.concurrency:
                     conn.execute(
                         sa.text(
@@ -377,6 +203,48 @@ class AccountLimiter:
                         {"a": lim.account, "n": lim.concurrency},
                     )
             self._ready = True
+
+    def _ensure_bucket(self, conn: sa.Connection, name: str, budget: Budget) -> None:
+        lim = self.limits
+        rate, burst = budget.bucket()
+        params = {"a": lim.account, "b": name, "rate": rate, "burst": burst}
+        conn.execute(
+            sa.text(
+                "INSERT INTO provider_limit_buckets (account, bucket, rate_per_s, burst, tokens) "
+                "VALUES (:a, :b, :rate, :burst, :burst) ON CONFLICT (account, bucket) DO NOTHING"
+            ),
+            params,
+        )
+        row = conn.execute(
+            sa.text(
+                "SELECT rate_per_s, burst FROM provider_limit_buckets "
+                "WHERE account = :a AND bucket = :b FOR UPDATE"
+            ),
+            params,
+        ).one()
+        have_rate, have_burst = float(row[0]), float(row[1])
+        if math.isclose(have_rate, rate, rel_tol=1e-9) and have_burst == burst:
+            return
+        field_name = "reads" if name == "read" else "creates"
+        if not budget_migration_requested():
+            raise LimitsConfigError(
+                f"{lim.source or 'RECON_LIMIT_*'}: {field_name}={budget.requests}/{budget.window_s:g} "
+                f"({_describe_bucket(rate, burst)}) differs from account {lim.account!r}'s shared {name} "
+                f"budget in the database ({_as_budget(have_rate, have_burst)}, "
+                f"{_describe_bucket(have_rate, have_burst)}); configure the same budget, or set "
+                f"{MIGRATE_ENV}=1 once to change it for every process"
+            )
+        log.warning(
+            "%s=1: account %r %s budget changed from %s to %s",
+            MIGRATE_ENV, lim.account, name, _describe_bucket(have_rate, have_burst), _describe_bucket(rate, burst),
+        )  # fmt: skip
+        conn.execute(
+            sa.text(
+                "UPDATE provider_limit_buckets SET rate_per_s = :rate, burst = :burst, "
+                "tokens = LEAST(tokens, :burst) WHERE account = :a AND bucket = :b"
+            ),
+            params,
+        )
 
     def take_token(self, create: bool) -> float:
         """Reserve one token of the read or create bucket; returns the seconds to wait for it."""
@@ -447,6 +315,22 @@ class AccountLimiter:
         except _DB_ERRORS as exc:
             self._degraded(exc)
 
+    def _check_wait(self, kind: str, wait: float, deadline: float | None) -> None:
+        lease_s = stale_part_age_s()
+        left = math.inf if deadline is None else deadline - time.monotonic()
+        if wait <= min(left, lease_s):
+            return
+        bound = (
+            f"the request's deadline ({max(0.0, left):.1f} s left)"
+            if left < lease_s
+            else (f"the run's lease (RECON_LEASE_S={lease_s:g})")
+        )
+        raise TokenWaitTooLong(
+            kind,
+            None,
+            f"account {self.limits.account!r}: the next token comes in {wait:.1f} s, after {bound}; not waited for",
+        )
+
     def _degraded(self, exc: BaseException) -> None:
         now = time.monotonic()
         if now - self._degraded_at >= 60:
@@ -462,8 +346,12 @@ class AccountLimiter:
             self._ready = False
 
     @contextmanager
-    def request(self, kind: str, *, create: bool) -> Iterator[None]:
-        """Hold a slot (if the account limits concurrency) and a rate token for one request."""
+    def request(self, kind: str, *, create: bool, deadline: float | None = None) -> Iterator[None]:
+        """Hold a slot (if the account limits concurrency) and a rate token for one request.
+
+        A token that comes after ``deadline`` (monotonic; the request's own) or after the run's
+        lease (``RECON_LEASE_S``) is not waited for: ``TokenWaitTooLong``.
+        """
         held: tuple[int, str] | None = None
         try:
             if self.limits.concurrency:
@@ -484,10 +372,16 @@ class AccountLimiter:
                     delay = min(0.25, delay * 2)
             wait = self.take_token(create)
             if wait > 0:
+                self._check_wait(kind, wait, deadline)
                 self._sleep(wait)
         except _DB_ERRORS as exc:
             self._degraded(exc)
             held = None
+        except BaseException:
+            if held is not None:  # a request that will not be sent gives its slot back at once
+                with contextlib.suppress(*_DB_ERRORS):
+                    self.release(*held)
+            raise
         try:
             yield
         finally:
@@ -496,6 +390,17 @@ class AccountLimiter:
                     self.release(*held)
                 except _DB_ERRORS as exc:  # the slot frees itself at its expiry
                     self._degraded(exc)
+
+
+def verify_account_budgets(environ: dict[str, str] | None = None) -> None:
+    """At start: every provider's configured budget against its account's rows (created when
+    missing); a budget that differs refuses the start with ``LimitsConfigError``."""
+    if not shared_limits_enabled(environ):
+        return
+    for provider in DEFAULT_LIMITS:
+        limiter = account_limiter(account_limits_from_env(provider, environ))
+        if limiter is not None:
+            limiter.ensure()
 
 
 _ACCOUNTS: dict[AccountLimits, AccountLimiter] = {}
@@ -515,18 +420,30 @@ def account_limiter(limits: AccountLimits | None) -> AccountLimiter | None:
 
 
 __all__ = [
+    "DEFAULT_LIMITS",
+    "LIMITS_MODE_ENV",
+    "MAX_CONCURRENCY",
+    "MAX_REQUESTS",
+    "MAX_WINDOW_S",
+    "MIGRATE_ENV",
+    "MIN_WINDOW_S",
+    "POLLED_PROVIDERS",
+    "TOKEN_GRACE_S",
     "AccountBusy",
     "AccountLimiter",
     "AccountLimits",
     "Budget",
     "LimitsConfigError",
     "RunShape",
+    "TokenWaitTooLong",
     "account_limiter",
     "account_limits_from_env",
     "batch_size_within_budgets",
+    "budget_migration_requested",
     "chunk_size",
     "parse_account_limits",
     "resource_limit_fields",
     "run_shape",
     "shared_limits_enabled",
+    "verify_account_budgets",
 ]
