@@ -27,6 +27,7 @@ from recon_dagster.outcomes import (
     reconcile_outcomes,
     reconcile_run_failure_alert,
 )
+from recon_dagster.plan_job import plan_reconcile
 from recon_dagster.providers import providers_from_env
 from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource, with_nested_resources_on_top
 from recon_dagster.schedules import sync_sweep_schedule
@@ -62,6 +63,7 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
             reconcile_health_job,
             lora_training_migration_job,
             explain_job,
+            plan_reconcile,
         ],
         sensors=[stale_inflight_jobs_sensor, reconcile_run_failure_alert],
         schedules=[sync_sweep_schedule, reconcile_health_schedule, lora_training_migration_schedule],
