@@ -8,10 +8,12 @@ import io
 import json
 from decimal import Decimal
 
+import dagster as dg
 import pytest
 import sqlalchemy as sa
 
 from recon_dagster.cli import main
+from recon_dagster.resources import DatabaseResource
 from recon_dagster.shadow import Modes, modes_from_env
 from recon_dagster_tests.reconcile_support import make_defs, tick
 from recon_dagster_tests.test_plan import EXPECTED
@@ -123,3 +125,41 @@ def test_shadow_per_kind_leaves_enforced_kinds_acting(db, sandbox, media_dir, in
     assert status[str(jobs["complete"])] == "processing"  # shadowed: decided, not completed
     assert status[str(jobs["complete_twice_reserved"])] == "completed"  # replicate: enforced
     assert status[str(jobs["sweep_legacy"])] == "failed"  # no kind: RECON_MODE (enforce)
+
+
+def test_agreement_reports_what_became_of_each_shadowed_job(
+    db, sandbox, media_dir, instance, monkeypatch
+) -> None:
+    from recon_dagster.agreement import shadow_agreement
+
+    jobs = seed_world(db, sandbox)
+    monkeypatch.setenv("RECON_MODE", "shadow")
+    defs = make_defs(media_dir)
+    tick(defs, instance, sweep=True)
+    # Meanwhile the app's worker finishes two jobs and a user cancels one.
+    with db.begin() as conn:
+        for name, status in (
+            ("fail", "completed"),
+            ("complete", "completed"),
+            ("complete_twice_reserved", "cancelled"),
+        ):
+            conn.execute(
+                sa.text("UPDATE jobs SET status = :s WHERE id = :j"), {"s": status, "j": str(jobs[name])}
+            )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["plan", "--shadow-report", "--json"]) == 1  # harmful: non-zero, for scripts
+    report = json.loads(out.getvalue())
+    assert report["harmful"] == [str(jobs["fail"])]
+    assert report["disagree"] == [str(jobs["complete_twice_reserved"])]
+    assert report["by_kind"]["kie-standard"]["agree"] == 1  # "complete", completed by the worker
+    assert report["by_kind"]["kie-kling3"]["pending"] == 3  # still in flight (one waits, two at their cap)
+
+    result = dg.materialize([shadow_agreement], resources={"database": DatabaseResource()}, instance=instance)
+    [check] = result.get_asset_check_evaluations()
+    assert not check.passed and check.metadata["harmful_job_ids"].value == [str(jobs["fail"])]
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        main(["plan", "--shadow-report"])
+    assert f"harmful: job {jobs['fail']} [kie-kontext] shadow said fail, job is completed" in text.getvalue()
