@@ -170,6 +170,7 @@ shadow_agreement_job = dg.define_asset_job(
 )
 
 shadow_agreement_schedule = dg.ScheduleDefinition(
+    name="shadow_agreement_schedule",
     job=shadow_agreement_job,
     cron_schedule="*/15 * * * *",
     default_status=dg.DefaultScheduleStatus.RUNNING,
