@@ -353,7 +353,7 @@ def polled_job(p: Polled, now: datetime, max_attempts: int, logs: Sequence[Reser
     if action is PlanAction.FORCE_FAIL:
         reason = f"{after} attempts: {p.reason}"
     elif action in (PlanAction.COUNT, PlanAction.LEAVE):
-        reason = f"{p.reason}; attempt {after} of {max_attempts} counted"
+        reason = f"{p.reason}; counts attempt {after} of {max_attempts}"
     return _job(row, now, upstream_answer(p.status, p.reason), action, reason, logs)
 
 

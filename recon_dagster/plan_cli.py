@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -32,9 +33,29 @@ def run_plan(
         from recon_dagster.providers import providers_from_env
 
         upstream = providers_from_env()
-    plan = build_plan(engine, upstream, resource.settings(), kind=kind, limit=limit or resource.scan_limit)
+    plan = build_plan(
+        engine,
+        upstream,
+        resource.settings(),
+        kind=kind,
+        limit=limit or resource.scan_limit,
+        busy=_in_active_runs(),
+    )
     _emit(plan.to_json() if as_json else to_text(plan), as_json)
     return 0
+
+
+def _in_active_runs() -> set[Any]:
+    """Jobs carried by queued or running reconcile runs of ``$DAGSTER_HOME``'s instance (left
+    alone, as the sensor does); without an instance, none."""
+    if not os.environ.get("DAGSTER_HOME"):
+        return set()
+    import dagster as dg
+
+    from recon_dagster.sensors import jobs_in_active_runs
+
+    with dg.DagsterInstance.get() as instance:
+        return jobs_in_active_runs(instance)
 
 
 def _emit(value: Any, as_json: bool) -> None:
