@@ -163,3 +163,41 @@ def test_agreement_reports_what_became_of_each_shadowed_job(
     with contextlib.redirect_stdout(text):
         main(["plan", "--shadow-report"])
     assert f"harmful: job {jobs['fail']} [kie-kontext] shadow said fail, job is completed" in text.getvalue()
+
+
+def test_a_decision_is_recorded_once_per_job_per_cadence_however_many_runs_race(db) -> None:
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+    from datetime import timedelta
+
+    from recon_dagster.plan import PlanAction, PlannedJob
+    from recon_dagster.shadow import record_decision
+
+    job = PlannedJob(
+        str(uuid.uuid4()), "kie-veo", None, 1, "running", PlanAction.LEAVE, "upstream still running"
+    )
+    with ThreadPoolExecutor(8) as pool:
+        won = list(pool.map(lambda _: record_decision(db, job, "run", timedelta(minutes=5)), range(16)))
+    assert won.count(True) == 1 and len(_decisions(db)) == 1
+    # Past the cadence (zero here) the job is decided again: one row per job per cadence.
+    assert record_decision(db, job, "run", timedelta(0))
+    assert len(_decisions(db)) == 2
+
+
+def test_decided_jobs_do_not_hide_the_rest_of_a_backlog(
+    db, sandbox, media_dir, instance, monkeypatch
+) -> None:
+    from recon_dagster.sandbox import Scenario
+    from recon_dagster_tests.factories import make_job, make_user
+
+    user = make_user(db)
+    for _ in range(5):
+        task = sandbox.add_task("kie-standard", Scenario(polls_before_done=0))
+        make_job(db, user, provider_kind="kie-standard", provider_task_id=task, started_minutes_ago=60)
+    monkeypatch.setenv("RECON_MODE", "shadow")
+    defs = make_defs(media_dir, scan_limit=2)
+    seen = []
+    for _ in range(3):
+        tick(defs, instance)
+        seen.append(len(_decisions(db)))
+    assert seen == [2, 4, 5]  # shadow writes no job row: the scan looks past the decided ones
