@@ -1,4 +1,4 @@
-"""``recon-dagster``: migrate, demo, dev, sandbox, reconcile --once, status.
+"""``recon-dagster``: migrate, demo, dev, sandbox, reconcile --once, status, explain, plan.
 
 Every command goes through ``main``'s one error wrapper: a failure is one line on stderr,
 ``recon-dagster <command>: <what went wrong>; <how to fix it>``, exit 1 (2 for usage), and the
@@ -206,6 +206,19 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return explain_command(args.job_id, as_json=args.json)
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    require_migrated()
+    from recon_dagster.plan_cli import run_plan
+
+    return run_plan(
+        kind=args.kind,
+        as_json=args.json,
+        no_poll=args.no_poll,
+        shadow_report=args.shadow_report,
+        limit=args.limit,
+    )
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
     import subprocess
     from pathlib import Path
@@ -292,6 +305,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ex.add_argument("job_id", help="the app's jobs.id (a UUID)")
     ex.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    pl = _command(
+        sub, "plan", _cmd_plan, "what the next tick would do to every job and credit; writes nothing", database=True
+    )
+    pl.add_argument("--kind", help="only this provider kind")
+    pl.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pl.add_argument("--no-poll", action="store_true", help="decide only what the rows decide; ask no provider")
+    pl.add_argument("--limit", type=int, default=None, help="most jobs scanned (default: RECON_SCAN_LIMIT)")
+    pl.add_argument(
+        "--shadow-report", action="store_true", help="instead: shadow decisions against what happened since"
+    )
 
     dv = _command(
         sub,

@@ -4,6 +4,7 @@ from typing import Any
 
 import dagster as dg
 
+from recon_dagster.agreement import shadow_agreement, shadow_agreement_job, shadow_agreement_schedule
 from recon_dagster.assets import (
     inflight_backlog,
     lora_cohort_matches_legacy,
@@ -27,11 +28,13 @@ from recon_dagster.outcomes import (
     reconcile_outcomes,
     reconcile_run_failure_alert,
 )
+from recon_dagster.plan_job import plan_reconcile
 from recon_dagster.providers import providers_from_env
 from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource, with_nested_resources_on_top
 from recon_dagster.schedules import sync_sweep_schedule
 from recon_dagster.sensors import stale_inflight_jobs_sensor
 from recon_dagster.settings import validate_settings
+from recon_dagster.shadow import modes_from_env
 
 
 def default_resources() -> dict[str, Any]:
@@ -50,8 +53,9 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
 
     Every ``RECON_*`` setting is checked first: a bad one is a load error naming its variable."""
     validate_settings()
+    modes_from_env()  # a bad RECON_MODE / RECON_*_KINDS fails the code location at load, in one line
     return dg.Definitions(
-        assets=[inflight_backlog, lora_training_cohort, reconcile_outcomes, credit_anomalies, reconcile_error_rates],
+        assets=[inflight_backlog, lora_training_cohort, reconcile_outcomes, credit_anomalies, reconcile_error_rates, shadow_agreement],
         asset_checks=[
             no_credit_leak,
             no_stuck_jobs,
@@ -66,9 +70,11 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
             reconcile_health_job,
             lora_training_migration_job,
             explain_job,
+            plan_reconcile,
+            shadow_agreement_job,
         ],
         sensors=[stale_inflight_jobs_sensor, reconcile_run_failure_alert],
-        schedules=[sync_sweep_schedule, reconcile_health_schedule, lora_training_migration_schedule],
+        schedules=[sync_sweep_schedule, reconcile_health_schedule, lora_training_migration_schedule, shadow_agreement_schedule],
         resources=with_nested_resources_on_top({**default_resources(), **(resources or {})}),
     )
 

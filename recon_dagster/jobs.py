@@ -24,6 +24,7 @@ from recon_dagster.reconcile.decide import Outcome
 from recon_dagster.reconcile.dispatch import next_attempt
 from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler, Step, Summary
 from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource
+from recon_dagster.shadow import make_reconciler
 
 # Dagster's tag for a sensor's run key (the lease owner of a sensor-requested run).
 RUN_KEY_TAG = "dagster/run_key"
@@ -87,7 +88,7 @@ def _reconciler(
     on_outcome: _OutcomeLog,
 ) -> Reconciler:
     upstream: Any = providers if providers is not None else _NoUpstream()
-    return Reconciler(
+    return make_reconciler(  # the plain Reconciler, or one shadowing some kinds (RECON_MODE)
         database.get_engine(),
         upstream,
         media_store,

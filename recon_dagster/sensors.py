@@ -12,7 +12,6 @@ from collections.abc import Mapping
 
 import dagster as dg
 
-from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.engine import DatabaseUnavailable
 from recon_dagster.jobs import reconcile_job
 from recon_dagster.kinds import KINDS
@@ -20,6 +19,7 @@ from recon_dagster.providers.limits import batch_size_within_budgets
 from recon_dagster.reconcile.dispatch import Batch, plan_batches
 from recon_dagster.reconcile.reconciler import Summary, outcomes_since
 from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource
+from recon_dagster.shadow import modes_from_env, scan_due
 
 # The scan never reads more rows than this in one tick, however many jobs wait in queued runs.
 MAX_SCAN = 50_000
@@ -146,7 +146,8 @@ def stale_inflight_jobs_sensor(
     try:
         engine = database.get_engine()
         with engine.connect() as conn:
-            rows = jobs_db.scan_stale(conn, limit)
+            # Minus shadowed jobs decided within the cadence (RECON_MODE): shadow writes no job row.
+            rows = scan_due(conn, limit, reconcile_settings.settings().cadence, cap=MAX_SCAN)
             previous = outcomes_since(conn, since)
     except DatabaseUnavailable as exc:
         return dg.SkipReason(f"database unavailable, nothing scanned: {exc}")
@@ -166,6 +167,8 @@ def stale_inflight_jobs_sensor(
         )
     batches, stubborn = fresh_keys(context.instance, batches)
     for b in stubborn:
+        if modes_from_env().shadowed(b.provider_kind):
+            continue  # shadow runs leave no trace on their jobs: re-keyed every cadence by design
         context.log.error(
             f"runs of {b.work_key} ({len(b.claims)} job(s)) keep ending before they claim their jobs; "
             f"requesting it again as {b.run_key} (see those runs' errors)"

@@ -20,12 +20,15 @@ def test_definitions_load_with_every_job_sensor_and_schedule():
         "sync_sweep_job",
         "reconcile_health_job",
         "lora_training_migration_job",
+        "plan_reconcile",
+        "shadow_agreement_job",
     }
     assert {s.name for s in repo.sensor_defs} == {"stale_inflight_jobs_sensor", "reconcile_run_failure_alert"}
     assert {s.name for s in repo.schedule_defs} == {
         "sync_sweep_schedule",
         "reconcile_health_schedule",
         "lora_training_migration_schedule",
+        "shadow_agreement_schedule",
     }
     assert set(defs.resources) >= {"database", "providers", "media_store", "reconcile_settings", "handoff_io_manager"}
 
