@@ -188,6 +188,13 @@ def main() -> int:
         help="keep the workdir's results, refresh its test files, re-run only the mutants not killed",
     )
     args = ap.parse_args()
+    if not Path(sys.executable).with_name("mutmut").exists():
+        print(
+            "mutation.py: mutmut is not installed in this environment; "
+            "install the extra with: .venv/bin/pip install -e '.[dev,mutation]'",
+            file=sys.stderr,
+        )
+        return 1
 
     modules = [m.strip() for m in args.modules.split(",") if m.strip()]
     unknown = [m for m in modules if m not in MODULES]

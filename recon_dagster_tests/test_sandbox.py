@@ -651,9 +651,12 @@ def test_auth_rejections_have_each_providers_shape(client: httpx.Client) -> None
     assert el_wrong.json()["detail"]["code"] == "invalid_api_key"
     an = client.post("/anthropic/v1/messages", headers={"x-api-key": wrong}, json={})
     assert an.status_code == 401 and an.json()["error"]["type"] == "authentication_error"
-    # A bearer token is not an Anthropic key, and no answer echoes the key presented.
-    assert client.post("/anthropic/v1/messages", headers=BEARER, json={}).status_code == 401
-    for r in (kie, rep, el_wrong, an):
+    # Anthropic's SDK sends its key as a Bearer token: the right one passes auth (the empty body
+    # is then refused as a bad request), a wrong one is refused; no answer echoes a key.
+    assert client.post("/anthropic/v1/messages", headers=BEARER, json={}).status_code == 400
+    an_bearer = client.post("/anthropic/v1/messages", headers={"Authorization": f"Bearer {wrong}"}, json={})
+    assert an_bearer.status_code == 401 and an_bearer.json()["error"]["type"] == "authentication_error"
+    for r in (kie, rep, el_wrong, an, an_bearer):
         assert wrong not in r.text and KEY not in r.text
 
 

@@ -103,8 +103,16 @@ def _unauthorized(provider: str, missing: bool) -> Response:
         code = "missing_api_key" if missing else "invalid_api_key"
         message = "Missing xi-api-key header" if missing else "Invalid API key"
         return _json(401, shapes.elevenlabs_error("authentication_error", code, message))
-    message = "x-api-key header is required" if missing else "invalid x-api-key"
+    message = "x-api-key header is required" if missing else "invalid x-api-key"  # the service's words
     return _json(401, shapes.anthropic_error("authentication_error", message))
+
+
+def _bearer(header: str | None, also: tuple[str, ...] = ()) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (or one of the ``also`` schemes)."""
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() or None if scheme == "Bearer" or scheme in also else None
 
 
 def _echo_key(provider: str, req: Request, delay_s: float, escaped: bool = False) -> Response:
@@ -378,17 +386,16 @@ class Sandbox:
 
     def _check_auth(self, provider: str, req: Request) -> None:
         if provider in (KIE, REPLICATE):
-            header = req.headers.get("Authorization")
-            presented = None
-            if header:
-                scheme, _, token = header.partition(" ")
-                # Replicate still accepts its older "Token" scheme.
-                if scheme == "Bearer" or (provider == REPLICATE and scheme == "Token"):
-                    presented = token.strip()
+            # Replicate still accepts its older "Token" scheme.
+            presented = _bearer(
+                req.headers.get("Authorization"), also=("Token",) if provider == REPLICATE else ()
+            )
         elif provider == ELEVENLABS:
             presented = req.headers.get("xi-api-key")
         else:
-            presented = req.headers.get("x-api-key")
+            # Anthropic takes x-api-key (our client, older SDKs) or a Bearer token (its SDK since
+            # the 2026-10-21 API version); x-api-key wins when both are sent.
+            presented = req.headers.get("x-api-key") or _bearer(req.headers.get("Authorization"))
         if not presented or not hmac.compare_digest(presented.encode(), self.api_key.encode()):
             raise BadRequest(_unauthorized(provider, missing=not presented))
 
