@@ -150,24 +150,34 @@ class ReadOnlyBreaker(NotFoundBreaker):
 
     def __init__(self, engine: sa.Engine) -> None:
         super().__init__(engine)
-        self._seen: Counter[tuple[str, bool]] = Counter()
+        # (provider, kind or None for the provider's totals, not_found) -> answers this plan saw.
+        self._seen: Counter[tuple[str, str | None, bool]] = Counter()
 
     def judge(self, status: UpstreamStatus) -> Decision:
-        provider = provider_of(status.provider_kind)
+        kind = status.provider_kind
+        provider = provider_of(kind)
         not_found = status.state is UpstreamState.NOT_FOUND
         with self._lock:
-            self._seen[provider, not_found] += 1
-            mine_nf, mine_all = (
-                self._seen[provider, True],
-                self._seen[provider, True] + self._seen[provider, False],
-            )
+            for key in (kind, None):
+                self._seen[provider, key, not_found] += 1
+            mine = {
+                key: (
+                    self._seen[provider, key, True],
+                    self._seen[provider, key, True] + self._seen[provider, key, False],
+                )
+                for key in (kind, None)
+            }
         if not not_found:
             return decide_on_status(status)
         with self.engine.connect() as conn:
-            nf, n = window_counts(conn, self.policy.window_s, provider).get(provider, (0, 0))
-        return decide_on_status(
-            status, breaker_open=not_found_breaker_open(nf + mine_nf, n + mine_all, self.policy)
-        )
+            stored = window_counts(conn, self.policy.window_s, provider)
+        # As the run judges: against the kind's window and the provider's, open if either is.
+        breaker_open = False
+        for key in (kind, None):
+            nf, n = stored.get((provider, key), (0, 0))
+            mine_nf, mine_all = mine[key]
+            breaker_open |= not_found_breaker_open(nf + mine_nf, n + mine_all, self.policy)
+        return decide_on_status(status, breaker_open=breaker_open)
 
     def record_error(self, provider_kind: str, exc: BaseException) -> None:
         return None

@@ -32,7 +32,7 @@ from recon_dagster.db.jobs import Claim, JobRow
 from recon_dagster.kinds import KINDS
 from recon_dagster.plan import PlanAction, PlannedJob, polled_job, reserved_logs, settlement
 from recon_dagster.reconcile.decide import Action, Outcome, Route, decide_after_attempt, route
-from recon_dagster.reconcile.dispatch import next_attempt
+from recon_dagster.reconcile.dispatch import claim_isolated, next_attempt
 from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler
 
 log = logging.getLogger("recon_dagster.shadow")
@@ -258,12 +258,21 @@ class ShadowReconciler(Reconciler):
         if not self.modes.shadowed(TRAINING_KIND):
             with self.engine.begin() as conn:
                 lora.adopt_legacy_trainings(conn)
+        # The sweep's own read, as in enforce (no backlog of other kinds can fill it); the lease
+        # clamp is skipped, since it would write shadowed kinds' rows.
         with self.engine.begin() as conn:
-            rows = [r for r in scan_due(conn, limit, self.settings.cadence) if route(r) is Route.SWEEP]
+            rows = [r for r in jobs_db.scan_sweepable(conn, limit) if route(r) is Route.SWEEP]
+            recent = recently_decided(conn, [r.id for r in rows if self._is_shadow(r)], self.settings.cadence)
             claims = [Claim(r.id, r.reconcile_attempts) for r in rows if not self._is_shadow(r)]
-            won = jobs_db.claim_jobs(conn, claims, owner, self.settings.lease_ttl)
+            won, errors = claim_isolated(
+                conn, claims, owner, self.settings.lease_ttl, planned=False, cap=self.settings.max_attempts
+            )
+        failed = [self._outcome(j, None, Outcome.ERROR, -1, e, time.monotonic()) for j, e in errors.items()]
+        for o in failed:
+            self._record(o, owner)
         enforced = self.reconcile_many([c.job_id for c in won], owner)
-        return len(rows), enforced + self.decide(self.poll([r for r in rows if self._is_shadow(r)]))
+        shadowed = [r for r in rows if self._is_shadow(r) and r.id not in recent]
+        return len(rows), failed + enforced + self.decide(self.poll(shadowed))
 
 
 def make_reconciler(*args: Any, **kwargs: Any) -> Reconciler:
