@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -117,9 +118,9 @@ def reconcile_served(
             {"w": should_watermark, "j": str(job)},
         )
     upstream = BodyUpstream()
-    upstream.bodies[job_row(db, job)["provider_task_id"]] = _success_body(
-        kind, url, url if kind in _ONE_URL else [url], None
-    )
+    task_id = job_row(db, job)["provider_task_id"]
+    body = _success_body(kind, url, url if kind in _ONE_URL else [url], None)
+    upstream.bodies[task_id] = _about_task(body, task_id)  # an answer about this row's own task
     owner = f"run-{uuid.uuid4().hex[:8]}"
     lease(db, [job], owner)
     policy = MediaPolicy(allowed_hosts=frozenset({served.host}), headers_for=upstream.media_headers)
@@ -127,6 +128,18 @@ def reconcile_served(
         db, upstream, LocalMediaStore(base_dir=media_dir), settings=ReconcileSettings(), media_policy=policy
     )
     return user, job, rec.reconcile(job, owner)
+
+
+def _about_task(body: Any, task_id: str) -> Any:
+    """``body`` with the task id it names (``taskId``, ``id``, ``dubbing_id``) set to ``task_id``."""
+    if isinstance(body, dict):
+        return {
+            k: task_id
+            if k in ("taskId", "id", "dubbing_id") and isinstance(v, str)
+            else _about_task(v, task_id)
+            for k, v in body.items()
+        }
+    return body
 
 
 def stored_files(media_dir: str) -> list[Path]:
