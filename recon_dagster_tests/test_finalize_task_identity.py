@@ -133,7 +133,7 @@ def test_a_foreign_result_is_refused_before_any_download(db, sandbox, media_dir,
     _, orphan_result = _task(sandbox)
     job = _job(db, own)
     fetched: list[str] = []
-    monkeypatch.setattr(finalize_mod, "fetch_to_store", lambda url, *a, **k: fetched.append(url))
+    monkeypatch.setattr(finalize_mod, "fetch_media_to_store", lambda url, *a, **k: fetched.append(url))
 
     with pytest.raises(finalize_mod.UnusableResult):
         _finalize(db, LocalMediaStore(base_dir=media_dir), job, orphan_result, "webhook")
