@@ -24,6 +24,7 @@ from recon_dagster.reconcile.decide import Outcome
 from recon_dagster.reconcile.dispatch import next_attempt
 from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler, Step, Summary
 from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource
+from recon_dagster.runtags import job_tags, kind_tags
 
 # Dagster's tag for a sensor's run key (the lease owner of a sensor-requested run).
 RUN_KEY_TAG = "dagster/run_key"
@@ -199,6 +200,7 @@ def claim_and_poll(
     outcome_log = _OutcomeLog(context)
     rec = _reconciler(context, database, providers, media_store, reconcile_settings, outcome_log)
     rows, settled = rec.claim(planned, owner)
+    _tag_jobs(context, [r.id for r in rows])
     polled = rec.poll(rows)
     outcome_log.flush()
     counts = Counter(p.step.value for p in polled)
@@ -216,6 +218,17 @@ def claim_and_poll(
         items = tuple(p for p in polled if p.step in steps)
         if items:
             yield dg.Output(Handoff(owner, items), name, metadata={"jobs": len(items)})
+
+
+def _tag_jobs(context: dg.OpExecutionContext, job_ids: list[uuid.UUID]) -> None:
+    """One hidden tag per job this run holds, added once claimed (a Launchpad or backfill run
+    learns its jobs only now), so the Runs page's tag filter finds the run by any of its jobs."""
+    if not job_ids:
+        return
+    try:
+        context.instance.add_run_tags(context.run_id, job_tags(job_ids))
+    except Exception as exc:  # noqa: BLE001 - a tag is a convenience: never fail the claimed work over it
+        context.log.warning(f"could not tag this run with its {len(job_ids)} job id(s): {exc}")
 
 
 def _act(
@@ -323,8 +336,17 @@ def sweep_unrecoverable_jobs(
     return _report(context, outcomes, summary)
 
 
-@dg.job(
+# Launchpad and backfill runs of a partition get the kind's tags from here (the sensor's runs
+# carry them too): without them the per-provider run limits of dagster.yaml would not apply.
+reconcile_partitions = dg.PartitionedConfig(
     partitions_def=provider_kind_partitions,
+    run_config_for_partition_key_fn=lambda _key: {},
+    tags_for_partition_key_fn=kind_tags,
+)
+
+
+@dg.job(
+    config=reconcile_partitions,
     executor_def=dg.in_process_executor,
     description="Reconcile stale in-flight jobs of one provider kind: claim and poll, then finalize, "
     "fail and refund, or count the attempt; record the outcomes. Runs are requested by the sensor; "

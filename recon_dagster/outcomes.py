@@ -21,6 +21,7 @@ from recon_dagster.kinds import KIND_NAMES, KINDS, Provider
 from recon_dagster.reconcile.decide import Outcome
 from recon_dagster.reconcile.reconciler import JobOutcome
 from recon_dagster.resources import DatabaseResource
+from recon_dagster.runtags import run_label
 
 OUTCOMES = dg.AssetKey("reconcile_outcomes")
 ANOMALIES = dg.AssetKey("credit_anomalies")
@@ -269,9 +270,7 @@ def reconcile_run_failure_alert(context: dg.RunFailureSensorContext) -> None:
     if run.job_name not in ("reconcile_job", "sync_sweep_job"):
         return
     message = context.failure_event.message or "run failed"
-    context.log.error(
-        f"reconcile run {run.run_id} ({run.tags.get('recon/provider_kind', 'sweep')}) failed: {message}"
-    )
+    context.log.error(f"reconcile run {run.run_id} ({run_label(run)}) failed: {message}")
     hook = _alert_hook()
     if hook is not None:
         hook(context)

@@ -1,0 +1,79 @@
+"""Issue 19: what the operator's console shows: run tags, severity, stuck jobs and the operator's
+actions. Real PostgreSQL, the loopback sandbox and a throwaway Dagster instance."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from recon_dagster.kinds import KINDS, MAX_ATTEMPTS
+from recon_dagster.runtags import job_tag, run_label
+from recon_dagster.sandbox import Scenario
+from recon_dagster_tests.factories import job_row, make_job, make_user, reserve
+from recon_dagster_tests.reconcile_support import make_defs, tick
+
+
+def _stuck(db, sandbox, kind, scenario=None, *, attempts=0, job_type="image"):  # noqa: ANN001, ANN202
+    user = make_user(db, sub=100, topup=50)
+    task = sandbox.add_task(kind, scenario or Scenario(polls_before_done=0))
+    minutes = KINDS[kind].stale_threshold.total_seconds() / 60 + 1
+    job = make_job(
+        db,
+        user,
+        job_type=job_type,
+        provider_kind=kind,
+        provider_task_id=task,
+        started_minutes_ago=minutes,
+        reconcile_attempts=attempts,
+    )
+    reserve(db, job, user, 30, from_sub=20, from_topup=10)
+    return job
+
+
+def _runs_of(instance: dg.DagsterInstance, job) -> list[dg.DagsterRun]:  # noqa: ANN001
+    key, value = job_tag(job)
+    return list(instance.get_runs(filters=dg.RunsFilter(tags={key: value})))
+
+
+@pytest.mark.parametrize("kind", ["kie-standard", "replicate-prediction", "elevenlabs-async"])
+def test_a_partition_run_launched_without_config_carries_its_kind_provider_and_job_tags(
+    db, instance, media_dir, sandbox, kind
+):
+    """The Launchpad / backfill shape: a partition, no run config, no tags of ours."""
+    job = _stuck(db, sandbox, kind, job_type="audio" if kind.startswith("eleven") else "image")
+    other = _stuck(db, sandbox, "kie-veo" if kind != "kie-veo" else "kie-standard", job_type="video")
+    defs = make_defs(media_dir)
+
+    res = defs.resolve_job_def("reconcile_job").execute_in_process(
+        instance=instance, partition_key=kind, raise_on_error=False
+    )
+
+    run = instance.get_run_by_id(res.run_id)
+    assert run.tags["recon/provider_kind"] == kind
+    assert run.tags["recon/provider"] == str(KINDS[kind].provider)
+    assert job_row(db, job)["status"] == "completed"
+    # The job it worked finds the run by one tag; the job of another kind does not.
+    assert [r.run_id for r in _runs_of(instance, job)] == [res.run_id]
+    assert _runs_of(instance, other) == []
+    assert run_label(run) == kind
+
+
+def test_every_job_of_a_batch_run_finds_that_run_by_its_tag(db, instance, media_dir, sandbox):
+    jobs = [_stuck(db, sandbox, "kie-veo", job_type="video") for _ in range(6)]
+    defs = make_defs(media_dir, batch_size=3, single_run_below=2)
+
+    report = tick(defs, instance)
+
+    assert report.runs == 2
+    found = {j: _runs_of(instance, j) for j in jobs}
+    assert all(len(runs) == 1 for runs in found.values())
+    assert len({runs[0].run_id for runs in found.values()}) == 2
+    for runs in found.values():
+        assert runs[0].tags["recon/provider_kind"] == "kie-veo"
+
+
+def test_the_alert_names_the_kind_of_a_partition_run_and_the_sweep_only_for_the_sweep():
+    part = dg.DagsterRun(job_name="reconcile_job", tags={"dagster/partition": "kie-suno"})
+    tagged = dg.DagsterRun(job_name="reconcile_job", tags={"recon/provider_kind": "kie-veo"})
+    sweep = dg.DagsterRun(job_name="sync_sweep_job", tags={})
+    assert (run_label(part), run_label(tagged), run_label(sweep)) == ("kie-suno", "kie-veo", "sweep")
