@@ -31,6 +31,7 @@ from recon_dagster.providers import providers_from_env
 from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource, with_nested_resources_on_top
 from recon_dagster.schedules import sync_sweep_schedule
 from recon_dagster.sensors import stale_inflight_jobs_sensor
+from recon_dagster.severity import no_settle_errors
 
 
 def default_resources() -> dict[str, Any]:
@@ -54,6 +55,7 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
             lora_cohort_matches_legacy,
             no_not_found_burst,
             no_new_exhausted_jobs,
+            no_settle_errors,
             *error_rate_checks,
         ],
         jobs=[

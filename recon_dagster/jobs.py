@@ -25,6 +25,7 @@ from recon_dagster.reconcile.dispatch import next_attempt
 from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler, Step, Summary
 from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource
 from recon_dagster.runtags import job_tags, kind_tags
+from recon_dagster.severity import flag_money
 
 # Dagster's tag for a sensor's run key (the lease owner of a sensor-requested run).
 RUN_KEY_TAG = "dagster/run_key"
@@ -48,16 +49,19 @@ class _OutcomeLog:
     Every ``context.log`` call is one event in Dagster's storage, and dagster-postgres opens a new
     database connection for each: a 200-job batch logged 200 events. Lines are grouped (up to
     ``GROUP`` per event, or whatever arrived within ``MAX_DELAY_S``); a one-job run still gets its
-    one line. Called from the reconcile threads, hence the lock.
+    one line. An errored or force-failed job's line goes out at WARNING in a group of its own, so
+    it is not buried among the INFO lines. Called from the reconcile threads, hence the lock.
     """
 
     GROUP = 50
     MAX_DELAY_S = 5.0
+    WARN = (Outcome.ERROR, Outcome.EXHAUSTED)
 
     def __init__(self, context: dg.OpExecutionContext) -> None:
         self._context = context
         self._lock = threading.Lock()
-        self._lines: list[str] = []
+        self._info: list[str] = []
+        self._warn: list[str] = []
         self._since = time.monotonic()
 
     def __call__(self, o: JobOutcome) -> None:
@@ -66,17 +70,28 @@ class _OutcomeLog:
             f"{o.outcome.value} - {o.detail} ({o.duration_ms}ms)"
         )
         with self._lock:
-            self._lines.append(line)
-            if len(self._lines) < self.GROUP and time.monotonic() - self._since < self.MAX_DELAY_S:
+            (self._warn if o.outcome in self.WARN else self._info).append(line)
+            pending = len(self._info) + len(self._warn)
+            if pending < self.GROUP and time.monotonic() - self._since < self.MAX_DELAY_S:
                 return
-            lines, self._lines, self._since = self._lines, [], time.monotonic()
-        self._context.log.info("\n".join(lines))
+            info, warn = self._take()
+        self._emit(info, warn)
+
+    def _take(self) -> tuple[list[str], list[str]]:
+        info, warn = self._info, self._warn
+        self._info, self._warn, self._since = [], [], time.monotonic()
+        return info, warn
+
+    def _emit(self, info: list[str], warn: list[str]) -> None:
+        if warn:
+            self._context.log.warning("\n".join(warn))
+        if info:
+            self._context.log.info("\n".join(info))
 
     def flush(self) -> None:
         with self._lock:
-            lines, self._lines = self._lines, []
-        if lines:
-            self._context.log.info("\n".join(lines))
+            info, warn = self._take()
+        self._emit(info, warn)
 
 
 def _reconciler(
@@ -300,6 +315,7 @@ def record_outcomes(
     flat = [o for group in outcomes for o in group]
     summary = Summary(scanned=len(flat)).add(flat)
     report_outcomes(context, flat, database)
+    flag_money(context, flat)
     output = _report(context, flat, summary)
     worked = [o for o in flat if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE)]
     # An outage: no job made progress, each errored or was force-failed after erroring to the cap

@@ -3,6 +3,8 @@ actions. Real PostgreSQL, the loopback sandbox and a throwaway Dagster instance.
 
 from __future__ import annotations
 
+import logging
+
 import dagster as dg
 import pytest
 
@@ -77,3 +79,43 @@ def test_the_alert_names_the_kind_of_a_partition_run_and_the_sweep_only_for_the_
     tagged = dg.DagsterRun(job_name="reconcile_job", tags={"recon/provider_kind": "kie-veo"})
     sweep = dg.DagsterRun(job_name="sync_sweep_job", tags={})
     assert (run_label(part), run_label(tagged), run_label(sweep)) == ("kie-suno", "kie-veo", "sweep")
+
+
+def _run_ids(instance: dg.DagsterInstance) -> list[str]:
+    return [r.run_id for r in instance.get_runs(filters=dg.RunsFilter(job_name="reconcile_job"))]
+
+
+def _logged(instance: dg.DagsterInstance, level: int) -> list[str]:
+    return [e.user_message for r in _run_ids(instance) for e in instance.all_logs(r) if e.level >= level]
+
+
+def _failed_checks(instance: dg.DagsterInstance) -> list[tuple[str, str]]:
+    out = []
+    for r in _run_ids(instance):
+        for e in instance.all_logs(r, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION):
+            ev = e.dagster_event.event_specific_data
+            if not ev.passed:
+                out.append((ev.asset_key.to_user_string(), ev.check_name))
+    return out
+
+
+def test_a_force_fail_at_the_cap_is_a_warning_and_fails_a_check(db, instance, media_dir, sandbox):
+    job = _stuck(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 1)
+
+    tick(make_defs(media_dir), instance)
+
+    assert job_row(db, job)["status"] == "failed"
+    warnings = _logged(instance, logging.WARNING)
+    assert any(str(job) in w and "exhausted" in w for w in warnings), warnings
+    assert ("credit_anomalies", "no_new_exhausted_jobs") in _failed_checks(instance)
+
+
+def test_a_per_job_error_line_is_a_warning_and_a_quiet_run_fails_no_check(db, instance, media_dir, sandbox):
+    bad = _stuck(db, sandbox, "kie-standard", Scenario(polls_before_done=0, malformed=True))
+    _stuck(db, sandbox, "kie-standard")
+
+    tick(make_defs(media_dir), instance)
+
+    warnings = _logged(instance, logging.WARNING)
+    assert any(str(bad) in w and "error" in w for w in warnings), warnings
+    assert _failed_checks(instance) == []
