@@ -10,6 +10,7 @@ from recon_dagster.kinds import KINDS, LEGACY_STALE_THRESHOLD, MAX_ATTEMPTS, REC
 from recon_dagster.outcomes import HEALTH_ASSETS
 from recon_dagster.providers import ProvidersResource
 from recon_dagster.resources import DatabaseResource
+from recon_dagster.stuck import STUCK
 
 BACKLOG = dg.AssetKey("inflight_backlog")
 
@@ -142,7 +143,7 @@ def no_stuck_jobs(database: DatabaseResource) -> dg.AssetCheckResult:
 
 reconcile_health_job = dg.define_asset_job(
     "reconcile_health_job",
-    selection=dg.AssetSelection.assets(BACKLOG, *HEALTH_ASSETS),
+    selection=dg.AssetSelection.assets(BACKLOG, STUCK, *HEALTH_ASSETS),
     executor_def=dg.in_process_executor,
     description="Refresh the in-flight backlog, credit anomalies and error rates per provider, and run "
     "their checks (credit leak, stuck jobs, new force-fails, error rate per provider).",

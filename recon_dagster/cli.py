@@ -1,4 +1,4 @@
-"""``recon-dagster``: migrate, demo, dev, sandbox, reconcile --once, status.
+"""``recon-dagster``: migrate, demo, dev, sandbox, reconcile --once, status, explain, retry, fail.
 
 Every command goes through ``main``'s one error wrapper: a failure is one line on stderr,
 ``recon-dagster <command>: <what went wrong>; <how to fix it>``, exit 1 (2 for usage), and the
@@ -191,6 +191,31 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return explain_command(args.job_id, as_json=args.json)
 
 
+def _cmd_retry(args: argparse.Namespace) -> int:
+    return _operator_action(args, "retry")
+
+
+def _cmd_fail(args: argparse.Namespace) -> int:
+    return _operator_action(args, "fail")
+
+
+def _operator_action(args: argparse.Namespace, action: str) -> int:
+    require_migrated()
+    from recon_dagster.db.engine import get_engine, resolve_database_url
+    from recon_dagster.operator import OperatorError, fail_now, os_user, retry_now
+
+    engine = get_engine(resolve_database_url())
+    try:
+        if action == "retry":
+            done = retry_now(engine, args.job_id, who=os_user(), why=args.reason or "")
+        else:
+            done = fail_now(engine, args.job_id, who=os_user(), reason=args.reason)
+    except OperatorError as exc:
+        raise CliError(str(exc), f"see `recon-dagster explain {args.job_id}`") from None
+    print(f"{action}: {done.line}")
+    return 0
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
     import subprocess
     from pathlib import Path
@@ -277,6 +302,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ex.add_argument("job_id", help="the app's jobs.id (a UUID)")
     ex.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    # The operator's actions on one job (recon_dagster.operator): recorded with who and why.
+    rt = _command(
+        sub, "retry", _cmd_retry, "make one in-flight job due now (the attempt is still counted)", database=True
+    )
+    rt.add_argument("job_id", help="the app's jobs.id (a UUID)")
+    rt.add_argument("--reason", default="", help="why (recorded with the job)")
+    fl = _command(
+        sub, "fail", _cmd_fail, "fail one in-flight job and refund its reserved credits", database=True
+    )
+    fl.add_argument("job_id", help="the app's jobs.id (a UUID)")
+    fl.add_argument("--reason", required=True, help="why (recorded with the job and in its error)")
 
     dv = _command(
         sub,

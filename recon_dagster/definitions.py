@@ -32,6 +32,7 @@ from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource,
 from recon_dagster.schedules import sync_sweep_schedule
 from recon_dagster.sensors import stale_inflight_jobs_sensor
 from recon_dagster.severity import no_settle_errors
+from recon_dagster.stuck import fail_and_refund_job, retry_job_now, stuck_jobs
 
 
 def default_resources() -> dict[str, Any]:
@@ -48,7 +49,14 @@ def default_resources() -> dict[str, Any]:
 def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
     """The definitions with the default resources, some of them replaced (tests, the demo)."""
     return dg.Definitions(
-        assets=[inflight_backlog, lora_training_cohort, reconcile_outcomes, credit_anomalies, reconcile_error_rates],
+        assets=[
+            inflight_backlog,
+            lora_training_cohort,
+            reconcile_outcomes,
+            credit_anomalies,
+            reconcile_error_rates,
+            stuck_jobs,
+        ],
         asset_checks=[
             no_credit_leak,
             no_stuck_jobs,
@@ -64,6 +72,8 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
             reconcile_health_job,
             lora_training_migration_job,
             explain_job,
+            retry_job_now,
+            fail_and_refund_job,
         ],
         sensors=[stale_inflight_jobs_sensor, reconcile_run_failure_alert],
         schedules=[sync_sweep_schedule, reconcile_health_schedule, lora_training_migration_schedule],

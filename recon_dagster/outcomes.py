@@ -183,7 +183,8 @@ def error_rates(conn: sa.Connection, minutes: int = RECENT_MINUTES) -> dict[str,
             SELECT provider_kind, count(*) AS n, count(*) FILTER (WHERE outcome = 'error') AS errors
             FROM reconcile_events
             WHERE created_at > now() - make_interval(mins => :m)
-              AND outcome NOT IN ('skipped', 'lost_race') AND provider_kind IS NOT NULL
+              AND outcome NOT IN ('skipped', 'lost_race', 'operator_retry', 'operator_fail')
+              AND provider_kind IS NOT NULL
             GROUP BY provider_kind
             """
         ),
