@@ -119,3 +119,32 @@ def test_a_per_job_error_line_is_a_warning_and_a_quiet_run_fails_no_check(db, in
     warnings = _logged(instance, logging.WARNING)
     assert any(str(bad) in w and "error" in w for w in warnings), warnings
     assert _failed_checks(instance) == []
+
+
+def test_the_story_says_attempts_left_next_attempt_lease_and_the_runs_filter(
+    db, instance, media_dir, sandbox
+):
+    import sqlalchemy as sa
+
+    from recon_dagster.explain import explain, facts
+
+    job = _stuck(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=4)
+    tick(make_defs(media_dir), instance)
+
+    told = dict(facts(explain(db, instance, job)))
+    assert told["attempts left"] == f"{MAX_ATTEMPTS - 5} of {MAX_ATTEMPTS}"
+    assert told["next attempt"][:4].isdigit()  # a timestamp: the cadence is running
+    assert told["lease"] == "-"
+    key, value = job_tag(job)
+    assert told["runs filter"] == f"tag {key}={value}"
+    assert len(_runs_of(instance, job)) == 1
+
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET reconcile_lease_owner = 'run:x', "
+                "reconcile_lease_expires_at = now() + interval '5 minutes' WHERE id = :j"
+            ),
+            {"j": str(job)},
+        )
+    assert dict(facts(explain(db, instance, job)))["lease"].startswith("run:x until ")
