@@ -17,6 +17,7 @@ from recon_dagster.assets import (
 )
 from recon_dagster.checks import no_not_found_burst
 from recon_dagster.explain_job import explain_job
+from recon_dagster.health import provider_health, provider_health_at_startup, provider_health_job
 from recon_dagster.jobs import HANDOFF_IO, reconcile_job, sync_sweep_job
 from recon_dagster.media.store import media_store_from_env
 from recon_dagster.outcomes import (
@@ -56,6 +57,7 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
             credit_anomalies,
             reconcile_error_rates,
             stuck_jobs,
+            provider_health,
         ],
         asset_checks=[
             no_credit_leak,
@@ -74,8 +76,9 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
             explain_job,
             retry_job_now,
             fail_and_refund_job,
+            provider_health_job,
         ],
-        sensors=[stale_inflight_jobs_sensor, reconcile_run_failure_alert],
+        sensors=[stale_inflight_jobs_sensor, reconcile_run_failure_alert, provider_health_at_startup],
         schedules=[sync_sweep_schedule, reconcile_health_schedule, lora_training_migration_schedule],
         resources=with_nested_resources_on_top({**default_resources(), **(resources or {})}),
     )

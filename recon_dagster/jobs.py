@@ -16,6 +16,7 @@ import dagster as dg
 
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim
+from recon_dagster.health import report_health
 from recon_dagster.kinds import KINDS
 from recon_dagster.media.store import MediaStore
 from recon_dagster.outcomes import provider_kind_partitions, report_outcomes
@@ -316,6 +317,7 @@ def record_outcomes(
     summary = Summary(scanned=len(flat)).add(flat)
     report_outcomes(context, flat, database)
     flag_money(context, flat)
+    report_health(context, database, {o.provider_kind for o in flat} | _partition(context))
     output = _report(context, flat, summary)
     worked = [o for o in flat if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE)]
     # An outage: no job made progress, each errored or was force-failed after erroring to the cap
@@ -329,6 +331,10 @@ def record_outcomes(
     if summary.errors:
         context.log.warning(f"{summary.errors} of {len(worked)} job(s) errored: {summary.line()}")
     return output
+
+
+def _partition(context: dg.OpExecutionContext) -> set[str | None]:
+    return {context.partition_key} if context.has_partition_key else set()
 
 
 @dg.op(out=dg.Out(dict))

@@ -148,3 +148,57 @@ def test_the_story_says_attempts_left_next_attempt_lease_and_the_runs_filter(
             {"j": str(job)},
         )
     assert dict(facts(explain(db, instance, job)))["lease"].startswith("run:x until ")
+
+
+def test_provider_health_turns_red_for_the_failing_provider_from_the_runs_that_poll(
+    db, instance, media_dir, sandbox
+):
+    for _ in range(6):
+        _stuck(db, sandbox, "replicate-prediction", Scenario(polls_before_done=0, server_error_first=1000))
+    _stuck(db, sandbox, "kie-standard")
+
+    tick(make_defs(media_dir, batch_size=10, single_run_below=2), instance)
+
+    failed = _failed_checks(instance)
+    assert ("provider_health", "replicate") in failed
+    assert ("provider_health", "kie") not in failed
+    passed = [
+        e.dagster_event.event_specific_data.check_name
+        for r in _run_ids(instance)
+        for e in instance.all_logs(r, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+        if e.dagster_event.event_specific_data.passed
+    ]
+    assert "kie" in passed
+    assert instance.get_latest_materialization_event(dg.AssetKey("provider_health")) is not None
+
+
+def test_provider_health_is_materialized_at_startup_once(db, instance, media_dir):
+    from recon_dagster.health import provider_health_at_startup
+
+    defs = make_defs(media_dir)
+    with dg.build_sensor_context(instance=instance, repository_def=defs.get_repository_def()) as ctx:
+        [request] = provider_health_at_startup.evaluate_tick(ctx).run_requests
+    defs.resolve_job_def("provider_health_job").execute_in_process(instance=instance)
+    with dg.build_sensor_context(instance=instance, repository_def=defs.get_repository_def()) as ctx:
+        assert provider_health_at_startup.evaluate_tick(ctx).run_requests == []
+    assert request.run_key
+
+
+def test_loading_the_code_location_prints_no_dagster_beta_or_supersession_warning():
+    """What `dagster dev`'s code server, every run and every sensor tick do: import the definitions."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import recon_dagster.definitions as d\n"
+        "d.defs.get_repository_def().load_all_definitions()\n"
+        "d.build_defs().get_repository_def().load_all_definitions()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    res = subprocess.run(
+        [sys.executable, "-W", "always", "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    noise = [ln for ln in res.stderr.splitlines() if "BetaWarning" in ln or "SupersessionWarning" in ln]
+    assert noise == []

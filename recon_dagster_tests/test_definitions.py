@@ -21,7 +21,11 @@ def test_definitions_load_with_every_job_sensor_and_schedule():
         "reconcile_health_job",
         "lora_training_migration_job",
     }
-    assert {s.name for s in repo.sensor_defs} == {"stale_inflight_jobs_sensor", "reconcile_run_failure_alert"}
+    assert {s.name for s in repo.sensor_defs} == {
+        "stale_inflight_jobs_sensor",
+        "reconcile_run_failure_alert",
+        "provider_health_at_startup",
+    }
     assert {s.name for s in repo.schedule_defs} == {
         "sync_sweep_schedule",
         "reconcile_health_schedule",
