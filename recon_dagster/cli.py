@@ -217,12 +217,12 @@ def _operator_action(args: argparse.Namespace, action: str) -> int:
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
-    import subprocess
     from pathlib import Path
 
     from recon_dagster.db.engine import get_engine, resolve_database_url
     from recon_dagster.db.migrate import migrate
     from recon_dagster.instance import dagster_dev_argv, prepare_dagster_home
+    from recon_dagster.proctree import run_process_tree
 
     url = resolve_database_url()
     migrate(get_engine(url))
@@ -231,7 +231,8 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         env.update(prepare_dagster_home(Path.cwd() / ".recon" / "dagster_home", url))
     extra = args.dagster_args[1:] if args.dagster_args[:1] == ["--"] else args.dagster_args
     cmd = dagster_dev_argv(Path(env["DAGSTER_HOME"]), extra)
-    return subprocess.call(cmd, env=env)
+    # Its own process group, stopped whole on SIGTERM / SIGINT (webserver, daemon, code server).
+    return run_process_tree(cmd, env=env)
 
 
 # --- parser -------------------------------------------------------------------------------------------
