@@ -258,6 +258,20 @@ def _alert_hook():  # noqa: ANN202
     return getattr(importlib.import_module(module), name)
 
 
+def failure_reason(step_failures: Sequence[dg.DagsterEvent], fallback: str | None) -> str:
+    """The one-line reason a run failed: its failing step's own description (a ``dg.Failure``'s),
+    else the first line of the error, never Dagster's "Steps failed: [...]" or a stack trace."""
+    for ev in step_failures:
+        data = ev.step_failure_data
+        if data is None:
+            continue
+        if data.user_failure_data is not None and data.user_failure_data.description:
+            return data.user_failure_data.description.strip().splitlines()[0]
+        if data.error is not None and data.error.message.strip():
+            return data.error.message.strip().splitlines()[0]
+    return (fallback or "run failed").strip().splitlines()[0]
+
+
 @dg.run_failure_sensor(
     name="reconcile_run_failure_alert",
     description="Fires on every failed reconcile or sweep run (an outage: every job of the run "
@@ -270,7 +284,7 @@ def reconcile_run_failure_alert(context: dg.RunFailureSensorContext) -> None:
     run = context.dagster_run
     if run.job_name not in ("reconcile_job", "sync_sweep_job"):
         return
-    message = context.failure_event.message or "run failed"
+    message = failure_reason(context.get_step_failure_events(), context.failure_event.message)
     context.log.error(f"reconcile run {run.run_id} ({run_label(run)}) failed: {message}")
     hook = _alert_hook()
     if hook is not None:

@@ -202,3 +202,21 @@ def test_loading_the_code_location_prints_no_dagster_beta_or_supersession_warnin
     assert res.returncode == 0, res.stderr
     noise = [ln for ln in res.stderr.splitlines() if "BetaWarning" in ln or "SupersessionWarning" in ln]
     assert noise == []
+
+
+def test_a_failed_runs_alert_reason_is_one_line_without_dagster_internals(db, instance, media_dir, sandbox):
+    from recon_dagster.outcomes import failure_reason
+
+    for _ in range(2):
+        _stuck(db, sandbox, "kie-standard", Scenario(polls_before_done=0, malformed=True))
+
+    report = tick(make_defs(media_dir, single_run_below=1), instance)
+
+    assert report.failed_runs >= 1
+    [run] = [
+        r for r in _run_ids(instance) if instance.get_run_by_id(r).status == dg.DagsterRunStatus.FAILURE
+    ][:1]
+    steps = [e.dagster_event for e in instance.all_logs(run, of_type=dg.DagsterEventType.STEP_FAILURE)]
+    reason = failure_reason(steps, "Execution of run failed. Steps failed: ['record_outcomes'].")
+    assert reason.startswith("every job of this run errored")
+    assert "\n" not in reason and "Steps failed" not in reason and "Traceback" not in reason
