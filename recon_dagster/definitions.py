@@ -24,6 +24,7 @@ from recon_dagster.outcomes import (
     credit_anomalies,
     error_rate_checks,
     no_new_exhausted_jobs,
+    provider_outcome_specs,
     reconcile_error_rates,
     reconcile_outcomes,
     reconcile_run_failure_alert,
@@ -58,6 +59,7 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
             reconcile_error_rates,
             stuck_jobs,
             provider_health,
+            *provider_outcome_specs,
         ],
         asset_checks=[
             no_credit_leak,

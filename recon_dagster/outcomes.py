@@ -59,6 +59,34 @@ reconcile_outcomes = dg.AssetSpec(
 )
 
 
+def provider_outcomes_key(provider: str) -> dg.AssetKey:
+    return dg.AssetKey(["outcomes_by_provider", provider])
+
+
+# Not partitioned, so the asset's plots are time series: one point per reconcile run that touched
+# the provider, one series per kind and outcome (zeros included, so every series is continuous).
+# The partitioned reconcile_outcomes plots by partition instead, which hides time.
+provider_outcome_specs = [
+    dg.AssetSpec(
+        provider_outcomes_key(p.value),
+        group_name="reconciliation",
+        description=f"What each reconcile run did to {p.value}'s jobs, over time: <outcome>/<kind> "
+        "counts per run (recovered, failed_refunded, force_failed, still_running, errors, ...).",
+    )
+    for p in Provider
+]
+
+
+def provider_metadata(provider: str, by_kind: dict[str, list[JobOutcome]], credits: dict) -> dict:
+    """Every series of ``provider``'s kinds for one run (pure): ``<outcome>/<kind>`` counts."""
+    meta: dict = {}
+    for kind in sorted(k for k, spec in KINDS.items() if str(spec.provider) == provider):
+        figures = outcome_metadata(by_kind.get(kind, []), credits)
+        for name in (*SERIES, "jobs"):
+            meta[f"{name}/{kind}"] = figures[name]
+    return meta
+
+
 def _credits(conn: sa.Connection, job_ids: Sequence[str]) -> dict[str, tuple[str, Decimal]]:
     if not job_ids:
         return {}
@@ -110,6 +138,12 @@ def report_outcomes(
     for kind, group in sorted(by_kind.items()):
         context.log_event(
             dg.AssetMaterialization(asset_key=OUTCOMES, partition=kind, metadata=outcome_metadata(group, credits))
+        )
+    for provider in sorted({str(KINDS[k].provider) for k in by_kind}):
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=provider_outcomes_key(provider), metadata=provider_metadata(provider, by_kind, credits)
+            )
         )
 
 

@@ -220,3 +220,23 @@ def test_a_failed_runs_alert_reason_is_one_line_without_dagster_internals(db, in
     reason = failure_reason(steps, "Execution of run failed. Steps failed: ['record_outcomes'].")
     assert reason.startswith("every job of this run errored")
     assert "\n" not in reason and "Steps failed" not in reason and "Traceback" not in reason
+
+
+def test_each_run_adds_a_point_to_its_providers_outcome_series(db, instance, media_dir, sandbox):
+    from recon_dagster.outcomes import provider_outcomes_key
+
+    _stuck(db, sandbox, "kie-standard")
+    _stuck(db, sandbox, "kie-veo", Scenario(outcome="fail", polls_before_done=0), job_type="video")
+    defs = make_defs(media_dir)
+    tick(defs, instance)
+    _stuck(db, sandbox, "kie-standard")
+    tick(defs, instance)
+
+    key = provider_outcomes_key("kie")
+    events = instance.fetch_materializations(key, limit=10).records
+    assert len(events) == 3  # one point per run that touched KIE
+    points = [e.asset_materialization.metadata for e in events]
+    assert all("recovered/kie-standard" in p and "errors/kie-suno" in p for p in points)
+    assert sum(p["recovered/kie-standard"].value for p in points) == 2
+    assert sum(p["failed_refunded/kie-veo"].value for p in points) == 1
+    assert instance.fetch_materializations(provider_outcomes_key("replicate"), limit=1).records == []
