@@ -197,3 +197,16 @@ def test_stuck_jobs_lists_attempt_n_of_max_next_attempt_lease_and_last_upstream_
 def _rows(db):  # noqa: ANN001, ANN202
     with db.connect() as conn:
         return stuck_rows(conn)
+
+
+def test_the_health_job_materializes_stuck_jobs_with_its_table(db, instance, media_dir, sandbox):
+    _, job = _stuck(db, sandbox, attempts=3)
+    defs = make_defs(media_dir)
+    tick(defs, instance)
+
+    res = defs.resolve_job_def("reconcile_health_job").execute_in_process(instance=instance, raise_on_error=False)
+
+    assert res.success, [e.message for e in res.all_events if e.is_failure]
+    event = instance.get_latest_materialization_event(dg.AssetKey("stuck_jobs"))
+    table = event.asset_materialization.metadata["jobs"].value
+    assert str(job) in table and f"4/{MAX_ATTEMPTS}" in table
