@@ -70,8 +70,8 @@ provider_outcome_specs = [
     dg.AssetSpec(
         provider_outcomes_key(p.value),
         group_name="reconciliation",
-        description=f"What each reconcile run did to {p.value}'s jobs, over time: <outcome>/<kind> "
-        "counts per run (recovered, failed_refunded, force_failed, still_running, errors, ...).",
+        description=f"What each reconcile run did to {p.value}'s jobs, over time: one "
+        "outcome/kind count per run (recovered, failed_refunded, force_failed, still_running, errors, ...).",
     )
     for p in Provider
 ]
