@@ -6,10 +6,12 @@ import sqlalchemy as sa
 
 from recon_dagster.db.credits import valid_amount
 from recon_dagster.db.jobs import inflight_counts
+from recon_dagster.health import HEALTH
 from recon_dagster.kinds import KINDS, LEGACY_STALE_THRESHOLD, MAX_ATTEMPTS, RECONCILE_CADENCE, precall_budget
 from recon_dagster.outcomes import HEALTH_ASSETS
 from recon_dagster.providers import ProvidersResource
 from recon_dagster.resources import DatabaseResource
+from recon_dagster.stuck import STUCK
 
 BACKLOG = dg.AssetKey("inflight_backlog")
 
@@ -142,7 +144,7 @@ def no_stuck_jobs(database: DatabaseResource) -> dg.AssetCheckResult:
 
 reconcile_health_job = dg.define_asset_job(
     "reconcile_health_job",
-    selection=dg.AssetSelection.assets(BACKLOG, *HEALTH_ASSETS),
+    selection=dg.AssetSelection.assets(BACKLOG, STUCK, HEALTH, *HEALTH_ASSETS),
     executor_def=dg.in_process_executor,
     description="Refresh the in-flight backlog, credit anomalies and error rates per provider, and run "
     "their checks (credit leak, stuck jobs, new force-fails, error rate per provider).",

@@ -1,4 +1,4 @@
-"""``recon-dagster``: migrate, demo, dev, sandbox, reconcile --once, status, explain, plan.
+"""``recon-dagster``: migrate, demo, dev, sandbox, reconcile --once, status, explain, plan, retry, fail.
 
 Every command goes through ``main``'s one error wrapper: a failure is one line on stderr,
 ``recon-dagster <command>: <what went wrong>; <how to fix it>``, exit 1 (2 for usage), and the
@@ -219,13 +219,38 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_retry(args: argparse.Namespace) -> int:
+    return _operator_action(args, "retry")
+
+
+def _cmd_fail(args: argparse.Namespace) -> int:
+    return _operator_action(args, "fail")
+
+
+def _operator_action(args: argparse.Namespace, action: str) -> int:
+    require_migrated()
+    from recon_dagster.db.engine import get_engine, resolve_database_url
+    from recon_dagster.operator import OperatorError, fail_now, os_user, retry_now
+
+    engine = get_engine(resolve_database_url())
+    try:
+        if action == "retry":
+            done = retry_now(engine, args.job_id, who=os_user(), why=args.reason or "")
+        else:
+            done = fail_now(engine, args.job_id, who=os_user(), reason=args.reason)
+    except OperatorError as exc:
+        raise CliError(str(exc), f"see `recon-dagster explain {args.job_id}`") from None
+    print(f"{action}: {done.line}")
+    return 0
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
-    import subprocess
     from pathlib import Path
 
     from recon_dagster.db.engine import get_engine, resolve_database_url
     from recon_dagster.db.migrate import migrate
     from recon_dagster.instance import dagster_dev_argv, prepare_dagster_home
+    from recon_dagster.proctree import run_process_tree
 
     url = resolve_database_url()
     migrate(get_engine(url))
@@ -234,7 +259,8 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         env.update(prepare_dagster_home(Path.cwd() / ".recon" / "dagster_home", url))
     extra = args.dagster_args[1:] if args.dagster_args[:1] == ["--"] else args.dagster_args
     cmd = dagster_dev_argv(Path(env["DAGSTER_HOME"]), extra)
-    return subprocess.call(cmd, env=env)
+    # Its own process group, stopped whole on SIGTERM / SIGINT (webserver, daemon, code server).
+    return run_process_tree(cmd, env=env)
 
 
 # --- parser -------------------------------------------------------------------------------------------
@@ -301,21 +327,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     ex = _command(
-        sub, "explain", _cmd_explain, "one job's whole story: attempts, run links, upstream, credits", database=True
+        sub,
+        "explain",
+        _cmd_explain,
+        "one job's whole story: attempts, run links, upstream, credits",
+        database=True,
     )
     ex.add_argument("job_id", help="the app's jobs.id (a UUID)")
     ex.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     pl = _command(
-        sub, "plan", _cmd_plan, "what the next tick would do to every job and credit; writes nothing", database=True
+        sub,
+        "plan",
+        _cmd_plan,
+        "what the next tick would do to every job and credit; writes nothing",
+        database=True,
     )
     pl.add_argument("--kind", help="only this provider kind")
     pl.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    pl.add_argument("--no-poll", action="store_true", help="decide only what the rows decide; ask no provider")
+    pl.add_argument(
+        "--no-poll", action="store_true", help="decide only what the rows decide; ask no provider"
+    )
     pl.add_argument("--limit", type=int, default=None, help="most jobs scanned (default: RECON_SCAN_LIMIT)")
     pl.add_argument(
         "--shadow-report", action="store_true", help="instead: shadow decisions against what happened since"
     )
+    # The operator's actions on one job (recon_dagster.operator): recorded with who and why.
+    rt = _command(
+        sub,
+        "retry",
+        _cmd_retry,
+        "make one in-flight job due now (the attempt is still counted)",
+        database=True,
+    )
+    rt.add_argument("job_id", help="the app's jobs.id (a UUID)")
+    rt.add_argument("--reason", default="", help="why (recorded with the job)")
+    fl = _command(
+        sub, "fail", _cmd_fail, "fail one in-flight job and refund its reserved credits", database=True
+    )
+    fl.add_argument("job_id", help="the app's jobs.id (a UUID)")
+    fl.add_argument("--reason", required=True, help="why (recorded with the job and in its error)")
 
     dv = _command(
         sub,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import signal
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr
@@ -23,6 +23,7 @@ from recon_dagster.db import credits
 from recon_dagster.db.engine import get_engine, redact, resolve_database_url
 from recon_dagster.db.migrate import migrate
 from recon_dagster.instance import dagster_dev_argv, prepare_dagster_home
+from recon_dagster.proctree import run_process_tree
 
 
 @dataclass(frozen=True)
@@ -388,9 +389,11 @@ def _serve(seeded: list[tuple[DemoJob, uuid.UUID]], before: dict[str, RowState])
     env = {**os.environ, "RECON_SENSOR_INTERVAL_S": os.environ.get("RECON_SENSOR_INTERVAL_S", "5")}
     try:
         # The workspace file names the location recon_dagster (``-m`` would name it after the module).
-        return subprocess.call(dagster_dev_argv(Path(os.environ["DAGSTER_HOME"])), env=env)
+        # Stopped whole on SIGTERM / SIGINT: no webserver or daemon left behind.
+        rc = run_process_tree(dagster_dev_argv(Path(os.environ["DAGSTER_HOME"])), env=env)
     except KeyboardInterrupt:
         return 0
+    return 0 if rc in (128 + signal.SIGINT, 128 + signal.SIGTERM) else rc
 
 
 def _num(value: object) -> str:

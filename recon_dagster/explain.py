@@ -20,7 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from recon_dagster.db.jobs import readable_ts, unreadable_columns
+from recon_dagster.db.jobs import readable, readable_ts, unreadable_columns
 
 UI_URL_ENV = "RECON_DAGSTER_UI_URL"
 DEFAULT_UI_URL = "http://127.0.0.1:3000"
@@ -97,6 +97,9 @@ class JobStory:
     anomalies: list[Anomaly] = field(default_factory=list)
     # Job timestamps PostgreSQL holds and Python cannot (BC, after 9999, infinity): shown as "-".
     unreadable: tuple[str, ...] = ()
+    # When the next attempt is due (None: due now) and until when lease_owner holds the job.
+    next_attempt_at: datetime | None = None
+    lease_expires_at: datetime | None = None
 
     @property
     def outcome(self) -> str:
@@ -143,7 +146,10 @@ def load_story(engine: sa.Engine, job_id: uuid.UUID | str) -> JobStory:
                 f"""
                 SELECT id, status, job_type, provider_kind, provider_task_id, progress,
                        {", ".join(readable_ts(c) for c in _JOB_TIMES)}, {unreadable_columns(_JOB_TIMES, "unreadable")},
-                       reconcile_attempts, reconcile_last_error, error_message, reconcile_lease_owner
+                       reconcile_attempts, reconcile_last_error, error_message, reconcile_lease_owner,
+                       CASE WHEN {readable("reconcile_next_at")} THEN reconcile_next_at END AS next_at,
+                       CASE WHEN reconcile_lease_expires_at > now() AND {readable("reconcile_lease_expires_at")}
+                            THEN reconcile_lease_expires_at END AS lease_until
                 FROM jobs WHERE id = :j
                 """
             ),
@@ -217,6 +223,8 @@ def load_story(engine: sa.Engine, job_id: uuid.UUID | str) -> JobStory:
             Anomaly(a.reason, float(a.amount) if a.amount is not None else None, a.created_at)
             for a in anomalies
         ],
+        next_attempt_at=row.next_at,
+        lease_expires_at=row.lease_until,
     )
 
 
@@ -289,12 +297,37 @@ def facts(story: JobStory) -> list[tuple[str, str]]:
         ("provider call started", _ts(story.provider_call_started_at)),
         ("completed", _ts(story.completed_at)),
         ("reconcile attempts", str(story.reconcile_attempts)),
+        *_schedule_facts(story),
         ("upstream said last", story.reconcile_last_error or "-"),
         ("error message", story.error_message or "-"),
         ("credits", "; ".join(_credit_line(c) for c in story.credits) or "no reservation"),
         ("assets", "; ".join(f"{a.asset_type} {a.storage_key}" for a in story.assets) or "none"),
         ("credit anomalies", "; ".join(f"{a.reason} ({_ts(a.at)})" for a in story.anomalies) or "none"),
     ] + ([("unreadable timestamps", ", ".join(story.unreadable))] if story.unreadable else [])
+
+
+def _schedule_facts(story: JobStory) -> list[tuple[str, str]]:
+    """What happens next to an in-flight job (attempts left, next attempt, lease), and the Runs
+    page filter that finds every run that worked it (``recon_dagster.runtags``)."""
+    from recon_dagster.kinds import MAX_ATTEMPTS
+    from recon_dagster.runtags import job_tag
+
+    key, value = job_tag(story.job_id)
+    runs = ("runs filter", f"tag {key}={value}")
+    if story.status not in ("pending", "processing"):
+        return [runs]
+    lease = "-"
+    if story.lease_owner and story.lease_expires_at is not None:
+        lease = f"{story.lease_owner} until {_ts(story.lease_expires_at)}"
+    return [
+        ("attempts left", f"{max(MAX_ATTEMPTS - story.reconcile_attempts, 0)} of {MAX_ATTEMPTS}"),
+        (
+            "next attempt",
+            _ts(story.next_attempt_at) if story.next_attempt_at else "due now (once past its threshold)",
+        ),
+        ("lease", lease),
+        runs,
+    ]
 
 
 def to_markdown(story: JobStory, base_url: str | None) -> str:

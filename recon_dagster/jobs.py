@@ -16,6 +16,7 @@ import dagster as dg
 
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim
+from recon_dagster.health import report_health
 from recon_dagster.kinds import KINDS
 from recon_dagster.media.store import MediaStore
 from recon_dagster.outcomes import provider_kind_partitions, report_outcomes
@@ -24,6 +25,8 @@ from recon_dagster.reconcile.decide import Outcome
 from recon_dagster.reconcile.dispatch import next_attempt
 from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler, Step, Summary
 from recon_dagster.resources import DatabaseResource, ReconcileSettingsResource
+from recon_dagster.runtags import job_tags, kind_tags
+from recon_dagster.severity import flag_money
 from recon_dagster.shadow import make_reconciler
 
 # Dagster's tag for a sensor's run key (the lease owner of a sensor-requested run).
@@ -48,16 +51,19 @@ class _OutcomeLog:
     Every ``context.log`` call is one event in Dagster's storage, and dagster-postgres opens a new
     database connection for each: a 200-job batch logged 200 events. Lines are grouped (up to
     ``GROUP`` per event, or whatever arrived within ``MAX_DELAY_S``); a one-job run still gets its
-    one line. Called from the reconcile threads, hence the lock.
+    one line. An errored or force-failed job's line goes out at WARNING in a group of its own, so
+    it is not buried among the INFO lines. Called from the reconcile threads, hence the lock.
     """
 
     GROUP = 50
     MAX_DELAY_S = 5.0
+    WARN = (Outcome.ERROR, Outcome.EXHAUSTED)
 
     def __init__(self, context: dg.OpExecutionContext) -> None:
         self._context = context
         self._lock = threading.Lock()
-        self._lines: list[str] = []
+        self._info: list[str] = []
+        self._warn: list[str] = []
         self._since = time.monotonic()
 
     def __call__(self, o: JobOutcome) -> None:
@@ -66,17 +72,28 @@ class _OutcomeLog:
             f"{o.outcome.value} - {o.detail} ({o.duration_ms}ms)"
         )
         with self._lock:
-            self._lines.append(line)
-            if len(self._lines) < self.GROUP and time.monotonic() - self._since < self.MAX_DELAY_S:
+            (self._warn if o.outcome in self.WARN else self._info).append(line)
+            pending = len(self._info) + len(self._warn)
+            if pending < self.GROUP and time.monotonic() - self._since < self.MAX_DELAY_S:
                 return
-            lines, self._lines, self._since = self._lines, [], time.monotonic()
-        self._context.log.info("\n".join(lines))
+            info, warn = self._take()
+        self._emit(info, warn)
+
+    def _take(self) -> tuple[list[str], list[str]]:
+        info, warn = self._info, self._warn
+        self._info, self._warn, self._since = [], [], time.monotonic()
+        return info, warn
+
+    def _emit(self, info: list[str], warn: list[str]) -> None:
+        if warn:
+            self._context.log.warning("\n".join(warn))
+        if info:
+            self._context.log.info("\n".join(info))
 
     def flush(self) -> None:
         with self._lock:
-            lines, self._lines = self._lines, []
-        if lines:
-            self._context.log.info("\n".join(lines))
+            info, warn = self._take()
+        self._emit(info, warn)
 
 
 def _reconciler(
@@ -200,6 +217,7 @@ def claim_and_poll(
     outcome_log = _OutcomeLog(context)
     rec = _reconciler(context, database, providers, media_store, reconcile_settings, outcome_log)
     rows, settled = rec.claim(planned, owner)
+    _tag_jobs(context, [r.id for r in rows])
     polled = rec.poll(rows)
     outcome_log.flush()
     counts = Counter(p.step.value for p in polled)
@@ -217,6 +235,17 @@ def claim_and_poll(
         items = tuple(p for p in polled if p.step in steps)
         if items:
             yield dg.Output(Handoff(owner, items), name, metadata={"jobs": len(items)})
+
+
+def _tag_jobs(context: dg.OpExecutionContext, job_ids: list[uuid.UUID]) -> None:
+    """One hidden tag per job this run holds, added once claimed (a Launchpad or backfill run
+    learns its jobs only now), so the Runs page's tag filter finds the run by any of its jobs."""
+    if not job_ids:
+        return
+    try:
+        context.instance.add_run_tags(context.run_id, job_tags(job_ids))
+    except Exception as exc:  # noqa: BLE001 - a tag is a convenience: never fail the claimed work over it
+        context.log.warning(f"could not tag this run with its {len(job_ids)} job id(s): {exc}")
 
 
 def _act(
@@ -288,6 +317,8 @@ def record_outcomes(
     flat = [o for group in outcomes for o in group]
     summary = Summary(scanned=len(flat)).add(flat)
     report_outcomes(context, flat, database)
+    flag_money(context, flat)
+    report_health(context, database, {o.provider_kind for o in flat} | _partition(context))
     output = _report(context, flat, summary)
     worked = [o for o in flat if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE)]
     # An outage: no job made progress, each errored or was force-failed after erroring to the cap
@@ -301,6 +332,10 @@ def record_outcomes(
     if summary.errors:
         context.log.warning(f"{summary.errors} of {len(worked)} job(s) errored: {summary.line()}")
     return output
+
+
+def _partition(context: dg.OpExecutionContext) -> set[str | None]:
+    return {context.partition_key} if context.has_partition_key else set()
 
 
 @dg.op(out=dg.Out(dict))
@@ -324,8 +359,17 @@ def sweep_unrecoverable_jobs(
     return _report(context, outcomes, summary)
 
 
-@dg.job(
+# Launchpad and backfill runs of a partition get the kind's tags from here (the sensor's runs
+# carry them too): without them the per-provider run limits of dagster.yaml would not apply.
+reconcile_partitions = dg.PartitionedConfig(
     partitions_def=provider_kind_partitions,
+    run_config_for_partition_key_fn=lambda _key: {},
+    tags_for_partition_key_fn=kind_tags,
+)
+
+
+@dg.job(
+    config=reconcile_partitions,
     executor_def=dg.in_process_executor,
     description="Reconcile stale in-flight jobs of one provider kind: claim and poll, then finalize, "
     "fail and refund, or count the attempt; record the outcomes. Runs are requested by the sensor; "

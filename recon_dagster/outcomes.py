@@ -19,6 +19,7 @@ from recon_dagster.kinds import KIND_NAMES, KINDS, Provider
 from recon_dagster.reconcile.decide import Outcome
 from recon_dagster.reconcile.reconciler import JobOutcome
 from recon_dagster.resources import DatabaseResource
+from recon_dagster.runtags import run_label
 from recon_dagster.settings import ALERT_HOOK_ENV, load_alert_hook
 
 OUTCOMES = dg.AssetKey("reconcile_outcomes")
@@ -55,6 +56,34 @@ reconcile_outcomes = dg.AssetSpec(
     "with recovered / failed_refunded / swept / force_failed / still_running / errors and the "
     "credits committed and refunded. Written by reconcile_job and sync_sweep_job runs.",
 )
+
+
+def provider_outcomes_key(provider: str) -> dg.AssetKey:
+    return dg.AssetKey(["outcomes_by_provider", provider])
+
+
+# Not partitioned, so the asset's plots are time series: one point per reconcile run that touched
+# the provider, one series per kind and outcome (zeros included, so every series is continuous).
+# The partitioned reconcile_outcomes plots by partition instead, which hides time.
+provider_outcome_specs = [
+    dg.AssetSpec(
+        provider_outcomes_key(p.value),
+        group_name="reconciliation",
+        description=f"What each reconcile run did to {p.value}'s jobs, over time: one "
+        "outcome/kind count per run (recovered, failed_refunded, force_failed, still_running, errors, ...).",
+    )
+    for p in Provider
+]
+
+
+def provider_metadata(provider: str, by_kind: dict[str, list[JobOutcome]], credits: dict) -> dict:
+    """Every series of ``provider``'s kinds for one run (pure): ``<outcome>/<kind>`` counts."""
+    meta: dict = {}
+    for kind in sorted(k for k, spec in KINDS.items() if str(spec.provider) == provider):
+        figures = outcome_metadata(by_kind.get(kind, []), credits)
+        for name in (*SERIES, "jobs"):
+            meta[f"{name}/{kind}"] = figures[name]
+    return meta
 
 
 def _credits(conn: sa.Connection, job_ids: Sequence[str]) -> dict[str, tuple[str, Decimal]]:
@@ -108,6 +137,12 @@ def report_outcomes(
     for kind, group in sorted(by_kind.items()):
         context.log_event(
             dg.AssetMaterialization(asset_key=OUTCOMES, partition=kind, metadata=outcome_metadata(group, credits))
+        )
+    for provider in sorted({str(KINDS[k].provider) for k in by_kind}):
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=provider_outcomes_key(provider), metadata=provider_metadata(provider, by_kind, credits)
+            )
         )
 
 
@@ -181,7 +216,8 @@ def error_rates(conn: sa.Connection, minutes: int = RECENT_MINUTES) -> dict[str,
             SELECT provider_kind, count(*) AS n, count(*) FILTER (WHERE outcome = 'error') AS errors
             FROM reconcile_events
             WHERE created_at > now() - make_interval(mins => :m)
-              AND outcome NOT IN ('skipped', 'lost_race') AND provider_kind IS NOT NULL
+              AND outcome NOT IN ('skipped', 'lost_race', 'operator_retry', 'operator_fail')
+              AND provider_kind IS NOT NULL
             GROUP BY provider_kind
             """
         ),
@@ -246,6 +282,20 @@ def _alert_hook():  # noqa: ANN202
     return load_alert_hook()
 
 
+def failure_reason(step_failures: Sequence[dg.DagsterEvent], fallback: str | None) -> str:
+    """The one-line reason a run failed: its failing step's own description (a ``dg.Failure``'s),
+    else the first line of the error, never Dagster's "Steps failed: [...]" or a stack trace."""
+    for ev in step_failures:
+        data = ev.step_failure_data
+        if data is None:
+            continue
+        if data.user_failure_data is not None and data.user_failure_data.description:
+            return data.user_failure_data.description.strip().splitlines()[0]
+        if data.error is not None and data.error.message.strip():
+            return data.error.message.strip().splitlines()[0]
+    return (fallback or "run failed").strip().splitlines()[0]
+
+
 @dg.run_failure_sensor(
     name="reconcile_run_failure_alert",
     description="Fires on every failed reconcile or sweep run (an outage: every job of the run "
@@ -258,10 +308,8 @@ def reconcile_run_failure_alert(context: dg.RunFailureSensorContext) -> None:
     run = context.dagster_run
     if run.job_name not in ("reconcile_job", "sync_sweep_job"):
         return
-    message = context.failure_event.message or "run failed"
-    context.log.error(
-        f"reconcile run {run.run_id} ({run.tags.get('recon/provider_kind', 'sweep')}) failed: {message}"
-    )
+    message = failure_reason(context.get_step_failure_events(), context.failure_event.message)
+    context.log.error(f"reconcile run {run.run_id} ({run_label(run)}) failed: {message}")
     hook = _alert_hook()
     if hook is not None:
         hook(context)

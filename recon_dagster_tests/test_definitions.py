@@ -23,7 +23,11 @@ def test_definitions_load_with_every_job_sensor_and_schedule():
         "plan_reconcile",
         "shadow_agreement_job",
     }
-    assert {s.name for s in repo.sensor_defs} == {"stale_inflight_jobs_sensor", "reconcile_run_failure_alert"}
+    assert {s.name for s in repo.sensor_defs} == {
+        "stale_inflight_jobs_sensor",
+        "reconcile_run_failure_alert",
+        "provider_health_at_startup",
+    }
     assert {s.name for s in repo.schedule_defs} == {
         "sync_sweep_schedule",
         "reconcile_health_schedule",
