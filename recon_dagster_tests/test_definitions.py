@@ -112,10 +112,12 @@ def _workspace_location(argv: list[str]) -> tuple[str, str]:
 
 
 def test_recon_dagster_dev_serves_the_location_as_recon_dagster(engine, tmp_path, monkeypatch):
+    from recon_dagster import proctree
     from recon_dagster.cli import main
 
     calls: list[list[str]] = []
-    monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: calls.append(list(cmd)) or 0)
+    # `dev` runs dagster dev as a process tree it stops whole on SIGTERM (recon_dagster.proctree).
+    monkeypatch.setattr(proctree, "run_process_tree", lambda cmd, *a, **kw: calls.append(list(cmd)) or 0)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
     assert main(["dev", "--", "-p", "3999"]) == 0
     [argv] = calls
@@ -124,10 +126,11 @@ def test_recon_dagster_dev_serves_the_location_as_recon_dagster(engine, tmp_path
 
 
 def test_demo_serve_starts_dagster_dev_on_the_location_recon_dagster(db, tmp_path, monkeypatch):
+    from recon_dagster import demo
     from recon_dagster.demo import run_demo
 
     calls: list[list[str]] = []
-    monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: calls.append(list(cmd)) or 0)
+    monkeypatch.setattr(demo, "run_process_tree", lambda cmd, *a, **kw: calls.append(list(cmd)) or 0)
     monkeypatch.chdir(tmp_path)
     saved = dict(os.environ)  # the demo points os.environ at its sandbox and instance
     os.environ["DAGSTER_HOME"] = str(tmp_path)  # no dagster.yaml: a local instance, nothing left behind
