@@ -53,6 +53,7 @@ from recon_dagster.testing import (
 ROOT = Path(__file__).resolve().parents[1]
 BACKLOG_KIND = "kie-lip-sync"
 LATE_KIND = "kie-standard"
+SECOND_KIND = "kie-veo"
 SLACK_S = 30
 
 
@@ -109,6 +110,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--count", type=int, default=20, help=f"late {LATE_KIND} jobs")
     parser.add_argument("--gap", type=float, default=3.0, help="seconds between late jobs turning stale")
+    parser.add_argument("--second", type=int, default=0, help=f"a second backlog of {SECOND_KIND} jobs")
     parser.add_argument("--reads", type=int, default=600, help="KIE read budget per window (binds)")
     parser.add_argument("--window", type=float, default=60.0)
     parser.add_argument("--latency", type=float, default=1.0, help="seconds per provider answer")
@@ -117,8 +119,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--database-url", default=None)
     parser.add_argument("--timeout", type=float, default=3600)
     args = parser.parse_args(argv)
-    if args.jobs < 1 or args.count < 1 or args.reads < 1 or args.window <= 0 or args.late < 0 or args.gap < 0:
-        parser.error("--jobs, --count, --reads >= 1; --window > 0; --late, --gap >= 0")
+    if (
+        args.second < 0
+        or args.jobs < 1
+        or args.count < 1
+        or args.reads < 1
+        or args.window <= 0
+        or args.late < 0
+        or args.gap < 0
+    ):
+        parser.error("--jobs, --count, --reads >= 1; --window > 0; --late, --gap, --second >= 0")
 
     server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url()
     name = f"recon_bench_{secrets.token_hex(4)}"
@@ -143,6 +153,12 @@ def main(argv: list[str]) -> int:
             users = [str(uuid.uuid4()) for _ in range(max(1, min(100, args.jobs // 20)))]
             backlog, _ = seed(engine, sandbox, BACKLOG_KIND, args.jobs, [-600.0] * args.jobs, users)
             log(f"  seeded {args.jobs:,} {BACKLOG_KIND} jobs")
+            second = None
+            if args.second:  # a second KIE backlog kind: together they fill every KIE batch run slot
+                second, _ = seed(
+                    engine, sandbox, SECOND_KIND, args.second, [-600.0] * args.second, [str(uuid.uuid4())]
+                )
+                log(f"  seeded {args.second:,} {SECOND_KIND} jobs")
             env = {
                 **sandbox.env,
                 DATABASE_URL_ENV: url,
@@ -159,12 +175,14 @@ def main(argv: list[str]) -> int:
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.exec_driver_sql("ANALYZE jobs")
             started = time.time()
-            ids = backlog.job_ids + late.job_ids
+            backlogs = [b for b in (backlog, second) if b is not None]
+            backlog_ids = [j for b in backlogs for j in b.job_ids]
+            ids = backlog_ids + late.job_ids
             backlog_done = None
             with daemon_process(home, env) as daemon:
                 last = 0.0
                 while (left := inflight(engine, ids)) > 0:
-                    if backlog_done is None and inflight(engine, backlog.job_ids) == 0:
+                    if backlog_done is None and inflight(engine, backlog_ids) == 0:
                         backlog_done = time.time()
                     if not daemon.alive():
                         raise SystemExit(f"the daemon died:\n{daemon.log_tail()}")
@@ -178,7 +196,7 @@ def main(argv: list[str]) -> int:
             reads = sandbox.requests("kie", "read", window_s=args.window)
             done = terminal_at(engine, late.job_ids)
             waits = sorted(done[j] - s for j, s in zip(late.job_ids, stale_at, strict=True) if j in done)
-            problems += [f"backlog: {p}" for p in verify(engine, backlog)]
+            problems += [f"backlog: {p}" for b in backlogs for p in verify(engine, b)]
             problems += [f"late: {p}" for p in verify(engine, late)]
     finally:
         dispose_engines()
@@ -194,8 +212,8 @@ def main(argv: list[str]) -> int:
     print(
         f"late {LATE_KIND} jobs: stale -> terminal p50 {p50:.1f} s, max {worst:.1f} s over {len(waits)} jobs "
         f"(target <= sensor interval + {SLACK_S} s = {bound} s: {'met' if worst <= bound else 'NOT met'}); "
-        f"backlog: {args.jobs:,} {BACKLOG_KIND} jobs drained in {drain_s:.1f} s from daemon start = "
-        f"{args.jobs / drain_s * 60:,.0f} jobs/min; KIE reads {reads['count']:,} at {rate:.0f} per {args.window:g} s "
+        f"backlog: {len(backlog_ids):,} jobs ({BACKLOG_KIND} {args.jobs:,}, {SECOND_KIND} {args.second:,}) drained "
+        f"in {drain_s:.1f} s from daemon start = {len(backlog_ids) / drain_s * 60:,.0f} jobs/min; KIE reads {reads['count']:,} at {rate:.0f} per {args.window:g} s "
         f"= {rate / args.reads:.2f} of the budget, most in any window {reads['max_in_window']} "
         f"(budget {args.reads}{', OVER' if reads['max_in_window'] > args.reads else ''})"
     )
