@@ -55,17 +55,19 @@ WORK_TAG = "recon/work"
 UNSTARTED_RUNS_LOUD = 3
 
 
-# A run of one job (a kind with few due jobs: a fresh stuck job, not a backlog) is dequeued before
-# the batch runs (Dagster's queued run coordinator starts higher priorities first) and may use a
-# provider run slot that batch runs may not (dagster.yaml limits "<provider>/batch" one run below
-# the provider), so another kind's backlog never holds it until one of its long runs ends.
+# A small run (a few fresh stuck jobs, not a backlog: at most one round of polls at the default
+# RECON_RECONCILE_CONCURRENCY) is dequeued before the batch runs (Dagster's queued run coordinator
+# starts higher priorities first) and may use a provider run slot that batch runs may not
+# (dagster.yaml limits "<provider>/batch" one run below the provider), so another kind's backlog
+# never holds it until one of its long runs ends.
 SMALL_RUN_PRIORITY = 10
+SMALL_RUN_JOBS = 16
 LANE_TAG = "recon/provider_lane"
 
 
 def lane_tags(batch: Batch) -> dict[str, str]:
     provider = str(KINDS[batch.provider_kind].provider)
-    if len(batch.claims) == 1:
+    if len(batch.claims) <= SMALL_RUN_JOBS:
         return {LANE_TAG: f"{provider}/small", "dagster/priority": str(SMALL_RUN_PRIORITY)}
     return {LANE_TAG: f"{provider}/batch"}
 

@@ -3,19 +3,25 @@ backlog, neither in the sensor's scan nor in the run queue (real PostgreSQL, a r
 
 from __future__ import annotations
 
+import time
 import uuid
+from pathlib import Path
 
 import dagster as dg
+import pytest
 import sqlalchemy as sa
+import yaml
 from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
 
 from recon_dagster.db.jobs import scan_stale
 from recon_dagster.reconcile.dispatch import Batch, Claim
 from recon_dagster.sensors import run_request_for
-from recon_dagster_tests.factories import make_job, make_user
-from recon_dagster_tests.reconcile_support import evaluate_sensor, make_defs
+from recon_dagster.testing import daemon_process, dagster_home, sandbox_process, wait_for
+from recon_dagster_tests.factories import make_job, make_user, reserve
+from recon_dagster_tests.reconcile_support import evaluate_sensor, make_defs, one, usage_status
 
 RUN_KEY_TAG = "dagster/run_key"
+LATE = "kie-standard"
 _ORIGIN = RemoteJobOrigin(
     RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("recon_dagster"), "__repository__"), "reconcile_job"
 )
@@ -85,3 +91,78 @@ def test_small_runs_jump_the_queue_and_may_use_the_spare_provider_slot():
     assert int(one.tags["dagster/priority"]) > 0
     assert "dagster/priority" not in many.tags
     assert one.tags["recon/provider_lane"] == "kie/small" and many.tags["recon/provider_lane"] == "kie/batch"
+    # A burst of a few jobs of one kind due in the same tick (packed into one run) is small too.
+    few = run_request_for(Batch("kie-standard", tuple(Claim(uuid.uuid4(), 1) for _ in range(10)), "few"))
+    assert few.tags["recon/provider_lane"] == "kie/small" and "dagster/priority" in few.tags
+
+
+def _shipped_run_queue(home_yaml: Path) -> None:
+    """The instance's run queue as it ships (dagster.yaml), not the harness's."""
+    shipped = yaml.safe_load((Path(__file__).resolve().parents[1] / "dagster.yaml").read_text())["run_queue"]
+    config = yaml.safe_load(home_yaml.read_text())
+    for key in ("max_concurrent_runs", "tag_concurrency_limits"):
+        config["run_queue"][key] = shipped[key]
+    home_yaml.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+@pytest.mark.daemon
+def test_a_stuck_job_is_settled_while_backlog_runs_hold_every_batch_slot(db, database_url, tmp_path):
+    # Three long batch runs (two lip-sync, one veo; upstream still running, one job at a time, 3 s
+    # per answer) hold every KIE batch run slot; then one kie-standard job turns stale. On the
+    # old run queue its run waited for one of them to end (about 90 s).
+    interval = 5
+    user = make_user(db)
+    with sandbox_process(latency_s=3.0, log_dir=tmp_path) as sandbox:
+        for kind, n in (("kie-lip-sync", 60), ("kie-veo", 30)):
+            for i in range(n):
+                task = sandbox.add_task(kind, {"outcome": "run_forever"}, f"{kind}-{i}")
+                make_job(db, user, provider_kind=kind, provider_task_id=task, started_minutes_ago=300)
+        task = sandbox.add_task(LATE, {"outcome": "succeed", "polls_before_done": 0})
+        late = make_job(db, user, provider_kind=LATE, provider_task_id=task)
+        reserve(db, late, user, 3)
+        env = {
+            **sandbox.env,
+            "RECON_DATABASE_URL": database_url,
+            "RECON_MEDIA_DIR": str(tmp_path / "media"),
+            "RECON_SENSOR_INTERVAL_S": str(interval),
+            "RECON_BATCH_SIZE": "30",
+            "RECON_RECONCILE_CONCURRENCY": "1",
+            "RECON_SINGLE_RUN_BELOW": "2",
+            "DAGSTER_GRPC_TIMEOUT_SECONDS": "300",
+        }
+        with dagster_home(database_url) as home:
+            _shipped_run_queue(home.dagster_yaml)
+            with daemon_process(home, env) as daemon, home.instance() as inst:
+                started = dg.RunsFilter(
+                    statuses=[dg.DagsterRunStatus.STARTED], tags={"recon/provider": "kie"}
+                )
+
+                def batch_runs() -> int:
+                    return sum(int(r.tags["recon/job_count"]) > 1 for r in inst.get_runs(filters=started))
+
+                wait_for(
+                    lambda: batch_runs() >= 3,
+                    timeout_s=240,
+                    what="three KIE batch runs to start",
+                    logs=daemon.log_tail,
+                )
+                with db.begin() as conn:  # the job turns stale now
+                    conn.execute(
+                        sa.text(
+                            "UPDATE jobs SET provider_call_started_at = now() - interval '1 hour' WHERE id = :j"
+                        ),
+                        {"j": str(late)},
+                    )
+                stale_at = time.monotonic()
+                wait_for(
+                    lambda: one(db, "SELECT status FROM jobs WHERE id = :j", j=late) == "completed",
+                    timeout_s=interval + 30,
+                    interval_s=0.5,
+                    what=f"the stuck {LATE} job to complete while the backlog runs",
+                    logs=daemon.log_tail,
+                )
+                took = time.monotonic() - stale_at
+                still = batch_runs()
+    assert still >= 1, "the backlog's runs ended first: nothing was held"
+    assert took <= interval + 30
+    assert usage_status(db, late) == "committed"
