@@ -20,6 +20,8 @@ Targets (2 cores): phase 1 >= 2,000 jobs/min, >= 40x phase 2.
 
 ``--ceiling`` runs the account-budget benchmark instead (``benchmarks/ceiling.py``): a backlog of
 two providers drained under one shared read budget per account, then with per-process limits.
+``--fairness`` runs ``benchmarks/fairness.py``: late stuck jobs of one kind during another
+kind's backlog under a binding budget (stale -> terminal p50/max next to the drain time).
 
     .venv/bin/python benchmarks/backlog.py [--jobs 10000] [--latency 0.1] [--sample 60]
         [--database-url URL] [--max-concurrent-runs 10] [--batch-size 500] [--concurrency 16]
@@ -395,6 +397,10 @@ def main() -> int:
         from ceiling import main as ceiling_main
 
         return ceiling_main([a for a in sys.argv[1:] if a != "--ceiling"])
+    if "--fairness" in sys.argv[1:]:  # a fresh stuck job during another kind's backlog (fairness.py)
+        from fairness import main as fairness_main
+
+        return fairness_main([a for a in sys.argv[1:] if a != "--fairness"])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

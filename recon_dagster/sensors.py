@@ -55,6 +55,23 @@ WORK_TAG = "recon/work"
 UNSTARTED_RUNS_LOUD = 3
 
 
+# A small run (a few fresh stuck jobs, not a backlog: at most one round of polls at the default
+# RECON_RECONCILE_CONCURRENCY) is dequeued before the batch runs (Dagster's queued run coordinator
+# starts higher priorities first) and may use a provider run slot that batch runs may not
+# (dagster.yaml limits "<provider>/batch" one run below the provider), so another kind's backlog
+# never holds it until one of its long runs ends.
+SMALL_RUN_PRIORITY = 10
+SMALL_RUN_JOBS = 16
+LANE_TAG = "recon/provider_lane"
+
+
+def lane_tags(batch: Batch) -> dict[str, str]:
+    provider = str(KINDS[batch.provider_kind].provider)
+    if len(batch.claims) <= SMALL_RUN_JOBS:
+        return {LANE_TAG: f"{provider}/small", "dagster/priority": str(SMALL_RUN_PRIORITY)}
+    return {LANE_TAG: f"{provider}/batch"}
+
+
 def run_request_for(batch: Batch) -> dg.RunRequest:
     """One run per batch: partitioned by kind, keyed by its jobs and the attempt each makes.
 
@@ -71,6 +88,7 @@ def run_request_for(batch: Batch) -> dg.RunRequest:
     else:
         tags["recon/job_id"] = f"{batch.claims[0].job_id} (+{len(batch.claims) - 1} more)"
         tags["recon/attempt"] = ",".join(str(a) for a in sorted(set(batch.attempts)))
+    tags.update(lane_tags(batch))
     return dg.RunRequest(
         run_key=batch.run_key,
         partition_key=batch.provider_kind,
