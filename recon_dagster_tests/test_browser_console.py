@@ -9,12 +9,14 @@ asserted on real content, so a blank page fails. Screenshots: ``.recon/screensho
 
 from __future__ import annotations
 
+import io
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from PIL import Image
 
 from recon_dagster.runtags import job_tag
 from recon_dagster.sandbox import Scenario
@@ -114,7 +116,8 @@ def console(outage: dict) -> Iterator[Console]:
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        # bypass_csp: the UI's CSP forbids the string evaluation wait_for_function uses.
+        context = browser.new_context(viewport={"width": 1400, "height": 900}, bypass_csp=True)
         try:
             yield Console(context.new_page(), outage["url"])
         finally:
@@ -192,6 +195,15 @@ def test_3_the_catalog_lists_the_health_assets_and_the_outcome_series_plot_real_
     # has a Table / Plots switch. Not partitioned, so each point is one reconcile run.
     page = console.open("/assets/outcomes_by_provider/replicate", wait_text="errors/replicate-prediction")
     page.get_by_role("button", name="Plots").first.click()
-    page.wait_for_function("document.querySelectorAll('svg circle').length > 0", timeout=60_000)
+    # A chart with points: Dagster draws them as svg circles, or on a canvas (then non-blank pixels).
+    page.wait_for_function(
+        "document.querySelectorAll('svg circle').length > 0"
+        " || [...document.querySelectorAll('canvas')].some(c => c.width > 0 && c.height > 0)",
+        timeout=60_000,
+    )
+    canvases = page.locator("canvas")
+    if page.locator("svg circle").count() == 0:
+        png = canvases.first.screenshot()
+        assert len(set(Image.open(io.BytesIO(png)).convert("RGB").getdata())) > 2, "the chart is blank"
     assert "errors/replicate-prediction" in console.text()
     console.shot("console-outcome-plots")
