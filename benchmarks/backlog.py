@@ -47,6 +47,7 @@ import psutil
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
+from recon_dagster.core.kinds import ASYNC_KINDS, SYNC_KINDS, get_kind
 from recon_dagster.db.engine import (
     DATABASE_URL_ENV,
     dispose_engines,
@@ -57,9 +58,8 @@ from recon_dagster.db.engine import (
     with_database,
 )
 from recon_dagster.db.migrate import migrate
-from recon_dagster.kinds import ASYNC_KINDS, SYNC_KINDS, get_kind
-from recon_dagster.resources import ReconcileSettingsResource
-from recon_dagster.testing import (
+from recon_dagster.defs.resources import ReconcileSettingsResource
+from recon_dagster_tests.support.harness import (
     DaemonProcess,
     DagsterHome,
     daemon_process,

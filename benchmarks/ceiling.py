@@ -35,6 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 from backlog import Seeded, connections, inflight, insert_jobs, log, verify
 
+from recon_dagster.core.kinds import KINDS, get_kind
 from recon_dagster.db.engine import (
     DATABASE_URL_ENV,
     dispose_engines,
@@ -45,9 +46,8 @@ from recon_dagster.db.engine import (
     with_database,
 )
 from recon_dagster.db.migrate import migrate
-from recon_dagster.kinds import KINDS, get_kind
 from recon_dagster.providers.limits import Budget
-from recon_dagster.testing import (
+from recon_dagster_tests.support.harness import (
     daemon_process,
     dagster_home,
     drop_database,

@@ -1,6 +1,6 @@
 """The fault harness, full run: SIGKILL at every named crash point, recover through the real CLI.
 
-For each crash point (``recon_dagster.crashpoints``) on each path that reaches it (an app worker
+For each crash point (``recon_dagster.core.crashpoints``) on each path that reaches it (an app worker
 process, or ``recon-dagster reconcile --once``), ``--rounds`` rounds of ``--jobs`` jobs: one process
 works a round's jobs at once and dies by SIGKILL with every job parked at the point; the clock moves
 a day and ``reconcile --once`` runs until nothing is in flight; then every job is checked (see
@@ -40,8 +40,8 @@ from recon_dagster.db.engine import (  # noqa: E402
     with_database,
 )
 from recon_dagster.db.migrate import migrate  # noqa: E402
-from recon_dagster.testing import drop_database, ensure_database, sandbox_process  # noqa: E402
 from recon_dagster_tests.chaos import harness  # noqa: E402
+from recon_dagster_tests.support.harness import drop_database, ensure_database, sandbox_process  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

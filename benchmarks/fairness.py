@@ -31,6 +31,7 @@ import sqlalchemy as sa
 import yaml
 from backlog import Seeded, inflight, insert_jobs, log, verify
 
+from recon_dagster.core.kinds import get_kind
 from recon_dagster.db.engine import (
     DATABASE_URL_ENV,
     dispose_engines,
@@ -41,8 +42,7 @@ from recon_dagster.db.engine import (
     with_database,
 )
 from recon_dagster.db.migrate import migrate
-from recon_dagster.kinds import get_kind
-from recon_dagster.testing import (
+from recon_dagster_tests.support.harness import (
     daemon_process,
     dagster_home,
     drop_database,

@@ -23,7 +23,7 @@ Tests use ``RECON_DATABASE_URL`` (or the embedded server when unset), as the tes
 
     RECON_DATABASE_URL=postgresql://root@127.0.0.1:5432/postgres \
       .venv/bin/python benchmarks/mutation.py [--sample 60] [--seed 12] [--max-minutes 30]
-      [--modules credits,decide] [--without recon_dagster_tests/test_decide.py] [--label before]
+      [--modules credits,decide] [--without recon_dagster_tests/reconcile/test_decide.py] [--label before]
 """
 
 from __future__ import annotations

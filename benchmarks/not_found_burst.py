@@ -24,13 +24,13 @@ from datetime import timedelta
 
 import sqlalchemy as sa
 
-from recon_dagster.breaker import policy_from_env
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.engine import dispose_engines, get_engine, redact, resolve_database_url, with_database
 from recon_dagster.db.migrate import migrate
+from recon_dagster.reconcile.breaker import policy_from_env
 from recon_dagster.sandbox import SandboxServer
-from recon_dagster.testing import drop_database, ensure_database
-from recon_dagster_tests.answers_support import stale_job
+from recon_dagster_tests.support.answers import stale_job
+from recon_dagster_tests.support.harness import drop_database, ensure_database
 
 _WORKER = """
 import json, sys, time
@@ -114,7 +114,7 @@ def main() -> int:
                 with engine.begin() as conn:
                     conn.execute(sa.text("DELETE FROM usage_logs; DELETE FROM jobs"))
             # What recording and counting costs one not-found answer, on a window holding a full burst.
-            from recon_dagster.breaker import record_answer, window_counts
+            from recon_dagster.reconcile.breaker import record_answer, window_counts
 
             n = 200
             start = time.perf_counter()

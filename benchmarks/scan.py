@@ -3,7 +3,7 @@
 Runs in a throwaway database on the configured server (RECON_DATABASE_URL) or the embedded one,
 dropped at the end. 1% of rows in flight, kinds mixed over the registry, ages mixed; NULL-kind
 legacy rows among the finished ones, plus a fixed cohort of in-flight legacy rows
-(``recon_dagster_tests.factories.bulk_jobs``). Prints, per size and LIMIT, the median of N runs
+(``recon_dagster_tests.support.factories.bulk_jobs``). Prints, per size and LIMIT, the median of N runs
 (server execution time from EXPLAIN ANALYZE, and the round trip through SQLAlchemy), the 1M/100k
 ratios, and the same query with index scans disabled. Targets, at the spec's batch of 50:
 median <= 2 ms at 1M, ratio <= 1.5.
@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from recon_dagster.db.engine import dispose_engines, get_engine, redact, resolve_database_url, with_database
 from recon_dagster.db.jobs import stale_scan_sql
 from recon_dagster.db.migrate import migrate
-from recon_dagster_tests.factories import bulk_jobs
+from recon_dagster_tests.support.factories import bulk_jobs
 
 SIZES = (100_000, 1_000_000)
 # In-flight rows with no provider call time (stuck since before Phase 1): a fixed cohort, not a

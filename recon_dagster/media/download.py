@@ -45,8 +45,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from recon_dagster.crashpoints import crash_point
-from recon_dagster.deadlines import exchange_deadline, guard_transports, sized_deadline_s
+from recon_dagster.core.crashpoints import crash_point
+from recon_dagster.core.deadlines import exchange_deadline, guard_transports, sized_deadline_s
 from recon_dagster.media.errors import (
     MediaExpired,
     MediaFetchError,

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from recon_dagster.deadlines import stale_part_age_s
+from recon_dagster.core.deadlines import stale_part_age_s
 from recon_dagster.media.base import StoredObject, validate_key
 
 log = logging.getLogger("recon_dagster.media.folder")

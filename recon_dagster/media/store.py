@@ -18,6 +18,7 @@ import dagster as dg
 from dagster_aws.s3 import S3Resource
 from pydantic import Field, PrivateAttr
 
+from recon_dagster.core.redaction import register_secret
 from recon_dagster.media.base import (
     DEFAULT_MEDIA_DIR,
     DEFAULT_PART_SIZE,
@@ -32,7 +33,6 @@ from recon_dagster.media.base import (
 )
 from recon_dagster.media.folder import FolderWriter
 from recon_dagster.media.s3 import S3ClientSettings, S3Writer, shared_s3_client
-from recon_dagster.redaction import register_secret
 
 __all__ = [
     "DEFAULT_MEDIA_DIR",

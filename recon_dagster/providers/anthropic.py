@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import httpx
 from pydantic import Field
 
-from recon_dagster.kinds import Provider
+from recon_dagster.core.kinds import Provider
 from recon_dagster.providers.base import ProviderResource
 from recon_dagster.providers.http import json_body
 from recon_dagster.providers.status import ProviderProtocolError

@@ -12,12 +12,12 @@ import dagster as dg
 import httpx
 from pydantic import Field, PrivateAttr
 
-from recon_dagster.deadlines import poll_deadline_s, poll_max_bytes
-from recon_dagster.kinds import Provider, ProviderKind, get_kind
+from recon_dagster.core.deadlines import poll_deadline_s, poll_max_bytes
+from recon_dagster.core.kinds import Provider, ProviderKind, get_kind
+from recon_dagster.core.redaction import register_secret
 from recon_dagster.providers.http import HttpSettings, Limits, ProviderHttp, ProviderNotFound, json_body
 from recon_dagster.providers.limits import account_limits_from_env
 from recon_dagster.providers.status import MediaRef, ProviderError, UpstreamState, UpstreamStatus
-from recon_dagster.redaction import register_secret
 
 ProgressCallback = Callable[[UpstreamStatus], None]
 TaskCreatedCallback = Callable[[str], None]

@@ -6,7 +6,8 @@ import os
 
 import dagster as dg
 
-from recon_dagster.kinds import Provider, get_kind
+from recon_dagster.core.kinds import Provider, get_kind
+from recon_dagster.core.redaction import register_secret
 from recon_dagster.providers.anthropic import ANTHROPIC_BASE_URL, AnthropicResource
 from recon_dagster.providers.base import (
     AsyncProviderResource,
@@ -20,7 +21,6 @@ from recon_dagster.providers.kie import KIE_BASE_URL, KieResource
 from recon_dagster.providers.limits import resource_limit_fields
 from recon_dagster.providers.replicate import REPLICATE_BASE_URL, ReplicateResource
 from recon_dagster.providers.status import MediaRef, UpstreamStatus
-from recon_dagster.redaction import register_secret
 
 API_KEY_ENV_VARS = ("KIE_API_KEY", "REPLICATE_API_TOKEN", "ELEVENLABS_API_KEY", "ANTHROPIC_API_KEY")
 

@@ -8,7 +8,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import Field
 
-from recon_dagster.kinds import Provider
+from recon_dagster.core.kinds import Provider
 from recon_dagster.providers.base import AsyncProviderResource
 from recon_dagster.providers.http import json_body
 from recon_dagster.providers.parse import parse_poll_response

@@ -24,15 +24,15 @@ from typing import Any
 import httpx
 import tenacity
 
-from recon_dagster.deadlines import (
+from recon_dagster.core.deadlines import (
     DEFAULT_POLL_DEADLINE_S,
     DEFAULT_POLL_MAX_BYTES,
     exchange_deadline,
     guard_transports,
 )
+from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.providers.limits import AccountLimits, account_limiter
 from recon_dagster.providers.status import AmbiguousCreateError, ProviderHTTPError, ProviderProtocolError
-from recon_dagster.redaction import redact_secrets
 
 log = logging.getLogger("recon_dagster.providers.http")
 

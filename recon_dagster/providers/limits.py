@@ -37,8 +37,8 @@ from contextlib import contextmanager
 
 import sqlalchemy as sa
 
+from recon_dagster.core.deadlines import stale_part_age_s
 from recon_dagster.db.engine import DatabaseUnavailable, get_engine
-from recon_dagster.deadlines import stale_part_age_s
 from recon_dagster.providers.limit_config import (
     DEFAULT_LIMITS,
     LIMITS_MODE_ENV,

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
 from urllib.parse import quote, urlsplit
 
-from recon_dagster.kinds import Family, get_kind
+from recon_dagster.core.kinds import Family, get_kind
 from recon_dagster.providers.status import (
     MediaRef,
     ProviderProtocolError,

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from recon_dagster.redaction import redact_secrets
+from recon_dagster.core.redaction import redact_secrets
 
 
 class UpstreamState(StrEnum):

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from recon_dagster.db.jobs import JobRow
-from recon_dagster.kinds import KINDS, MAX_ATTEMPTS, TEXT_RESULT_KINDS
+from recon_dagster.core.kinds import KINDS, MAX_ATTEMPTS, TEXT_RESULT_KINDS
+from recon_dagster.core.types import JobRow
 from recon_dagster.media.base import media_folder
 from recon_dagster.providers.status import UpstreamState, UpstreamStatus
 

@@ -21,9 +21,9 @@ from datetime import timedelta
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
+from recon_dagster.core.kinds import KINDS
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim, JobRow
-from recon_dagster.kinds import KINDS
 
 
 @dataclass(frozen=True)

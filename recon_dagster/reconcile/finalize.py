@@ -32,10 +32,10 @@ from typing import Any, NoReturn, Protocol
 import httpx
 import sqlalchemy as sa
 
-from recon_dagster.crashpoints import crash_point
+from recon_dagster.core.crashpoints import crash_point
+from recon_dagster.core.deadlines import media_deadline_s, media_min_bytes_per_s
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
-from recon_dagster.deadlines import media_deadline_s, media_min_bytes_per_s
 from recon_dagster.media.base import media_folder
 from recon_dagster.media.content import promised_kind
 from recon_dagster.media.errors import MediaNotImage, MediaNotVideo, MediaUnusable

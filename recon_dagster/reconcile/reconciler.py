@@ -19,15 +19,16 @@ from typing import Protocol, TypeVar
 
 import sqlalchemy as sa
 
-from recon_dagster import lora
-from recon_dagster.breaker import NotFoundBreaker
-from recon_dagster.crashpoints import crash_point
+from recon_dagster.core.crashpoints import crash_point
+from recon_dagster.core.kinds import KINDS, MAX_ATTEMPTS, RECONCILE_CADENCE
+from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim, JobRow
-from recon_dagster.kinds import KINDS, MAX_ATTEMPTS, RECONCILE_CADENCE
 from recon_dagster.media.store import MediaStore
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
+from recon_dagster.reconcile import lora
+from recon_dagster.reconcile.breaker import NotFoundBreaker
 from recon_dagster.reconcile.decide import (
     Action,
     Outcome,
@@ -46,7 +47,6 @@ from recon_dagster.reconcile.finalize import (
     sweep_no_recovery,
 )
 from recon_dagster.reconcile.poison import clamp_impossible_waits
-from recon_dagster.redaction import redact_secrets
 
 log = logging.getLogger("recon_dagster.reconcile")
 

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-from recon_dagster.kinds import Family, get_kind
+from recon_dagster.core.kinds import Family, get_kind
 
 OUTCOMES = ("succeed", "fail", "run_forever")
 MEDIA_KINDS = ("image", "video", "audio", "weights", "text")

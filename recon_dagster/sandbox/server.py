@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
-from recon_dagster.kinds import Family, get_kind
+from recon_dagster.core.kinds import Family, get_kind
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.media import MEDIA_TYPES, iter_media, media_length
 from recon_dagster.sandbox.scenario import Scenario, ScenarioError, media_kind_for, poll_phase

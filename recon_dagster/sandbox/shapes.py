@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from recon_dagster.kinds import Family
+from recon_dagster.core.kinds import Family
 from recon_dagster.sandbox.scenario import FAMILY_FAIL_STATES, Scenario
 from recon_dagster.sandbox.state import Task
 

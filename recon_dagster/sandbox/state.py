@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from recon_dagster.kinds import Family, get_kind
+from recon_dagster.core.kinds import Family, get_kind
 from recon_dagster.sandbox.scenario import Scenario, create_action, injected
 
 _ALNUM_LOWER = string.ascii_lowercase + string.digits

@@ -38,8 +38,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from recon_dagster.testing import SandboxProcess
 from recon_dagster_tests.chaos.poison import poison
+from recon_dagster_tests.support.harness import SandboxProcess
 
 KIND = "kie-standard"
 START_BALANCE = Decimal("150")  # 100 subscription + 50 top-up per user (one user per job)
@@ -80,13 +80,13 @@ CASES: tuple[tuple[str, str], ...] = (
 # task, poll it (the on_progress hook is the worker's mid-poll crash point), then finalize or fail.
 WORKER_SCRIPT = r"""
 import json, sys, threading
-from recon_dagster.crashpoints import crash_point
+from recon_dagster.core.crashpoints import crash_point
 from recon_dagster.db.engine import get_engine
 from recon_dagster.media.store import media_store_from_env
 from recon_dagster.providers import providers_from_env
 from recon_dagster.providers.status import UpstreamState
 from recon_dagster.reconcile.finalize import ProviderResult, fail_and_refund, finalize_job_with_media
-from recon_dagster.worker import run_or_resume
+from recon_dagster.reconcile.app_worker import run_or_resume
 
 specs = json.load(open(sys.argv[1]))
 providers, engine, store = providers_from_env(), get_engine(), media_store_from_env()

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from recon_dagster.testing import SandboxProcess
 from recon_dagster_tests.chaos import harness
-from recon_dagster_tests.drip_support import drip_server, wait_closed
+from recon_dagster_tests.support.drip import drip_server, wait_closed
+from recon_dagster_tests.support.harness import SandboxProcess
 
 CASE = "reconcile:header.drip"
 DEADLINE_S = 3.0

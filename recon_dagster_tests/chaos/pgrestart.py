@@ -23,8 +23,8 @@ import sqlalchemy as sa
 from recon_dagster.db.embedded import PGDATA_ENV, embedded_url, stop_embedded
 from recon_dagster.db.engine import dispose_engines, get_engine, with_database
 from recon_dagster.db.migrate import migrate
-from recon_dagster.testing import SandboxProcess, ensure_database, wait_for
 from recon_dagster_tests.chaos import harness
+from recon_dagster_tests.support.harness import SandboxProcess, ensure_database, wait_for
 
 CASE = "worker:postgres.restart"
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from recon_dagster.testing import sandbox_process
 from recon_dagster_tests.chaos import harness
+from recon_dagster_tests.support.harness import sandbox_process
 
 SEED = int(os.environ.get("RECON_CHAOS_SEED", "7"))
 JOBS = int(os.environ.get("RECON_CHAOS_JOBS", "10"))

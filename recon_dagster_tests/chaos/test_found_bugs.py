@@ -9,8 +9,8 @@ import sqlalchemy as sa
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.reconcile.dispatch import next_attempt
 from recon_dagster.reconcile.reconciler import Reconciler, ReconcileSettings
-from recon_dagster_tests.factories import job_row, make_job, make_user, reserve
-from recon_dagster_tests.reconcile_support import usage_status
+from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
+from recon_dagster_tests.support.reconcile import usage_status
 
 SETTINGS = ReconcileSettings(max_attempts=4)
 

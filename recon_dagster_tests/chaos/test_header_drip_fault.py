@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from recon_dagster.testing import sandbox_process
 from recon_dagster_tests.chaos.headerdrip import run_header_drip
+from recon_dagster_tests.support.harness import sandbox_process
 
 pytestmark = pytest.mark.timeout(600)
 

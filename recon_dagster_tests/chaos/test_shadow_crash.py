@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from recon_dagster_tests.chaos.harness import _script, run_crashing
-from recon_dagster_tests.world_support import LIMITER_TABLES, fingerprint, money_rows, seed_world
+from recon_dagster_tests.support.world import LIMITER_TABLES, fingerprint, money_rows, seed_world
 
 SHADOW_WRITES = LIMITER_TABLES | {"reconcile_decisions", "provider_poll_answers"}
 

@@ -1,0 +1,98 @@
+"""The CLI's one error shape: ``recon-dagster <command>: <what went wrong>; <how to fix it>``.
+
+``CliError`` carries the pair; ``as_cli_error`` turns any known exception into one, so every
+command fails with one line and the traceback only with ``--debug`` or ``RECON_DEBUG=1``.
+"""
+
+
+import importlib
+import warnings
+
+DEBUG_ENV = "RECON_DEBUG"
+
+# Dagster's own warnings that mean nothing to a user of this CLI (its pydantic v1-style calls,
+# beta flags on its own defaults). The same list as pytest's filterwarnings in pyproject.toml,
+# in the same syntax (a test keeps the two equal).
+DAGSTER_NOISE = (
+    "ignore::pydantic.warnings.PydanticDeprecatedSince20:dagster_shared",
+    "ignore:Parameter `owners`:dagster.BetaWarning",
+    "ignore:InitResourceContext.dagster_run is deprecated:DeprecationWarning",
+)
+
+FIX_URL = "set RECON_DATABASE_URL or --database-url to postgresql://user:password@host:port/dbname"
+FIX_UNAVAILABLE = "start PostgreSQL there, or point RECON_DATABASE_URL / --database-url at a running one"
+FIX_MIGRATE = "run `recon-dagster migrate`"
+FIX_DATABASE = {
+    "too many connections": "lower RECON_DB_POOL_SIZE / RECON_DB_MAX_OVERFLOW or the runs at once, "
+    "or raise the server's max_connections (or the role's connection limit)",
+    "authentication failed": "check the user and password in RECON_DATABASE_URL / --database-url",
+    "database does not exist": "create that database, or point RECON_DATABASE_URL / --database-url at one",
+}
+FIX_TIMEOUT = "another session may hold a lock it needs (see pg_stat_activity); retry once it is gone"
+FIX_DEBUG = "re-run with --debug for the traceback"
+
+
+class CliError(Exception):
+    """A failure the user can act on: what went wrong, and how to fix it (``code`` 2: usage)."""
+
+    def __init__(self, what: str, fix: str, code: int = 1) -> None:
+        super().__init__(f"{what}; {fix}")
+        # "; " separates what from the fix in the one line; keep it out of the "what".
+        self.what = _one_line(what).replace("; ", ", ")
+        self.fix = _one_line(fix)
+        self.code = code
+
+
+def _one_line(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+def quiet_dagster_warnings() -> None:
+    """Apply ``DAGSTER_NOISE`` (pytest's ``action:message:category:module`` filters)."""
+    for spec in DAGSTER_NOISE:
+        action, message, category, module = (spec.split(":") + ["", "", ""])[:4]
+        cls: type[Warning] = Warning
+        if category:
+            mod, _, name = category.rpartition(".")
+            cls = getattr(importlib.import_module(mod or "builtins"), name)
+        warnings.filterwarnings(action, message=message, category=cls, module=module)  # type: ignore[arg-type]
+
+
+def as_cli_error(exc: BaseException) -> CliError:
+    """Any exception as one ``what; how to fix`` pair; unknown ones say how to see more."""
+    import sqlalchemy as sa
+
+    from recon_dagster.db.embedded import EmbeddedPostgresError, embedded_pgdata
+    from recon_dagster.db.engine import STATEMENT_TIMEOUTS, DatabaseUnavailable, InvalidDatabaseUrl
+    from recon_dagster.db.migrate import MigrationError
+
+    if isinstance(exc, CliError):
+        return exc
+    if isinstance(exc, InvalidDatabaseUrl):
+        return CliError(str(exc), FIX_URL)
+    if isinstance(exc, DatabaseUnavailable):
+        if exc.kind == "unreachable":
+            return CliError(f"database unavailable at {exc.reason} (unreachable)", FIX_UNAVAILABLE)
+        return CliError(f"database {exc.kind} at {exc.reason}", FIX_DATABASE[exc.kind])
+    timeout = STATEMENT_TIMEOUTS.get(getattr(getattr(exc, "orig", None), "sqlstate", None) or "")
+    if isinstance(exc, sa.exc.OperationalError) and timeout:
+        return CliError(f"database {timeout}: {_one_line(str(exc.orig))}", FIX_TIMEOUT)
+    if isinstance(exc, EmbeddedPostgresError):
+        return CliError(
+            _one_line(str(exc)),
+            f"see {embedded_pgdata() / 'log'}, or set RECON_DATABASE_URL to a running PostgreSQL",
+        )
+    if isinstance(exc, MigrationError):
+        return CliError(str(exc), "fix the migration named here, then run `recon-dagster migrate` again")
+    if isinstance(exc, sa.exc.ProgrammingError) and type(exc.orig).__name__ in (
+        "UndefinedTable",
+        "UndefinedColumn",
+    ):
+        return CliError(f"the database schema is behind this code ({_one_line(str(exc.orig))})", FIX_MIGRATE)
+    if isinstance(exc, ValueError) and str(exc).startswith(("RECON_", "DAGSTER_")):
+        return CliError(str(exc), "fix that environment variable (README: Configuration)")
+    return CliError(f"unexpected {type(exc).__name__}: {_one_line(str(exc))}", FIX_DEBUG)
+
+
+# --- the database: URL, reachable, migrated ----------------------------------------------------------

@@ -1,0 +1,49 @@
+"""The tags of reconcile runs: what the Runs page filters on and the run queue limits by.
+
+Every reconcile run carries ``recon/provider_kind`` and ``recon/provider`` however it was launched
+(sensor, Launchpad, backfill, ``reconcile --once``): the per-provider run limits of
+``dagster.yaml`` key on them. Each job a run works adds one tag of its own, so the Runs page's tag
+filter finds every run that worked a job, batches included. Those keys start with Dagster's hidden
+prefix ``.dagster/``: the filter matches them, the runs list does not show them (a 200-job batch
+would otherwise print 200 tags on its row).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+from recon_dagster.core.kinds import KINDS
+
+if TYPE_CHECKING:  # the core stays Dagster-free; only the annotation names a Dagster run
+    import dagster as dg
+
+KIND_TAG = "recon/provider_kind"
+PROVIDER_TAG = "recon/provider"
+PARTITION_TAG = "dagster/partition"
+# Dagster leaves keys with this prefix out of every run's visible tags (TagType.HIDDEN).
+JOB_TAG_PREFIX = ".dagster/recon-job-"
+JOB_TAG_VALUE = "1"
+
+
+def kind_tags(kind: str) -> dict[str, str]:
+    """The tags of a run of ``kind``'s partition (the run queue's limits key on both)."""
+    spec = KINDS.get(kind)
+    return {KIND_TAG: kind, PROVIDER_TAG: str(spec.provider)} if spec else {KIND_TAG: kind}
+
+
+def job_tag(job_id: uuid.UUID | str) -> tuple[str, str]:
+    """The tag a run that worked ``job_id`` carries: the Runs page filter is ``key=value``."""
+    return f"{JOB_TAG_PREFIX}{job_id}", JOB_TAG_VALUE
+
+
+def job_tags(job_ids: list[uuid.UUID]) -> dict[str, str]:
+    return dict(job_tag(j) for j in job_ids)
+
+
+def run_label(run: dg.DagsterRun) -> str:
+    """What a reconcile or sweep run worked on, for alerts: its kind, else "sweep"."""
+    kind = run.tags.get(KIND_TAG) or run.tags.get(PARTITION_TAG)
+    if kind:
+        return kind
+    return "sweep" if run.job_name == "sync_sweep_job" else "all kinds"

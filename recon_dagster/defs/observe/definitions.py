@@ -1,0 +1,48 @@
+"""What the console shows: backlog, outcomes, error rates, provider health, stuck jobs and the
+operator's one-job actions, with the checks that turn red when money or time goes wrong."""
+
+import dagster as dg
+
+from recon_dagster.defs.observe.answers import no_not_found_burst
+from recon_dagster.defs.observe.backlog import (
+    inflight_backlog,
+    no_credit_leak,
+    no_stuck_jobs,
+    reconcile_health_job,
+    reconcile_health_schedule,
+)
+from recon_dagster.defs.observe.health import provider_health, provider_health_at_startup, provider_health_job
+from recon_dagster.defs.observe.outcomes import (
+    credit_anomalies,
+    error_rate_checks,
+    no_new_exhausted_jobs,
+    provider_outcome_specs,
+    reconcile_error_rates,
+    reconcile_outcomes,
+    reconcile_run_failure_alert,
+)
+from recon_dagster.defs.observe.severity import no_settle_errors
+from recon_dagster.defs.observe.stuck import fail_and_refund_job, retry_job_now, stuck_jobs
+
+defs = dg.Definitions(
+    assets=[
+        inflight_backlog,
+        reconcile_outcomes,
+        credit_anomalies,
+        reconcile_error_rates,
+        stuck_jobs,
+        provider_health,
+        *provider_outcome_specs,
+    ],
+    asset_checks=[
+        no_credit_leak,
+        no_stuck_jobs,
+        no_not_found_burst,
+        no_new_exhausted_jobs,
+        no_settle_errors,
+        *error_rate_checks,
+    ],
+    jobs=[reconcile_health_job, retry_job_now, fail_and_refund_job, provider_health_job],
+    sensors=[reconcile_run_failure_alert, provider_health_at_startup],
+    schedules=[reconcile_health_schedule],
+)

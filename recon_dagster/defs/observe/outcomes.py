@@ -1,0 +1,315 @@
+"""What reconciliation did, as assets the UI plots: outcomes per provider kind, credit anomalies,
+error rates per provider, and a run-failure sensor deployments can wire to their alerting.
+
+``reconcile_outcomes`` is materialized by every reconcile and sweep run (one materialization per
+provider kind the run touched); ``credit_anomalies`` and ``reconcile_error_rates`` are refreshed by
+the health schedule and carry the checks that turn red during an outage.
+"""
+
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from decimal import Decimal
+
+import dagster as dg
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+from recon_dagster.config import ALERT_HOOK_ENV, load_alert_hook
+from recon_dagster.core.kinds import KIND_NAMES, KINDS, Provider
+from recon_dagster.core.runtags import run_label
+from recon_dagster.defs.resources import DatabaseResource
+from recon_dagster.reconcile.decide import Outcome
+from recon_dagster.reconcile.reconciler import JobOutcome
+
+OUTCOMES = dg.AssetKey("reconcile_outcomes")
+ANOMALIES = dg.AssetKey("credit_anomalies")
+ERROR_RATES = dg.AssetKey("reconcile_error_rates")
+
+provider_kind_partitions = dg.StaticPartitionsDefinition(list(KIND_NAMES))
+
+# Outcome counts as they are plotted: force-fails and sweeps are their own series, never folded
+# into "failed" (which is failed upstream, refunded).
+SERIES = {
+    "recovered": (Outcome.RECOVERED,),
+    "failed_refunded": (Outcome.FAILED,),
+    "swept": (Outcome.SWEPT,),
+    "force_failed": (Outcome.EXHAUSTED,),
+    "still_running": (Outcome.STILL_RUNNING,),
+    "errors": (Outcome.ERROR,),
+    "lost_race_or_skipped": (Outcome.LOST_RACE, Outcome.SKIPPED),
+}
+
+# Anomalies and error rates are judged over this recent window (the health schedule runs every
+# 5 minutes, so an exhaustion or an outage stays red for a few of its runs).
+RECENT_MINUTES = 30
+# A provider fails its error-rate check when more than this share of its recent attempts errored,
+# over at least ERROR_RATE_MIN_ATTEMPTS attempts (a single flaky poll is not an outage).
+ERROR_RATE_LIMIT = 0.5
+ERROR_RATE_MIN_ATTEMPTS = 5
+
+reconcile_outcomes = dg.AssetSpec(
+    OUTCOMES,
+    group_name="reconciliation",
+    partitions_def=provider_kind_partitions,
+    description="What reconcile runs did, per provider_kind: one materialization per run and kind "
+    "with recovered / failed_refunded / swept / force_failed / still_running / errors and the "
+    "credits committed and refunded. Written by reconcile_job and sync_sweep_job runs.",
+)
+
+
+def provider_outcomes_key(provider: str) -> dg.AssetKey:
+    return dg.AssetKey(["outcomes_by_provider", provider])
+
+
+# Not partitioned, so the asset's plots are time series: one point per reconcile run that touched
+# the provider, one series per kind and outcome (zeros included, so every series is continuous).
+# The partitioned reconcile_outcomes plots by partition instead, which hides time.
+provider_outcome_specs = [
+    dg.AssetSpec(
+        provider_outcomes_key(p.value),
+        group_name="reconciliation",
+        description=f"What each reconcile run did to {p.value}'s jobs, over time: one "
+        "outcome/kind count per run (recovered, failed_refunded, force_failed, still_running, errors, ...).",
+    )
+    for p in Provider
+]
+
+
+def provider_metadata(provider: str, by_kind: dict[str, list[JobOutcome]], credits: dict) -> dict:
+    """Every series of ``provider``'s kinds for one run (pure): ``<outcome>/<kind>`` counts."""
+    meta: dict = {}
+    for kind in sorted(k for k, spec in KINDS.items() if str(spec.provider) == provider):
+        figures = outcome_metadata(by_kind.get(kind, []), credits)
+        for name in (*SERIES, "jobs"):
+            meta[f"{name}/{kind}"] = figures[name]
+    return meta
+
+
+def _credits(conn: sa.Connection, job_ids: Sequence[str]) -> dict[str, tuple[str, Decimal]]:
+    if not job_ids:
+        return {}
+    rows = conn.execute(
+        sa.text("SELECT job_id, status, amount FROM usage_logs WHERE job_id = ANY(:ids)").bindparams(
+            sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))
+        ),
+        {"ids": list(job_ids)},
+    )
+    return {str(r.job_id): (r.status, Decimal(r.amount)) for r in rows}
+
+
+def outcome_metadata(outcomes: Sequence[JobOutcome], credits: dict[str, tuple[str, Decimal]]) -> dict:
+    """The plotted figures of one kind's outcomes in one run (pure)."""
+    counts = Counter(o.outcome for o in outcomes)
+    meta: dict = {name: sum(counts[o] for o in members) for name, members in SERIES.items()}
+    committed = refunded = Decimal(0)
+    for o in outcomes:
+        status, amount = credits.get(str(o.job_id), ("", Decimal(0)))
+        if o.outcome is Outcome.RECOVERED and status == "committed":
+            committed += amount
+        elif o.outcome in (Outcome.FAILED, Outcome.SWEPT, Outcome.EXHAUSTED) and status == "refunded":
+            refunded += amount
+    meta["credits_committed"] = float(committed)
+    meta["credits_refunded"] = float(refunded)
+    meta["jobs"] = len(outcomes)
+    return meta
+
+
+def report_outcomes(
+    context: dg.OpExecutionContext, outcomes: Sequence[JobOutcome], database: DatabaseResource
+) -> None:
+    """Log one ``reconcile_outcomes`` materialization per provider kind this run touched."""
+    by_kind: dict[str, list[JobOutcome]] = defaultdict(list)
+    for o in outcomes:
+        kind = o.provider_kind
+        if kind is None and context.has_partition_key:
+            kind = context.partition_key  # skipped jobs carry no row, hence no kind
+        if kind in KINDS:
+            by_kind[kind].append(o)
+    if not by_kind:
+        return
+    try:
+        with database.get_engine().connect() as conn:
+            credits = _credits(conn, [str(o.job_id) for group in by_kind.values() for o in group])
+    except Exception as exc:  # noqa: BLE001 - the figures must not fail a run that did its work
+        context.log.warning(f"credits of this run's jobs could not be read: {exc}")
+        credits = {}
+    for kind, group in sorted(by_kind.items()):
+        context.log_event(
+            dg.AssetMaterialization(asset_key=OUTCOMES, partition=kind, metadata=outcome_metadata(group, credits))
+        )
+    for provider in sorted({str(KINDS[k].provider) for k in by_kind}):
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=provider_outcomes_key(provider), metadata=provider_metadata(provider, by_kind, credits)
+            )
+        )
+
+
+# --- credit anomalies -------------------------------------------------------------------------
+
+
+@dg.asset(
+    key=ANOMALIES,
+    group_name="reconciliation",
+    description="Rows of the credit_anomalies table per reason: all time and in the last "
+    f"{RECENT_MINUTES} minutes (reconcile_exhausted: a job force-failed at the attempt cap).",
+)
+def credit_anomalies(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult:
+    with database.get_engine().connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                """
+                SELECT reason, count(*) AS total,
+                       count(*) FILTER (WHERE created_at > now() - make_interval(mins => :m)) AS recent
+                FROM credit_anomalies GROUP BY reason ORDER BY reason
+                """
+            ),
+            {"m": RECENT_MINUTES},
+        ).all()
+    meta: dict = {"total": sum(int(r.total) for r in rows), "recent": sum(int(r.recent) for r in rows)}
+    meta["reconcile_exhausted/recent"] = 0
+    for r in rows:
+        meta[f"{r.reason}/total"] = int(r.total)
+        meta[f"{r.reason}/recent"] = int(r.recent)
+    context.log.info(f"{meta['total']} credit anomalies, {meta['recent']} in the last {RECENT_MINUTES} minutes")
+    return dg.MaterializeResult(metadata=meta)
+
+
+@dg.asset_check(
+    asset=ANOMALIES,
+    description=f"No job was force-failed at the attempt cap (reconcile_exhausted) in the last "
+    f"{RECENT_MINUTES} minutes: each such row is a job reconciliation could not settle in time.",
+)
+def no_new_exhausted_jobs(database: DatabaseResource) -> dg.AssetCheckResult:
+    with database.get_engine().connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                """
+                SELECT job_id, amount, details FROM credit_anomalies
+                WHERE reason = 'reconcile_exhausted' AND created_at > now() - make_interval(mins => :m)
+                ORDER BY created_at DESC LIMIT 50
+                """
+            ),
+            {"m": RECENT_MINUTES},
+        ).all()
+    return dg.AssetCheckResult(
+        passed=not rows,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "new_exhausted": len(rows),
+            "sample": dg.MetadataValue.json(
+                [{"job_id": str(r.job_id), "refunded": float(r.amount or 0), **(r.details or {})} for r in rows[:10]]
+            ),
+        },
+    )
+
+
+# --- error rates per provider -------------------------------------------------------------------
+
+
+def error_rates(conn: sa.Connection, minutes: int = RECENT_MINUTES) -> dict[str, tuple[int, int]]:
+    """Per provider: (attempts, errored attempts) recorded in the last ``minutes``."""
+    rows = conn.execute(
+        sa.text(
+            """
+            SELECT provider_kind, count(*) AS n, count(*) FILTER (WHERE outcome = 'error') AS errors
+            FROM reconcile_events
+            WHERE created_at > now() - make_interval(mins => :m)
+              AND outcome NOT IN ('skipped', 'lost_race', 'operator_retry', 'operator_fail')
+              AND provider_kind IS NOT NULL
+            GROUP BY provider_kind
+            """
+        ),
+        {"m": minutes},
+    ).all()
+    out: dict[str, tuple[int, int]] = {p.value: (0, 0) for p in Provider}
+    for r in rows:
+        kind = KINDS.get(r.provider_kind)
+        if kind is not None:
+            n, e = out[kind.provider.value]
+            out[kind.provider.value] = (n + int(r.n), e + int(r.errors))
+    return out
+
+
+@dg.asset(
+    key=ERROR_RATES,
+    group_name="reconciliation",
+    description=f"Reconcile attempts and errored attempts per provider over the last {RECENT_MINUTES} minutes.",
+)
+def reconcile_error_rates(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult:
+    with database.get_engine().connect() as conn:
+        rates = error_rates(conn)
+    meta: dict = {}
+    for provider, (n, e) in sorted(rates.items()):
+        meta[f"attempts/{provider}"] = n
+        meta[f"errors/{provider}"] = e
+        meta[f"error_rate/{provider}"] = round(e / n, 4) if n else 0.0
+    return dg.MaterializeResult(metadata=meta)
+
+
+def _error_rate_check(provider: Provider) -> dg.AssetChecksDefinition:
+    @dg.asset_check(
+        asset=ERROR_RATES,
+        name=f"{provider.value}_error_rate",
+        description=f"At most {ERROR_RATE_LIMIT:.0%} of {provider.value}'s reconcile attempts in the last "
+        f"{RECENT_MINUTES} minutes errored (checked from {ERROR_RATE_MIN_ATTEMPTS} attempts on): more "
+        "is an outage or a misconfiguration, not bad luck.",
+    )
+    def check(database: DatabaseResource) -> dg.AssetCheckResult:
+        with database.get_engine().connect() as conn:
+            n, e = error_rates(conn)[provider.value]
+        rate = e / n if n else 0.0
+        return dg.AssetCheckResult(
+            passed=n < ERROR_RATE_MIN_ATTEMPTS or rate <= ERROR_RATE_LIMIT,
+            severity=dg.AssetCheckSeverity.ERROR,
+            metadata={"attempts": n, "errors": e, "error_rate": round(rate, 4)},
+        )
+
+    return check
+
+
+error_rate_checks = [_error_rate_check(p) for p in Provider]
+
+HEALTH_ASSETS = (ANOMALIES, ERROR_RATES)
+
+
+# --- alerting hook ------------------------------------------------------------------------------
+
+def _alert_hook():  # noqa: ANN202
+    """``RECON_ALERT_HOOK=package.module:function``: called with the failure context. Unset: the
+    sensor only logs (no outbound call is made by default). Checked when the definitions load."""
+    return load_alert_hook()
+
+
+def failure_reason(step_failures: Sequence[dg.DagsterEvent], fallback: str | None) -> str:
+    """The one-line reason a run failed: its failing step's own description (a ``dg.Failure``'s),
+    else the first line of the error, never Dagster's "Steps failed: [...]" or a stack trace."""
+    for ev in step_failures:
+        data = ev.step_failure_data
+        if data is None:
+            continue
+        if data.user_failure_data is not None and data.user_failure_data.description:
+            return data.user_failure_data.description.strip().splitlines()[0]
+        if data.error is not None and data.error.message.strip():
+            return data.error.message.strip().splitlines()[0]
+    return (fallback or "run failed").strip().splitlines()[0]
+
+
+@dg.run_failure_sensor(
+    name="reconcile_run_failure_alert",
+    description="Fires on every failed reconcile or sweep run (an outage: every job of the run "
+    f"errored). Logs at ERROR; set {ALERT_HOOK_ENV}=package.module:function to forward it to "
+    "your alerting (the function receives the RunFailureSensorContext). No outbound call by default.",
+    monitor_all_code_locations=False,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+)
+def reconcile_run_failure_alert(context: dg.RunFailureSensorContext) -> None:
+    run = context.dagster_run
+    if run.job_name not in ("reconcile_job", "sync_sweep_job"):
+        return
+    message = failure_reason(context.get_step_failure_events(), context.failure_event.message)
+    context.log.error(f"reconcile run {run.run_id} ({run_label(run)}) failed: {message}")
+    hook = _alert_hook()
+    if hook is not None:
+        hook(context)

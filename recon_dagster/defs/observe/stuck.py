@@ -1,0 +1,156 @@
+"""The console's retries tab: ``stuck_jobs`` (in-flight jobs past their threshold, with attempt
+n/max, next attempt, lease holder and the last upstream answer) and the operator's actions on one
+job from the Launchpad, ``retry_job_now`` and ``fail_and_refund_job`` (``recon_dagster.operator.actions``).
+"""
+
+import dagster as dg
+import sqlalchemy as sa
+from pydantic import Field
+
+from recon_dagster.core.kinds import MAX_ATTEMPTS
+from recon_dagster.db.jobs import _threshold_case
+from recon_dagster.defs.resources import DatabaseResource
+from recon_dagster.operator.actions import OperatorError, fail_now, retry_now
+
+STUCK = dg.AssetKey("stuck_jobs")
+TABLE_ROWS = 100
+
+STUCK_SQL = f"""
+SELECT id, provider_kind, reconcile_attempts, reconcile_next_at, reconcile_lease_owner,
+       CASE WHEN reconcile_lease_expires_at > now() THEN reconcile_lease_expires_at END AS lease_until,
+       reconcile_last_error, provider_call_started_at
+FROM jobs
+WHERE status IN ('pending', 'processing')
+  AND (reconcile_attempts > 0
+       OR (provider_call_started_at < now() - {_threshold_case("provider_kind")}
+           AND isfinite(provider_call_started_at)))
+ORDER BY reconcile_attempts DESC, provider_call_started_at
+LIMIT :limit
+"""
+
+
+def _when(value) -> str:  # noqa: ANN001
+    try:
+        return f"{value:%Y-%m-%d %H:%M:%S}" if value is not None else "now"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _cell(text: str | None, width: int = 120) -> str:
+    flat = " ".join((text or "-").split()).replace("|", "/")
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def stuck_rows(conn: sa.Connection, limit: int = TABLE_ROWS) -> list[dict]:
+    rows = conn.execute(sa.text(STUCK_SQL), {"limit": limit}).mappings().all()
+    return [
+        {
+            "job_id": str(r["id"]),
+            "provider_kind": r["provider_kind"] or "(none)",
+            "attempt": f"{r['reconcile_attempts']}/{MAX_ATTEMPTS}",
+            "attempts_left": max(MAX_ATTEMPTS - int(r["reconcile_attempts"]), 0),
+            "next_attempt": _when(r["reconcile_next_at"]),
+            "lease": f"{r['reconcile_lease_owner']} until {_when(r['lease_until'])}"
+            if r["lease_until"]
+            else "-",
+            "last_upstream": _cell(r["reconcile_last_error"]),
+        }
+        for r in rows
+    ]
+
+
+def _markdown(rows: list[dict]) -> str:
+    if not rows:
+        return "_no job in flight past its threshold_"
+    head = (
+        "| job_id | kind | attempt | next attempt | lease | last upstream answer |\n|---|---|---|---|---|---|"
+    )
+    body = [
+        f"| {r['job_id']} | {r['provider_kind']} | {r['attempt']} | {r['next_attempt']} | {r['lease']} | {r['last_upstream']} |"
+        for r in rows
+    ]
+    return "\n".join([head, *body])
+
+
+@dg.asset(
+    key=STUCK,
+    group_name="reconciliation",
+    description="In-flight jobs past their stale threshold (the retries tab): attempt n/max, next "
+    "attempt, lease holder, last upstream answer. Act on one from the Launchpad with retry_job_now or "
+    "fail_and_refund_job, or `recon-dagster retry|fail JOB_ID`.",
+)
+def stuck_jobs(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult:
+    with database.get_engine().connect() as conn:
+        rows = stuck_rows(conn)
+    near_cap = sum(1 for r in rows if r["attempts_left"] <= 2)
+    context.log.info(f"{len(rows)} job(s) past threshold, {near_cap} within 2 attempts of the cap")
+    return dg.MaterializeResult(
+        metadata={
+            "stuck": len(rows),
+            "near_cap": near_cap,
+            "jobs": dg.MetadataValue.md(_markdown(rows)),
+        }
+    )
+
+
+class OneJobConfig(dg.Config):
+    job_id: str = Field(description="The app's jobs.id (a UUID).")
+    reason: str = Field(default="", description="Why: recorded with the job (required to fail it).")
+
+
+def _who(context: dg.OpExecutionContext) -> str:
+    user = context.run.tags.get("dagster/user") or context.run.tags.get("user")
+    return f"{user} (run {context.run_id})" if user else f"run {context.run_id}"
+
+
+def _act(context: dg.OpExecutionContext, fn, config: OneJobConfig, database: DatabaseResource) -> dict:  # noqa: ANN001
+    try:
+        done = fn(context, database.get_engine(), config)
+    except OperatorError as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from None
+    context.log.info(done.line)
+    return {"job_id": str(done.job_id), "result": done.line}
+
+
+@dg.op(out=dg.Out(dict))
+def retry_now_op(context: dg.OpExecutionContext, config: OneJobConfig, database: DatabaseResource) -> dict:
+    """Make the job due now: the next sensor tick requests its attempt (counted as usual)."""
+    return _act(
+        context,
+        lambda ctx, eng, c: retry_now(eng, c.job_id, who=_who(ctx), why=c.reason, run_id=ctx.run_id),
+        config,
+        database,
+    )
+
+
+@dg.op(out=dg.Out(dict))
+def fail_and_refund_now_op(
+    context: dg.OpExecutionContext, config: OneJobConfig, database: DatabaseResource
+) -> dict:
+    """Fail the job and refund its credits (guarded: refused on a terminal job)."""
+    return _act(
+        context,
+        lambda ctx, eng, c: fail_now(eng, c.job_id, who=_who(ctx), reason=c.reason, run_id=ctx.run_id),
+        config,
+        database,
+    )
+
+
+@dg.job(
+    executor_def=dg.in_process_executor,
+    description="Retry one job now: set ops.retry_now_op.config.job_id (and a reason). Its cadence wait "
+    "is skipped; the attempt is counted as any other.",
+    tags={"recon/role": "operator"},
+)
+def retry_job_now() -> None:
+    retry_now_op()
+
+
+@dg.job(
+    executor_def=dg.in_process_executor,
+    description="Fail one in-flight job and refund its credits: set ops.fail_and_refund_now_op.config "
+    "job_id and reason. Refused on a terminal job; recorded in reconcile_events with who and why.",
+    tags={"recon/role": "operator"},
+)
+def fail_and_refund_job() -> None:
+    fail_and_refund_now_op()

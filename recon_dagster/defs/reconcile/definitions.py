@@ -1,0 +1,14 @@
+"""Reconciliation itself: the stale-job sensor, the per-kind reconcile job, the sync sweep and its
+schedule."""
+
+import dagster as dg
+
+from recon_dagster.defs.reconcile.jobs import reconcile_job, sync_sweep_job
+from recon_dagster.defs.reconcile.schedules import sync_sweep_schedule
+from recon_dagster.defs.reconcile.sensors import stale_inflight_jobs_sensor
+
+defs = dg.Definitions(
+    jobs=[reconcile_job, sync_sweep_job],
+    sensors=[stale_inflight_jobs_sensor],
+    schedules=[sync_sweep_schedule],
+)

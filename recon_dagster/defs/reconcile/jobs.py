@@ -1,0 +1,390 @@
+"""Dagster jobs: ``reconcile_job`` (partitioned by provider_kind) and ``sync_sweep_job``.
+
+Ops are thin: they hand leased job ids to the ``Reconciler`` and report what happened to each.
+Both jobs use the in-process executor: the default one would spawn a second process per run.
+"""
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+
+from recon_dagster.core.kinds import KINDS
+from recon_dagster.core.runtags import job_tags, kind_tags
+from recon_dagster.db import jobs as jobs_db
+from recon_dagster.db.jobs import Claim
+from recon_dagster.defs.observe.health import report_health
+from recon_dagster.defs.observe.outcomes import provider_kind_partitions, report_outcomes
+from recon_dagster.defs.observe.severity import flag_money
+from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
+from recon_dagster.media.store import MediaStore
+from recon_dagster.providers import ProvidersResource
+from recon_dagster.reconcile.decide import Outcome
+from recon_dagster.reconcile.dispatch import next_attempt
+from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler, Step, Summary
+from recon_dagster.reconcile.shadow import make_reconciler
+
+# Dagster's tag for a sensor's run key (the lease owner of a sensor-requested run).
+RUN_KEY_TAG = "dagster/run_key"
+# The ops of a reconcile run hand each other in-memory values: the run is one process (in-process
+# executor), and pickling a 500-job hand-off to disk between steps would buy nothing.
+HANDOFF_IO = "handoff_io_manager"
+
+
+class ReconcileBatchConfig(dg.Config):
+    """The jobs the sensor planned for this run and the attempt each makes (same order). Without
+    job ids (Launchpad, a partition backfill) the run works its partition's due jobs itself."""
+
+    job_ids: list[str] | None = None
+    attempts: list[int] | None = None
+    lease_owner: str | None = None  # default: the run key
+
+
+class _OutcomeLog:
+    """Per-job outcome lines for the run's log, sent to Dagster in groups.
+
+    Every ``context.log`` call is one event in Dagster's storage, and dagster-postgres opens a new
+    database connection for each: a 200-job batch logged 200 events. Lines are grouped (up to
+    ``GROUP`` per event, or whatever arrived within ``MAX_DELAY_S``); a one-job run still gets its
+    one line. An errored or force-failed job's line goes out at WARNING in a group of its own, so
+    it is not buried among the INFO lines. Called from the reconcile threads, hence the lock.
+    """
+
+    GROUP = 50
+    MAX_DELAY_S = 5.0
+    WARN = (Outcome.ERROR, Outcome.EXHAUSTED)
+
+    def __init__(self, context: dg.OpExecutionContext) -> None:
+        self._context = context
+        self._lock = threading.Lock()
+        self._info: list[str] = []
+        self._warn: list[str] = []
+        self._since = time.monotonic()
+
+    def __call__(self, o: JobOutcome) -> None:
+        line = (
+            f"job {o.job_id} [{o.provider_kind or 'no kind'}] attempt {o.attempt}: "
+            f"{o.outcome.value} - {o.detail} ({o.duration_ms}ms)"
+        )
+        with self._lock:
+            (self._warn if o.outcome in self.WARN else self._info).append(line)
+            pending = len(self._info) + len(self._warn)
+            if pending < self.GROUP and time.monotonic() - self._since < self.MAX_DELAY_S:
+                return
+            info, warn = self._take()
+        self._emit(info, warn)
+
+    def _take(self) -> tuple[list[str], list[str]]:
+        info, warn = self._info, self._warn
+        self._info, self._warn, self._since = [], [], time.monotonic()
+        return info, warn
+
+    def _emit(self, info: list[str], warn: list[str]) -> None:
+        if warn:
+            self._context.log.warning("\n".join(warn))
+        if info:
+            self._context.log.info("\n".join(info))
+
+    def flush(self) -> None:
+        with self._lock:
+            info, warn = self._take()
+        self._emit(info, warn)
+
+
+def _reconciler(
+    context: dg.OpExecutionContext,
+    database: DatabaseResource,
+    providers: ProvidersResource | None,
+    media_store: MediaStore,
+    reconcile_settings: ReconcileSettingsResource,
+    on_outcome: _OutcomeLog,
+) -> Reconciler:
+    upstream: Any = providers if providers is not None else _NoUpstream()
+    return make_reconciler(  # the plain Reconciler, or one shadowing some kinds (RECON_MODE)
+        database.get_engine(),
+        upstream,
+        media_store,
+        settings=reconcile_settings.settings(),
+        media_policy=reconcile_settings.media_policy(upstream.media_headers),
+        on_outcome=on_outcome,
+        run_id=context.run_id,
+    )
+
+
+class _NoUpstream:
+    """The sweep never polls; this makes any attempt to do so loud."""
+
+    def poll(self, kind: str, task_id: str):  # noqa: ANN201
+        raise RuntimeError("the sweep job has no provider clients")
+
+    def media_headers(self, kind, ref):  # noqa: ANN001, ANN201
+        return {}
+
+
+def _report(context: dg.OpExecutionContext, outcomes: list[JobOutcome], summary: Summary) -> dg.Output:
+    context.log.info(summary.line())
+    rows = [
+        {
+            "job_id": str(o.job_id),
+            "provider_kind": o.provider_kind,
+            "outcome": o.outcome.value,
+            "attempt": o.attempt,
+            "detail": o.detail,
+        }
+        for o in outcomes
+    ]
+    return dg.Output(
+        {"scanned": summary.scanned, "outcomes": [r["outcome"] for r in rows]},
+        metadata={
+            "summary": summary.line(),
+            "recovered": summary.recovered,
+            "failed": summary.failed,
+            "force_failed": summary.exhausted,
+            "still_running": summary.still_running,
+            "errors": summary.errors,
+            # Every job id of a batch run, so the run's page answers "was job X in here?".
+            "job_ids": dg.MetadataValue.json(sorted({r["job_id"] for r in rows})),
+            "outcomes": dg.MetadataValue.json(rows[:500]),
+        },
+    )
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """What one op of a reconcile run hands the next (in memory: the run is one process)."""
+
+    owner: str  # the lease owner: the run key
+    items: tuple[Polled, ...]
+
+
+def _work_owner(context: dg.OpExecutionContext, config: ReconcileBatchConfig) -> str:
+    """The lease owner: the config's, else the run key, else this run (Launchpad, backfill)."""
+    return config.lease_owner or context.run.tags.get(RUN_KEY_TAG) or f"run:{context.run_id}"
+
+
+def _due_claims(context: dg.OpExecutionContext, database: DatabaseResource, limit: int) -> list[Claim]:
+    """A run launched without job ids (Launchpad, a partition backfill) works the due jobs of its
+    partition's kind itself (all kinds without a partition), claimed like any other run's."""
+    kind = context.partition_key if context.has_partition_key else None
+    with database.get_engine().connect() as conn:
+        rows = jobs_db.scan_stale(conn, limit)
+    return [
+        Claim(r.id, next_attempt(r)) for r in rows if r.provider_kind in KINDS and kind in (None, r.provider_kind)
+    ]
+
+
+@dg.op(
+    out={
+        "settled": dg.Out(list, io_manager_key=HANDOFF_IO, description="Outcomes decided at the claim: skipped, exhausted on takeover."),
+        "succeeded": dg.Out(Handoff, is_required=False, io_manager_key=HANDOFF_IO, description="Upstream succeeded: to finalize."),
+        "failed": dg.Out(Handoff, is_required=False, io_manager_key=HANDOFF_IO, description="Upstream failed, or nothing to poll: to fail."),
+        "unfinished": dg.Out(Handoff, is_required=False, io_manager_key=HANDOFF_IO, description="Still running or errored: to count."),
+    }
+)
+def claim_and_poll(
+    context: dg.OpExecutionContext,
+    config: ReconcileBatchConfig,
+    database: DatabaseResource,
+    providers: ProvidersResource,
+    media_store: dg.ResourceParam[MediaStore],
+    reconcile_settings: ReconcileSettingsResource,
+) -> Iterator[dg.Output]:
+    """Take the lease on this run's jobs now that it has started, then poll upstream for each.
+
+    The sensor planned the jobs and the attempt each makes; a job whose row moved on since (an
+    attempt counted, another run holds it, terminal) is skipped. Nothing but the lease is written.
+    """
+    owner = _work_owner(context, config)
+    if config.job_ids is None:
+        planned = _due_claims(context, database, reconcile_settings.scan_limit)
+    else:
+        attempts = config.attempts or []
+        if attempts and len(attempts) != len(config.job_ids):
+            raise dg.Failure(f"{len(config.job_ids)} job ids but {len(attempts)} attempts in the run config")
+        try:
+            planned = [Claim(uuid.UUID(j), attempts[i] if attempts else 0) for i, j in enumerate(config.job_ids)]
+        except ValueError as exc:
+            raise dg.Failure(f"bad job id in the run config: {exc}") from None
+        if not attempts:  # ids without attempts (a hand-written config): the attempt each is due
+            with database.get_engine().connect() as conn:
+                rows = jobs_db.load_jobs(conn, [c.job_id for c in planned])
+            planned = [Claim(r.id, next_attempt(r)) for r in rows]
+    outcome_log = _OutcomeLog(context)
+    rec = _reconciler(context, database, providers, media_store, reconcile_settings, outcome_log)
+    rows, settled = rec.claim(planned, owner)
+    _tag_jobs(context, [r.id for r in rows])
+    polled = rec.poll(rows)
+    outcome_log.flush()
+    counts = Counter(p.step.value for p in polled)
+    context.log.info(
+        f"claimed {len(rows)} of {len(planned)} job(s) as {owner}: "
+        + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+        + (f", settled at claim={len(settled)}" if settled else "")
+    )
+    yield dg.Output(
+        settled,
+        "settled",
+        metadata={"planned": len(planned), "claimed": len(rows), "job_ids": dg.MetadataValue.json([str(c.job_id) for c in planned])},
+    )
+    for name, steps in (("succeeded", {Step.FINALIZE}), ("failed", {Step.FAIL, Step.SWEEP}), ("unfinished", {Step.COUNT})):
+        items = tuple(p for p in polled if p.step in steps)
+        if items:
+            yield dg.Output(Handoff(owner, items), name, metadata={"jobs": len(items)})
+
+
+def _tag_jobs(context: dg.OpExecutionContext, job_ids: list[uuid.UUID]) -> None:
+    """One hidden tag per job this run holds, added once claimed (a Launchpad or backfill run
+    learns its jobs only now), so the Runs page's tag filter finds the run by any of its jobs."""
+    if not job_ids:
+        return
+    try:
+        context.instance.add_run_tags(context.run_id, job_tags(job_ids))
+    except Exception as exc:  # noqa: BLE001 - a tag is a convenience: never fail the claimed work over it
+        context.log.warning(f"could not tag this run with its {len(job_ids)} job id(s): {exc}")
+
+
+def _act(
+    context: dg.OpExecutionContext,
+    handoff: Handoff,
+    database: DatabaseResource,
+    providers: ProvidersResource,
+    media_store: MediaStore,
+    reconcile_settings: ReconcileSettingsResource,
+) -> dg.Output:
+    outcome_log = _OutcomeLog(context)
+    rec = _reconciler(context, database, providers, media_store, reconcile_settings, outcome_log)
+    try:
+        outcomes = rec.act(handoff.items, handoff.owner)
+    finally:
+        outcome_log.flush()
+    counts = Counter(o.outcome.value for o in outcomes)
+    return dg.Output(outcomes, metadata={k: v for k, v in sorted(counts.items())})
+
+
+@dg.op(out=dg.Out(list, io_manager_key=HANDOFF_IO))
+def finalize_succeeded(
+    context: dg.OpExecutionContext,
+    succeeded: Handoff,
+    database: DatabaseResource,
+    providers: ProvidersResource,
+    media_store: dg.ResourceParam[MediaStore],
+    reconcile_settings: ReconcileSettingsResource,
+) -> dg.Output:
+    """Upstream succeeded: ``finalize_job_with_media`` (media stored, credits committed, asset
+    row, workflow reopen) in one guarded transaction per job; a failed media move counts an attempt."""
+    return _act(context, succeeded, database, providers, media_store, reconcile_settings)
+
+
+@dg.op(name="fail_and_refund", out=dg.Out(list, io_manager_key=HANDOFF_IO))
+def fail_and_refund_op(
+    context: dg.OpExecutionContext,
+    failed: Handoff,
+    database: DatabaseResource,
+    providers: ProvidersResource,
+    media_store: dg.ResourceParam[MediaStore],
+    reconcile_settings: ReconcileSettingsResource,
+) -> dg.Output:
+    """Upstream failed, lost the task or let its result expire (or there is nothing to poll):
+    fail the job and refund its credits to the pools they came from, exactly once."""
+    return _act(context, failed, database, providers, media_store, reconcile_settings)
+
+
+@dg.op(out=dg.Out(list, io_manager_key=HANDOFF_IO))
+def count_attempts(
+    context: dg.OpExecutionContext,
+    unfinished: Handoff,
+    database: DatabaseResource,
+    providers: ProvidersResource,
+    media_store: dg.ResourceParam[MediaStore],
+    reconcile_settings: ReconcileSettingsResource,
+) -> dg.Output:
+    """Still running or errored: count the attempt and release the lease until the cadence is
+    up; the attempt that reaches the cap force-fails and refunds (``reconcile_exhausted``)."""
+    return _act(context, unfinished, database, providers, media_store, reconcile_settings)
+
+
+@dg.op(out=dg.Out(dict, io_manager_key=HANDOFF_IO))
+def record_outcomes(
+    context: dg.OpExecutionContext, outcomes: list[list[JobOutcome]], database: DatabaseResource
+) -> dg.Output:
+    """Record what the run did: the outcome assets per provider kind, the run's summary and job
+    ids. A run in which every job errored then fails, so an outage shows red in the UI."""
+    flat = [o for group in outcomes for o in group]
+    summary = Summary(scanned=len(flat)).add(flat)
+    report_outcomes(context, flat, database)
+    flag_money(context, flat)
+    report_health(context, database, {o.provider_kind for o in flat} | _partition(context))
+    output = _report(context, flat, summary)
+    worked = [o for o in flat if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE)]
+    # An outage: no job made progress, each errored or was force-failed after erroring to the cap
+    # (a batch in an outage carries a few jobs at their last attempt).
+    if summary.errors and all(o.outcome in (Outcome.ERROR, Outcome.EXHAUSTED) for o in worked):
+        raise dg.Failure(
+            f"every job of this run errored ({summary.errors}) or was force-failed ({summary.exhausted}): "
+            "the provider or the media path is failing; attempts were counted",
+            metadata={"errors": len(worked), "sample": dg.MetadataValue.json([o.detail for o in worked[:5]])},
+        )
+    if summary.errors:
+        context.log.warning(f"{summary.errors} of {len(worked)} job(s) errored: {summary.line()}")
+    return output
+
+
+def _partition(context: dg.OpExecutionContext) -> set[str | None]:
+    return {context.partition_key} if context.has_partition_key else set()
+
+
+@dg.op(out=dg.Out(dict))
+def sweep_unrecoverable_jobs(
+    context: dg.OpExecutionContext,
+    database: DatabaseResource,
+    media_store: dg.ResourceParam[MediaStore],
+    reconcile_settings: ReconcileSettingsResource,
+) -> dg.Output:
+    """Spec 5.6: fail + refund stale sync, task-less, legacy and unknown-kind rows."""
+    started = time.monotonic()
+    outcome_log = _OutcomeLog(context)
+    rec = _reconciler(context, database, None, media_store, reconcile_settings, outcome_log)
+    try:
+        scanned, outcomes = rec.sweep_stale(f"sweep:{context.run_id}", limit=reconcile_settings.scan_limit)
+    finally:
+        outcome_log.flush()
+    report_outcomes(context, outcomes, database)
+    summary = Summary(scanned=scanned).add(outcomes)
+    summary.elapsed_ms = int((time.monotonic() - started) * 1000)
+    return _report(context, outcomes, summary)
+
+
+# Launchpad and backfill runs of a partition get the kind's tags from here (the sensor's runs
+# carry them too): without them the per-provider run limits of dagster.yaml would not apply.
+reconcile_partitions = dg.PartitionedConfig(
+    partitions_def=provider_kind_partitions,
+    run_config_for_partition_key_fn=lambda _key: {},
+    tags_for_partition_key_fn=kind_tags,
+)
+
+
+@dg.job(
+    config=reconcile_partitions,
+    executor_def=dg.in_process_executor,
+    description="Reconcile stale in-flight jobs of one provider kind: claim and poll, then finalize, "
+    "fail and refund, or count the attempt; record the outcomes. Runs are requested by the sensor; "
+    "launched without job ids (Launchpad, backfill) a run works its partition's due jobs.",
+    tags={"recon/role": "reconcile"},
+)
+def reconcile_job() -> None:
+    settled, succeeded, failed, unfinished = claim_and_poll()
+    record_outcomes([settled, finalize_succeeded(succeeded), fail_and_refund_op(failed), count_attempts(unfinished)])
+
+
+@dg.job(
+    executor_def=dg.in_process_executor,
+    description="Phase 2 sweep: stale rows that cannot be recovered are failed and refunded.",
+    tags={"recon/role": "sweep"},
+)
+def sync_sweep_job() -> None:
+    sweep_unrecoverable_jobs()

@@ -1,0 +1,207 @@
+"""``stale_inflight_jobs_sensor``: scan ``jobs_inflight_idx``, plan what is due, request runs.
+
+Evaluating the sensor writes nothing (a UI preview or a daemon that dies before submitting changes
+no job row): the lease is taken by each run when it starts (``claim_and_poll``).
+"""
+
+import os
+import time
+import uuid
+from collections import Counter
+from collections.abc import Mapping
+
+import dagster as dg
+
+from recon_dagster.core.kinds import KINDS
+from recon_dagster.db.engine import DatabaseUnavailable
+from recon_dagster.defs.reconcile.jobs import reconcile_job
+from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
+from recon_dagster.providers.limits import batch_size_within_budgets
+from recon_dagster.reconcile.dispatch import Batch, plan_batches
+from recon_dagster.reconcile.reconciler import Summary, outcomes_since
+from recon_dagster.reconcile.shadow import modes_from_env, scan_due
+
+# The scan never reads more rows than this in one tick, however many jobs wait in queued runs.
+MAX_SCAN = 50_000
+
+
+def sensor_interval_s(environ: Mapping[str, str] | None = None) -> int:
+    """``RECON_SENSOR_INTERVAL_S`` (default 30): seconds between ticks; tests and benchmarks
+    shorten it (the daemon's sensor loop itself wakes every 5 s at most)."""
+    raw = (os.environ if environ is None else environ).get("RECON_SENSOR_INTERVAL_S", "").strip()
+    try:
+        value = int(raw) if raw else 30
+    except ValueError:
+        raise ValueError(f"RECON_SENSOR_INTERVAL_S must be a whole number of seconds, got {raw!r}") from None
+    if not 1 <= value <= 86_400:
+        raise ValueError(f"RECON_SENSOR_INTERVAL_S must be from 1 to 86400, got {raw!r}")
+    return value
+
+
+# Runs whose jobs are spoken for. NOT_STARTED is left out on purpose: that is a run the daemon
+# created but never submitted (it died in between); re-requesting its jobs under the same run key
+# is what makes Dagster submit it after all.
+ACTIVE_STATUSES = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
+FINISHED_STATUSES = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+WORK_TAG = "recon/work"
+# Runs of the same work that ended before claiming it (each failed before its first op) from
+# which on the sensor logs an ERROR per tick: a broken deployment, not bad luck. It keeps
+# requesting (a transient outage of the code server must not strand jobs).
+UNSTARTED_RUNS_LOUD = 3
+
+
+# A small run (a few fresh stuck jobs, not a backlog: at most one round of polls at the default
+# RECON_RECONCILE_CONCURRENCY) is dequeued before the batch runs (Dagster's queued run coordinator
+# starts higher priorities first) and may use a provider run slot that batch runs may not
+# (dagster.yaml limits "<provider>/batch" one run below the provider), so another kind's backlog
+# never holds it until one of its long runs ends.
+SMALL_RUN_PRIORITY = 10
+SMALL_RUN_JOBS = 16
+LANE_TAG = "recon/provider_lane"
+
+
+def lane_tags(batch: Batch) -> dict[str, str]:
+    provider = str(KINDS[batch.provider_kind].provider)
+    if len(batch.claims) <= SMALL_RUN_JOBS:
+        return {LANE_TAG: f"{provider}/small", "dagster/priority": str(SMALL_RUN_PRIORITY)}
+    return {LANE_TAG: f"{provider}/batch"}
+
+
+def run_request_for(batch: Batch) -> dg.RunRequest:
+    """One run per batch: partitioned by kind, keyed by its jobs and the attempt each makes.
+
+    The run config carries the job ids and attempts; the run claims them when it starts."""
+    tags = {
+        "recon/provider_kind": batch.provider_kind,
+        "recon/provider": str(KINDS[batch.provider_kind].provider),
+        "recon/job_count": str(len(batch.claims)),
+        WORK_TAG: batch.work_key,
+    }
+    if len(batch.claims) == 1:
+        tags["recon/job_id"] = str(batch.claims[0].job_id)
+        tags["recon/attempt"] = str(batch.claims[0].attempt)
+    else:
+        tags["recon/job_id"] = f"{batch.claims[0].job_id} (+{len(batch.claims) - 1} more)"
+        tags["recon/attempt"] = ",".join(str(a) for a in sorted(set(batch.attempts)))
+    tags.update(lane_tags(batch))
+    return dg.RunRequest(
+        run_key=batch.run_key,
+        partition_key=batch.provider_kind,
+        run_config={
+            "ops": {"claim_and_poll": {"config": {"job_ids": batch.job_ids, "attempts": batch.attempts}}}
+        },
+        tags=tags,
+    )
+
+
+def jobs_in_active_runs(instance: dg.DagsterInstance) -> set[uuid.UUID]:
+    """Job ids carried by reconcile runs that are queued or running (read from their run config)."""
+    busy: set[uuid.UUID] = set()
+    for run in instance.get_runs(
+        filters=dg.RunsFilter(job_name=reconcile_job.name, statuses=ACTIVE_STATUSES)
+    ):
+        run_config: dict = dict(run.run_config or {})
+        config = run_config.get("ops", {}).get("claim_and_poll", {}).get("config", {})
+        for job_id in config.get("job_ids") or []:
+            try:
+                busy.add(uuid.UUID(str(job_id)))
+            except ValueError:
+                continue
+    return busy
+
+
+def fresh_keys(instance: dg.DagsterInstance, batches: list[Batch]) -> tuple[list[Batch], list[Batch]]:
+    """Give work that an ended run never claimed a fresh run key; returns (batches, stubborn).
+
+    A run that ends leaves a trace on its jobs (an attempt counted, a lease, a terminal state),
+    and that trace changes the next key. A run that failed before its first op (the code server
+    unreachable, a launch timeout) left none, so the same work would get the same key, which
+    Dagster never launches twice: the retry suffix counts the ended runs of that work instead.
+    ``stubborn`` lists the work that has ended that way ``UNSTARTED_RUNS_LOUD`` times or more.
+    """
+    if not batches:
+        return [], []
+    ended = Counter(
+        run.tags.get(WORK_TAG)
+        for run in instance.get_runs(
+            filters=dg.RunsFilter(
+                job_name=reconcile_job.name,
+                tags={WORK_TAG: sorted({b.work_key for b in batches})},
+                statuses=FINISHED_STATUSES,
+            )
+        )
+    )
+    fresh = [b.with_retry(ended[b.work_key]) for b in batches]
+    return fresh, [b for b in fresh if ended[b.work_key] >= UNSTARTED_RUNS_LOUD]
+
+
+@dg.sensor(
+    job=reconcile_job,
+    minimum_interval_seconds=sensor_interval_s(),
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Finds in-flight jobs past their provider kind's stale threshold and requests "
+    "reconcile runs for them, one per job or packed per kind in a backlog. Writes nothing: each "
+    "run takes the lease on its jobs when it starts.",
+)
+def stale_inflight_jobs_sensor(
+    context: dg.SensorEvaluationContext,
+    database: DatabaseResource,
+    reconcile_settings: ReconcileSettingsResource,
+) -> dg.SensorResult | dg.SkipReason:
+    """Scan, plan, request: reads the jobs table and the instance's runs, writes neither."""
+    started = time.monotonic()
+    now = time.time()
+    since = float(context.cursor) if context.cursor else now
+    busy = jobs_in_active_runs(context.instance)
+    # Jobs waiting in queued runs are stale and unleased, so the scan returns them too: look past
+    # them, or a deep queue would hide every job behind it.
+    limit = min(reconcile_settings.scan_limit + len(busy), MAX_SCAN)
+    try:
+        engine = database.get_engine()
+        with engine.connect() as conn:
+            # Minus shadowed jobs decided within the cadence (RECON_MODE): shadow writes no job row.
+            rows = scan_due(conn, limit, reconcile_settings.settings().cadence, cap=MAX_SCAN)
+            previous = outcomes_since(conn, since)
+    except DatabaseUnavailable as exc:
+        return dg.SkipReason(f"database unavailable, nothing scanned: {exc}")
+
+    due = [r for r in rows if r.id not in busy][: reconcile_settings.scan_limit]
+    batch_size = batch_size_within_budgets(
+        reconcile_settings.batch_size, reconcile_settings.concurrency, reconcile_settings.lease_seconds
+    )
+    batches = plan_batches(due, batch_size=batch_size, single_below=reconcile_settings.single_run_below)
+    planned = {c.job_id for b in batches for c in b.claims}
+    unroutable = [r for r in due if r.id not in planned]
+    for row in unroutable:
+        # A legacy row (no provider_kind) belongs to the sweep by design; an unknown kind is news.
+        log = context.log.info if row.provider_kind is None else context.log.warning
+        log(
+            f"job {row.id}: provider_kind {row.provider_kind!r} has no reconcile partition; left to sync_sweep_job"
+        )
+    batches, stubborn = fresh_keys(context.instance, batches)
+    for b in stubborn:
+        if modes_from_env().shadowed(b.provider_kind):
+            continue  # shadow runs leave no trace on their jobs: re-keyed every cadence by design
+        context.log.error(
+            f"runs of {b.work_key} ({len(b.claims)} job(s)) keep ending before they claim their jobs; "
+            f"requesting it again as {b.run_key} (see those runs' errors)"
+        )
+
+    summary = Summary(scanned=len(due)).add_counts(previous)
+    summary.elapsed_ms = int((time.monotonic() - started) * 1000)
+    context.log.info(
+        f"{summary.line()} requested={sum(len(b.claims) for b in batches)} runs={len(batches)} "
+        f"inQueuedOrRunningRuns={len(busy)} leftToSweep={len(unroutable)}"
+    )
+    if not batches:
+        return dg.SensorResult(
+            skip_reason=f"no stale job due: scanned={len(due)} (past threshold, not leased, not in a "
+            f"queued or running run), leftToSweep={len(unroutable)}; outcomes since last tick: {summary.line()}",
+            cursor=str(now),
+        )
+    return dg.SensorResult(run_requests=[run_request_for(b) for b in batches], cursor=str(now))

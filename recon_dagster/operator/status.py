@@ -1,0 +1,118 @@
+"""``recon-dagster status``: per provider kind, what is in flight, what is stale, what the next
+sensor tick would take (due), and why a stale job is not due: leased by a run, waiting out the
+reconcile cadence (with the next attempt's time), or not yet at its first provider call.
+
+"Due" is the stale scan itself (``scan_stale``), so this never disagrees with the sensor.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from recon_dagster.core.kinds import MAX_ATTEMPTS
+from recon_dagster.db.engine import get_engine
+from recon_dagster.db.jobs import inflight_counts, readable, scan_stale
+
+# Status reads the whole due set; a bound keeps a pathological backlog from loading millions.
+_DUE_LIMIT = 100_000
+
+# A time Python cannot hold (a year past 9999, infinity) is left out of the shown min/max; the
+# counts still include its row (the sweep clamps such a wait, see reconcile.poison).
+_WAITS_SQL = f"""
+SELECT COALESCE(provider_kind, '(none)') AS provider_kind,
+       count(*) FILTER (WHERE reconcile_next_at > now()
+                          AND (reconcile_lease_expires_at IS NULL OR reconcile_lease_expires_at <= now()))
+         AS cadence,
+       min(reconcile_next_at) FILTER (WHERE reconcile_next_at > now() AND {readable("reconcile_next_at")})
+         AS next_at,
+       max(reconcile_lease_expires_at) FILTER (
+         WHERE reconcile_lease_expires_at > now() AND {readable("reconcile_lease_expires_at")}) AS lease_until
+FROM jobs
+WHERE status IN ('pending', 'processing')
+GROUP BY 1
+"""
+
+
+def kind_status(conn: sa.Connection) -> list[dict[str, Any]]:
+    """One dict per kind in flight: inflight, stale, due, leased, cadence, precall, attempts,
+    next_at, lease_until (precall: stale, neither due, leased nor waiting on the cadence)."""
+    due = Counter(r.provider_kind or "(none)" for r in scan_stale(conn, _DUE_LIMIT))
+    waits = {r["provider_kind"]: r for r in conn.execute(sa.text(_WAITS_SQL)).mappings()}
+    rows = []
+    for r in inflight_counts(conn):
+        kind = r["provider_kind"]
+        w: dict[str, Any] = dict(waits.get(kind) or {})
+        row = {
+            **r,
+            "due": due[kind],
+            "cadence": int(w.get("cadence") or 0),
+            "next_at": w.get("next_at"),
+            "lease_until": w.get("lease_until"),
+            "attempts": int(r["max_attempts"] or 0),
+        }
+        row["precall"] = max(0, row["stale"] - row["due"] - row["leased"] - row["cadence"])
+        rows.append(row)
+    return rows
+
+
+def _clock(ts: datetime | None, now: datetime, *, table: bool = True) -> str:
+    if ts is None:
+        return "-"
+    secs = max(0, int((ts - now).total_seconds()))
+    at, wait = f"{ts.astimezone(UTC):%H:%M:%S}", f"in {secs // 60}m{secs % 60:02d}s"
+    return f"{at} ({wait})" if table else f"at {at} UTC, {wait}"
+
+
+def explain(row: dict[str, Any], now: datetime) -> str | None:
+    """Why the kind's stale jobs are not all due, one reason a line; None when every stale job is due."""
+    if row["stale"] <= row["due"]:
+        return None
+    parts = []
+    if row["leased"]:
+        parts.append(
+            f"{row['leased']} leased by a running reconcile run (lease ends {_clock(row['lease_until'], now, table=False)})"
+        )
+    if row["cadence"]:
+        parts.append(
+            f"{row['cadence']} waiting out the reconcile cadence (next attempt {_clock(row['next_at'], now, table=False)})"
+        )
+    if row["precall"]:
+        parts.append(f"{row['precall']} with no provider call yet (the sweep waits out the pre-call budget)")
+    return f"{row['provider_kind']}: {row['stale'] - row['due']} stale, not due:" + "".join(
+        f"\n  {p}" for p in parts
+    )
+
+
+def print_status() -> int:
+    with get_engine().connect() as conn:
+        rows = kind_status(conn)
+        now = conn.execute(sa.text("SELECT now()")).scalar_one()
+    if not rows:
+        print("no jobs in flight")
+        return 0
+    cap = int(os.environ.get("RECON_MAX_ATTEMPTS", "").strip() or MAX_ATTEMPTS)
+    header = (
+        f"{'provider_kind':<21} {'inflight':>8} {'stale':>5} {'due':>5} {'leased':>6} {'cadence':>7} "
+        f"{'precall':>7} {'attempts':>8}  next attempt (UTC)"
+    )
+    print(header)
+    print("-" * 99)
+    for r in rows:
+        attempts = f"{r['attempts']}/{cap}"
+        print(
+            f"{r['provider_kind']:<21} {r['inflight']:>8} {r['stale']:>5} {r['due']:>5} {r['leased']:>6} "
+            f"{r['cadence']:>7} {r['precall']:>7} {attempts:>8}  {_clock(r['next_at'], now)}"
+        )
+    notes = [line for r in rows if (line := explain(r, now))]
+    print(
+        "\nstale: past its kind's threshold; due: the next sensor tick takes it"
+        + ("" if notes else "; every stale job is due")
+    )
+    for line in notes:
+        print(line)
+    return 0

@@ -1,0 +1,174 @@
+"""What the app's workers call around a provider call (spec phases 1 and 4).
+
+* ``make_on_task_created(job_id, kind)``: the callback a provider ``run`` fires once the upstream
+  task exists, persisting ``provider_kind`` / ``provider_task_id`` / ``provider_call_started_at`` so
+  a dead worker leaves something to recover from (5.2).
+* ``mark_provider_call_start(job_id, kind)``: the sync-call equivalent, right before the call (5.8).
+* ``run_or_resume(job_id, kind, create_and_run, providers=...)``: the stall-retry guard (5.3): when
+  the row already carries a task id, resume that task instead of creating a second one.
+
+All three refuse a row that is no longer in flight (``JobNoLongerInFlight``): a job swept or
+cancelled while it waited in the app's queue never gets upstream work started for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Protocol
+
+import sqlalchemy as sa
+
+from recon_dagster.core.crashpoints import crash_point
+from recon_dagster.core.kinds import get_kind
+from recon_dagster.db import credits
+from recon_dagster.db import jobs as jobs_db
+from recon_dagster.db.engine import get_engine
+from recon_dagster.providers.status import UpstreamStatus
+
+log = logging.getLogger("recon_dagster.reconcile.app_worker")
+
+OnTaskCreated = Callable[[str], None]
+
+
+class JobNotFound(LookupError):
+    pass
+
+
+class JobNoLongerInFlight(RuntimeError):
+    """The job row is already completed, failed or cancelled: no upstream work may start for it.
+
+    ``run_or_resume`` raises it before creating anything; the ``on_task_created`` callback raises
+    it (after recording a credit anomaly) when the row ended while the create was in progress, so
+    the provider's ``run`` stops instead of polling a task whose result would be refused.
+    """
+
+    def __init__(self, job_id: uuid.UUID, status: str) -> None:
+        super().__init__(f"job {job_id} is {status}, no longer in flight: no upstream work started for it")
+        self.job_id = job_id
+        self.status = status
+
+
+class TaskAlreadyPersisted(RuntimeError):
+    """Another attempt persisted a different upstream task for this job first.
+
+    Raised from the ``on_task_created`` callback so the provider's ``run`` stops before polling
+    the duplicate; ``run_or_resume`` then resumes the persisted task instead.
+    """
+
+    def __init__(self, job_id: uuid.UUID, persisted: str, ours: str) -> None:
+        super().__init__(f"job {job_id} already has upstream task {persisted}; not polling duplicate {ours}")
+        self.job_id = job_id
+        self.persisted = persisted
+        self.ours = ours
+
+
+class Resumer(Protocol):
+    def resume(self, kind: str, task_id: str) -> UpstreamStatus: ...
+
+
+def make_on_task_created(
+    job_id: uuid.UUID | str, kind: str, *, engine: sa.Engine | None = None
+) -> OnTaskCreated:
+    """Build the callback that persists the upstream task id the moment it exists."""
+    get_kind(kind)  # an unknown kind is a programming error: fail before any upstream call
+    job_uuid = uuid.UUID(str(job_id))
+
+    def on_task_created(task_id: str) -> None:
+        crash_point("worker.after_create")
+        eng = engine or get_engine()
+        with eng.begin() as conn:
+            persisted = jobs_db.record_task_created(conn, job_uuid, kind, task_id)
+            if persisted is None:
+                # Not written: the row is missing, or it ended (swept, cancelled) while we created.
+                row = jobs_db.load_job(conn, job_uuid)
+                if row is None:
+                    raise JobNotFound(f"job {job_uuid} does not exist")
+                # The upstream task exists and may bill, but the row's credits are already settled:
+                # nobody will collect or pay for it. Recorded for review (and an upstream cancel).
+                log.error(
+                    "job %s is %s but upstream %s task %s was created for it; not persisted",
+                    job_uuid,
+                    row.status,
+                    kind,
+                    task_id,
+                )
+                credits.log_credit_anomaly(
+                    conn,
+                    job_id=job_uuid,
+                    user_id=row.user_id,
+                    reason="upstream_task_for_ended_job",
+                    details={"kind": kind, "task_id": task_id, "job_status": row.status},
+                )
+                ended = JobNoLongerInFlight(job_uuid, row.status)
+            else:
+                ended = None
+            if persisted is not None and persisted != task_id:
+                # Two attempts both created upstream; ours is an orphan that may bill.
+                row = jobs_db.load_job(conn, job_uuid)
+                credits.log_credit_anomaly(
+                    conn,
+                    job_id=job_uuid,
+                    user_id=row.user_id if row else None,
+                    reason="duplicate_upstream_task",
+                    details={"kind": kind, "persisted_task_id": persisted, "orphan_task_id": task_id},
+                )
+        crash_point("worker.after_persist")
+        if ended is not None:
+            raise ended
+        if persisted is not None and persisted != task_id:
+            raise TaskAlreadyPersisted(job_uuid, persisted, task_id)
+
+    return on_task_created
+
+
+def mark_provider_call_start(job_id: uuid.UUID | str, kind: str, *, engine: sa.Engine | None = None) -> None:
+    """Sync routes: record kind and start time before the call. Never touches status (5.8)."""
+    get_kind(kind)
+    job_uuid = uuid.UUID(str(job_id))
+    with (engine or get_engine()).begin() as conn:
+        if not jobs_db.mark_provider_call_start(conn, job_uuid, kind):
+            row = jobs_db.load_job(conn, job_uuid)
+            if row is None:
+                raise JobNotFound(f"job {job_uuid} does not exist")
+            raise JobNoLongerInFlight(job_uuid, row.status)
+
+
+def run_or_resume(
+    job_id: uuid.UUID | str,
+    kind: str,
+    create_and_run: Callable[[OnTaskCreated], UpstreamStatus],
+    *,
+    providers: Resumer,
+    engine: sa.Engine | None = None,
+) -> UpstreamStatus:
+    """Resume the persisted upstream task if there is one; otherwise create it with the callback.
+
+    ``create_and_run(on_task_created)`` is the worker's normal call, e.g.
+    ``lambda cb: kie.run("kie-standard", payload, on_task_created=cb)``.
+    """
+    spec = get_kind(kind)
+    eng = engine or get_engine()
+    job_uuid = uuid.UUID(str(job_id))
+    with eng.connect() as conn:
+        row = jobs_db.load_job(conn, job_uuid)
+    if row is None:
+        raise JobNotFound(f"job {job_uuid} does not exist")
+    if not row.inflight:
+        # Swept, cancelled or finished while it waited: neither create nor resume anything.
+        raise JobNoLongerInFlight(job_uuid, row.status)
+    if row.provider_task_id and spec.is_async:
+        resume_kind = row.provider_kind or kind
+        log.info(
+            "job %s: resuming persisted %s task %s (no new create)",
+            job_uuid,
+            resume_kind,
+            row.provider_task_id,
+        )
+        return providers.resume(resume_kind, row.provider_task_id)
+    try:
+        return create_and_run(make_on_task_created(job_uuid, kind, engine=eng))
+    except TaskAlreadyPersisted as dup:
+        log.warning("%s; resuming the persisted task", dup)
+        return providers.resume(kind, dup.persisted)

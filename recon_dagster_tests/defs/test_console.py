@@ -1,0 +1,242 @@
+"""Issue 19: what the operator's console shows: run tags, severity, stuck jobs and the operator's
+actions. Real PostgreSQL, the loopback sandbox and a throwaway Dagster instance."""
+
+from __future__ import annotations
+
+import logging
+
+import dagster as dg
+import pytest
+
+from recon_dagster.core.kinds import KINDS, MAX_ATTEMPTS
+from recon_dagster.core.runtags import job_tag, run_label
+from recon_dagster.sandbox import Scenario
+from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
+from recon_dagster_tests.support.reconcile import make_defs, tick
+
+
+def _stuck(db, sandbox, kind, scenario=None, *, attempts=0, job_type="image"):  # noqa: ANN001, ANN202
+    user = make_user(db, sub=100, topup=50)
+    task = sandbox.add_task(kind, scenario or Scenario(polls_before_done=0))
+    minutes = KINDS[kind].stale_threshold.total_seconds() / 60 + 1
+    job = make_job(
+        db,
+        user,
+        job_type=job_type,
+        provider_kind=kind,
+        provider_task_id=task,
+        started_minutes_ago=minutes,
+        reconcile_attempts=attempts,
+    )
+    reserve(db, job, user, 30, from_sub=20, from_topup=10)
+    return job
+
+
+def _runs_of(instance: dg.DagsterInstance, job) -> list[dg.DagsterRun]:  # noqa: ANN001
+    key, value = job_tag(job)
+    return list(instance.get_runs(filters=dg.RunsFilter(tags={key: value})))
+
+
+@pytest.mark.parametrize("kind", ["kie-standard", "replicate-prediction", "elevenlabs-async"])
+def test_a_partition_run_launched_without_config_carries_its_kind_provider_and_job_tags(
+    db, instance, media_dir, sandbox, kind
+):
+    """The Launchpad / backfill shape: a partition, no run config, no tags of ours."""
+    job = _stuck(db, sandbox, kind, job_type="audio" if kind.startswith("eleven") else "image")
+    other = _stuck(db, sandbox, "kie-veo" if kind != "kie-veo" else "kie-standard", job_type="video")
+    defs = make_defs(media_dir)
+
+    res = defs.resolve_job_def("reconcile_job").execute_in_process(
+        instance=instance, partition_key=kind, raise_on_error=False
+    )
+
+    run = instance.get_run_by_id(res.run_id)
+    assert run.tags["recon/provider_kind"] == kind
+    assert run.tags["recon/provider"] == str(KINDS[kind].provider)
+    assert job_row(db, job)["status"] == "completed"
+    # The job it worked finds the run by one tag; the job of another kind does not.
+    assert [r.run_id for r in _runs_of(instance, job)] == [res.run_id]
+    assert _runs_of(instance, other) == []
+    assert run_label(run) == kind
+
+
+def test_every_job_of_a_batch_run_finds_that_run_by_its_tag(db, instance, media_dir, sandbox):
+    jobs = [_stuck(db, sandbox, "kie-veo", job_type="video") for _ in range(6)]
+    defs = make_defs(media_dir, batch_size=3, single_run_below=2)
+
+    report = tick(defs, instance)
+
+    assert report.runs == 2
+    found = {j: _runs_of(instance, j) for j in jobs}
+    assert all(len(runs) == 1 for runs in found.values())
+    assert len({runs[0].run_id for runs in found.values()}) == 2
+    for runs in found.values():
+        assert runs[0].tags["recon/provider_kind"] == "kie-veo"
+
+
+def test_the_alert_names_the_kind_of_a_partition_run_and_the_sweep_only_for_the_sweep():
+    part = dg.DagsterRun(job_name="reconcile_job", tags={"dagster/partition": "kie-suno"})
+    tagged = dg.DagsterRun(job_name="reconcile_job", tags={"recon/provider_kind": "kie-veo"})
+    sweep = dg.DagsterRun(job_name="sync_sweep_job", tags={})
+    assert (run_label(part), run_label(tagged), run_label(sweep)) == ("kie-suno", "kie-veo", "sweep")
+
+
+def _run_ids(instance: dg.DagsterInstance) -> list[str]:
+    return [r.run_id for r in instance.get_runs(filters=dg.RunsFilter(job_name="reconcile_job"))]
+
+
+def _logged(instance: dg.DagsterInstance, level: int) -> list[str]:
+    return [e.user_message for r in _run_ids(instance) for e in instance.all_logs(r) if e.level >= level]
+
+
+def _failed_checks(instance: dg.DagsterInstance) -> list[tuple[str, str]]:
+    out = []
+    for r in _run_ids(instance):
+        for e in instance.all_logs(r, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION):
+            ev = e.dagster_event.event_specific_data
+            if not ev.passed:
+                out.append((ev.asset_key.to_user_string(), ev.check_name))
+    return out
+
+
+def test_a_force_fail_at_the_cap_is_a_warning_and_fails_a_check(db, instance, media_dir, sandbox):
+    job = _stuck(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 1)
+
+    tick(make_defs(media_dir), instance)
+
+    assert job_row(db, job)["status"] == "failed"
+    warnings = _logged(instance, logging.WARNING)
+    assert any(str(job) in w and "exhausted" in w for w in warnings), warnings
+    assert ("credit_anomalies", "no_new_exhausted_jobs") in _failed_checks(instance)
+
+
+def test_a_per_job_error_line_is_a_warning_and_a_quiet_run_fails_no_check(db, instance, media_dir, sandbox):
+    bad = _stuck(db, sandbox, "kie-standard", Scenario(polls_before_done=0, malformed=True))
+    _stuck(db, sandbox, "kie-standard")
+
+    tick(make_defs(media_dir), instance)
+
+    warnings = _logged(instance, logging.WARNING)
+    assert any(str(bad) in w and "error" in w for w in warnings), warnings
+    assert _failed_checks(instance) == []
+
+
+def test_the_story_says_attempts_left_next_attempt_lease_and_the_runs_filter(
+    db, instance, media_dir, sandbox
+):
+    import sqlalchemy as sa
+
+    from recon_dagster.operator.explain import explain, facts
+
+    job = _stuck(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=4)
+    tick(make_defs(media_dir), instance)
+
+    told = dict(facts(explain(db, instance, job)))
+    assert told["attempts left"] == f"{MAX_ATTEMPTS - 5} of {MAX_ATTEMPTS}"
+    assert told["next attempt"][:4].isdigit()  # a timestamp: the cadence is running
+    assert told["lease"] == "-"
+    key, value = job_tag(job)
+    assert told["runs filter"] == f"tag {key}={value}"
+    assert len(_runs_of(instance, job)) == 1
+
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET reconcile_lease_owner = 'run:x', "
+                "reconcile_lease_expires_at = now() + interval '5 minutes' WHERE id = :j"
+            ),
+            {"j": str(job)},
+        )
+    assert dict(facts(explain(db, instance, job)))["lease"].startswith("run:x until ")
+
+
+def test_provider_health_turns_red_for_the_failing_provider_from_the_runs_that_poll(
+    db, instance, media_dir, sandbox
+):
+    for _ in range(6):
+        _stuck(db, sandbox, "replicate-prediction", Scenario(polls_before_done=0, server_error_first=1000))
+    _stuck(db, sandbox, "kie-standard")
+
+    tick(make_defs(media_dir, batch_size=10, single_run_below=2), instance)
+
+    failed = _failed_checks(instance)
+    assert ("provider_health", "replicate") in failed
+    assert ("provider_health", "kie") not in failed
+    passed = [
+        e.dagster_event.event_specific_data.check_name
+        for r in _run_ids(instance)
+        for e in instance.all_logs(r, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+        if e.dagster_event.event_specific_data.passed
+    ]
+    assert "kie" in passed
+    assert instance.get_latest_materialization_event(dg.AssetKey("provider_health")) is not None
+
+
+def test_provider_health_is_materialized_at_startup_once(db, instance, media_dir):
+    from recon_dagster.defs.observe.health import provider_health_at_startup
+
+    defs = make_defs(media_dir)
+    with dg.build_sensor_context(instance=instance, repository_def=defs.get_repository_def()) as ctx:
+        [request] = provider_health_at_startup.evaluate_tick(ctx).run_requests
+    defs.resolve_job_def("provider_health_job").execute_in_process(instance=instance)
+    with dg.build_sensor_context(instance=instance, repository_def=defs.get_repository_def()) as ctx:
+        assert provider_health_at_startup.evaluate_tick(ctx).run_requests == []
+    assert request.run_key
+
+
+def test_loading_the_code_location_prints_no_dagster_beta_or_supersession_warning():
+    """What `dagster dev`'s code server, every run and every sensor tick do: import the definitions."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import recon_dagster.definitions as d\n"
+        "d.defs.get_repository_def().load_all_definitions()\n"
+        "d.build_defs().get_repository_def().load_all_definitions()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    res = subprocess.run(
+        [sys.executable, "-W", "always", "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    noise = [ln for ln in res.stderr.splitlines() if "BetaWarning" in ln or "SupersessionWarning" in ln]
+    assert noise == []
+
+
+def test_a_failed_runs_alert_reason_is_one_line_without_dagster_internals(db, instance, media_dir, sandbox):
+    from recon_dagster.defs.observe.outcomes import failure_reason
+
+    for _ in range(2):
+        _stuck(db, sandbox, "kie-standard", Scenario(polls_before_done=0, malformed=True))
+
+    report = tick(make_defs(media_dir, single_run_below=1), instance)
+
+    assert report.failed_runs >= 1
+    [run] = [
+        r for r in _run_ids(instance) if instance.get_run_by_id(r).status == dg.DagsterRunStatus.FAILURE
+    ][:1]
+    steps = [e.dagster_event for e in instance.all_logs(run, of_type=dg.DagsterEventType.STEP_FAILURE)]
+    reason = failure_reason(steps, "Execution of run failed. Steps failed: ['record_outcomes'].")
+    assert reason.startswith("every job of this run errored")
+    assert "\n" not in reason and "Steps failed" not in reason and "Traceback" not in reason
+
+
+def test_each_run_adds_a_point_to_its_providers_outcome_series(db, instance, media_dir, sandbox):
+    from recon_dagster.defs.observe.outcomes import provider_outcomes_key
+
+    _stuck(db, sandbox, "kie-standard")
+    _stuck(db, sandbox, "kie-veo", Scenario(outcome="fail", polls_before_done=0), job_type="video")
+    defs = make_defs(media_dir)
+    tick(defs, instance)
+    _stuck(db, sandbox, "kie-standard")
+    tick(defs, instance)
+
+    key = provider_outcomes_key("kie")
+    events = instance.fetch_materializations(key, limit=10).records
+    assert len(events) == 3  # one point per run that touched KIE
+    points = [e.asset_materialization.metadata for e in events]
+    assert all("recovered/kie-standard" in p and "errors/kie-suno" in p for p in points)
+    assert sum(p["recovered/kie-standard"].value for p in points) == 2
+    assert sum(p["failed_refunded/kie-veo"].value for p in points) == 1
+    assert instance.fetch_materializations(provider_outcomes_key("replicate"), limit=1).records == []

@@ -1,0 +1,101 @@
+"""Pure decisions over what an answer proves: which jobs promise media, when a success is usable,
+and the per-provider not-found breaker (issue 7 rule 7)."""
+
+from __future__ import annotations
+
+import pytest
+
+from recon_dagster.core.kinds import ASYNC_KINDS
+from recon_dagster.providers import UpstreamState
+from recon_dagster.providers.status import UpstreamStatus
+from recon_dagster.reconcile.decide import (
+    Action,
+    BreakerPolicy,
+    decide_on_status,
+    not_found_breaker_open,
+    promised_media,
+    unusable_result,
+)
+
+NF = UpstreamState.NOT_FOUND
+
+
+# --- which jobs promise media ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kind", [k for k in ASYNC_KINDS if k not in ("kie-standard", "replicate-prediction")]
+)
+@pytest.mark.parametrize("job_type", ["image", "video", "text", "prompt-enhance", "whatever"])
+def test_media_only_kinds_always_promise_media(kind, job_type):
+    assert promised_media(kind, job_type)
+
+
+@pytest.mark.parametrize("kind", ["kie-standard", "replicate-prediction"])
+@pytest.mark.parametrize(
+    ("job_type", "promised"),
+    [("image", True), ("image-ai", True), ("video", True), ("lip-sync", True), ("suno-voice-create", True),
+     ("audio", True), ("lora-training", True), ("text", False), ("prompt-enhance", False), ("caption", False)],
+)  # fmt: skip
+def test_text_capable_kinds_promise_what_the_job_type_names(kind, job_type, promised):
+    assert promised_media(kind, job_type) is promised
+
+
+@pytest.mark.parametrize("kind", ["kie-llm", "anthropic-sync", "elevenlabs-sync", None, "no-such-kind"])
+def test_kinds_without_a_task_promise_nothing_here(kind):
+    # Sync results are not URLs this library fetches; legacy/unknown rows are never finalized by us.
+    assert not promised_media(kind, "image")
+
+
+def test_unusable_result_names_what_is_missing():
+    assert (
+        unusable_result(media=0, result=None, promised=False) == "the success carried no media and no result"
+    )
+    assert unusable_result(media=0, result={}, promised=False) == "the success carried no media and no result"
+    assert (
+        unusable_result(media=0, result={"t": 1}, promised=True)
+        == "the job promised media and none was stored"
+    )
+    assert unusable_result(media=0, result={"t": 1}, promised=False) is None
+    assert unusable_result(media=2, result=None, promised=True) is None
+
+
+# --- Issue 7 rule 7: the not-found breaker, as a pure decision ---------------------------------
+
+
+def _nf(kind="replicate-prediction"):
+    return UpstreamStatus(provider_kind=kind, task_id="t", state=NF, error="gone")
+
+
+@pytest.mark.parametrize(
+    ("not_found", "total", "is_open"),
+    [(0, 0, False), (1, 1, False), (5, 5, False), (6, 6, True), (6, 11, True), (6, 12, False), (6, 13, False),
+     (100, 199, True), (100, 200, False), (500, 500, True)],
+)  # fmt: skip
+def test_breaker_opens_on_more_than_five_not_found_that_are_most_answers(not_found, total, is_open):
+    assert not_found_breaker_open(not_found, total, BreakerPolicy()) is is_open
+
+
+def test_breaker_thresholds_come_from_the_policy():
+    policy = BreakerPolicy(burst=2, share=0.9)
+    assert not_found_breaker_open(3, 3, policy)
+    assert not not_found_breaker_open(2, 2, policy)
+    assert not not_found_breaker_open(9, 10, policy)
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS)
+def test_not_found_fails_at_once_with_the_breaker_closed(kind):
+    d = decide_on_status(_nf(kind), breaker_open=False)
+    assert d.action is Action.FAIL
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS)
+def test_not_found_counts_an_attempt_with_the_breaker_open(kind):
+    d = decide_on_status(_nf(kind), breaker_open=True)
+    assert d.action is Action.RETRY_LATER and "breaker" in d.reason
+
+
+@pytest.mark.parametrize("state", [s for s in UpstreamState if s is not NF])
+def test_the_breaker_changes_nothing_but_not_found(state):
+    status = UpstreamStatus(provider_kind="kie-veo", state=state, error="x")
+    assert decide_on_status(status, breaker_open=True) == decide_on_status(status, breaker_open=False)

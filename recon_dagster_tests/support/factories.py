@@ -1,0 +1,210 @@
+"""Plain functions that put rows in the test database the way the host app would.
+
+Each takes an engine (or a connection, to share the caller's transaction) and returns ids or values.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+
+from recon_dagster.db.credits import record_reservation, reserve_credits_for_job
+
+Bind = sa.Engine | sa.Connection
+T = TypeVar("T")
+
+
+def _run(bind: Bind, fn: Callable[[sa.Connection], T]) -> T:
+    """Run ``fn(conn)`` in the caller's connection, or in a fresh transaction of an engine."""
+    if isinstance(bind, sa.Connection):
+        return fn(bind)
+    with bind.begin() as conn:
+        return fn(conn)
+
+
+def make_user(bind: Bind, sub: float | Decimal = 100, topup: float | Decimal = 50) -> uuid.UUID:
+    """A user with ``sub`` subscription credits and ``topup`` top-up credits."""
+    user_id = uuid.uuid4()
+    _run(
+        bind,
+        lambda conn: conn.execute(
+            sa.text(
+                "INSERT INTO user_credits (user_id, subscription_credits, topup_credits) VALUES (:u, :s, :t)"
+            ),
+            {"u": str(user_id), "s": Decimal(str(sub)), "t": Decimal(str(topup))},
+        ),
+    )
+    return user_id
+
+
+def make_job(
+    bind: Bind,
+    user_id: uuid.UUID,
+    *,
+    job_type: str = "image",
+    status: str = "processing",
+    provider_kind: str | None = None,
+    provider_task_id: str | None = None,
+    started_minutes_ago: float | None = None,
+    reconcile_attempts: int = 0,
+    should_watermark: bool = False,
+    is_public: bool | None = None,
+    workflow_execution_id: uuid.UUID | None = None,
+    node_id: str | None = None,
+    input_data: dict[str, Any] | None = None,
+    created_minutes_ago: float | None = None,
+) -> uuid.UUID:
+    """A jobs row; ``started_minutes_ago`` sets ``provider_call_started_at = now() - interval``.
+
+    ``created_minutes_ago`` back-dates ``created_at`` (legacy rows with no provider call time are
+    aged by it). ``started_at`` is left NULL: it is the worker's dequeue time, not ours to invent.
+    """
+
+    def insert(conn: sa.Connection) -> uuid.UUID:
+        row = conn.execute(
+            sa.text(
+                """
+                INSERT INTO jobs (user_id, job_type, status, input_data, should_watermark, is_public,
+                  workflow_execution_id, node_id, provider_kind, provider_task_id,
+                  provider_call_started_at, reconcile_attempts, created_at)
+                VALUES (:user_id, :job_type, :status, CAST(:input_data AS jsonb), :should_watermark,
+                  :is_public, :workflow_execution_id, :node_id, :provider_kind, :provider_task_id,
+                  CASE WHEN CAST(:minutes AS float8) IS NULL THEN NULL
+                       ELSE now() - make_interval(secs => CAST(:minutes AS float8) * 60) END,
+                  :reconcile_attempts,
+                  now() - make_interval(secs => COALESCE(CAST(:created_minutes AS float8), 0) * 60))
+                RETURNING id
+                """
+            ),
+            {
+                "user_id": str(user_id),
+                "job_type": job_type,
+                "status": status,
+                "input_data": json.dumps(input_data or {}),
+                "should_watermark": should_watermark,
+                "is_public": is_public,
+                "workflow_execution_id": None
+                if workflow_execution_id is None
+                else str(workflow_execution_id),
+                "node_id": node_id,
+                "provider_kind": provider_kind,
+                "provider_task_id": provider_task_id,
+                "minutes": started_minutes_ago,
+                "reconcile_attempts": reconcile_attempts,
+                "created_minutes": created_minutes_ago,
+            },
+        ).one()
+        return uuid.UUID(str(row.id))
+
+    return _run(bind, insert)
+
+
+def reserve(
+    bind: Bind,
+    job_id: uuid.UUID,
+    user_id: uuid.UUID,
+    amount: float | Decimal,
+    from_sub: float | Decimal | None = None,
+    from_topup: float | Decimal | None = None,
+) -> uuid.UUID:
+    """Reserve ``amount`` credits for a job; returns the ``usage_logs`` id.
+
+    Without a split this is the app's own reservation (``reserve_credits_for_job``: subscription
+    pool first). With ``from_sub``/``from_topup`` the given split is taken from the pools as is, for
+    tests that need a particular split.
+    """
+    if from_sub is None and from_topup is None:
+        return _run(bind, lambda conn: reserve_credits_for_job(conn, job_id, user_id, amount))
+    sub = Decimal(str(from_sub or 0))
+    topup = Decimal(str(from_topup or 0))
+    total = Decimal(str(amount))
+    if sub + topup != total:
+        raise ValueError(f"from_sub {sub} + from_topup {topup} != amount {total}")
+
+    return _run(bind, lambda conn: record_reservation(conn, job_id, user_id, total, sub, topup))
+
+
+def balances(bind: Bind, user_id: uuid.UUID) -> tuple[Decimal, Decimal]:
+    """``(subscription_credits, topup_credits)`` of a user."""
+    row = _run(
+        bind,
+        lambda conn: conn.execute(
+            sa.text("SELECT subscription_credits, topup_credits FROM user_credits WHERE user_id = :u"),
+            {"u": str(user_id)},
+        ).one(),
+    )
+    return Decimal(row.subscription_credits), Decimal(row.topup_credits)
+
+
+def job_row(bind: Bind, job_id: uuid.UUID) -> dict[str, Any]:
+    """Every column of a jobs row, as a dict."""
+    return _run(
+        bind,
+        lambda conn: dict(
+            conn.execute(sa.text("SELECT * FROM jobs WHERE id = :id"), {"id": str(job_id)}).mappings().one()
+        ),
+    )
+
+
+def bulk_jobs(bind: Bind, count: int, *, inflight_fraction: float = 0.01, legacy_inflight: int = 0) -> None:
+    """Insert ``count`` jobs (plus ``legacy_inflight``) in bulk, shaped like a production table.
+
+    About ``inflight_fraction`` of the ``count`` rows are pending/processing, of every kind in the
+    registry, with provider calls started 0-3 hours ago; the rest finished over the last 30 days,
+    one in 15 of them a legacy row written before Phase 1 (no ``provider_kind``, no
+    ``provider_call_started_at``). ``legacy_inflight`` adds that many in-flight legacy rows
+    (stuck since before Phase 1, aged 0-3 hours by ``created_at``): a cohort that does not grow
+    with the table. Pseudo-random but deterministic per row number.
+    """
+    from recon_dagster.core.kinds import KIND_NAMES
+
+    inflight = (
+        f"abs(hashtext(g::text || 'status')) % {max(1, round(1 / inflight_fraction))} = 0"
+        if inflight_fraction > 0
+        else "false"
+    )
+    kinds = "(ARRAY[" + ", ".join(f"'{k}'" for k in KIND_NAMES) + "]::text[])"
+    pick_kind = f"{kinds}[1 + abs(hashtext(g::text || 'kind')) % {len(KIND_NAMES)}]"
+    age = "make_interval(secs => abs(hashtext(g::text || 'age')) % {span})"
+    user_id = str(uuid.uuid4())
+    rows = f"""
+    INSERT INTO jobs (user_id, job_type, status, provider_kind, provider_task_id,
+                      provider_call_started_at, created_at, completed_at)
+    SELECT CAST(:user_id AS uuid), 'image', status, kind,
+           CASE WHEN kind IS NOT NULL THEN 'task-' || g END,
+           CASE WHEN kind IS NOT NULL THEN started END,
+           started - interval '5 seconds',
+           CASE WHEN status IN ('pending', 'processing') THEN NULL ELSE started + interval '2 minutes' END
+    FROM (
+      SELECT g, status,
+             CASE WHEN status IN ('pending', 'processing') OR abs(hashtext(g::text || 'legacy')) % 15 <> 0
+                  THEN {pick_kind} END AS kind,
+             now() - CASE WHEN status IN ('pending', 'processing') THEN {age.format(span=180 * 60)}
+                          ELSE {age.format(span=30 * 86400)} END AS started
+      FROM (
+        SELECT g, CASE WHEN {inflight}
+                       THEN (ARRAY['pending', 'processing', 'processing'])[1 + g % 3]
+                       ELSE (ARRAY['completed', 'completed', 'completed', 'failed', 'cancelled'])[1 + g % 5]
+                  END AS status
+        FROM generate_series(1, :count) AS g
+      ) numbered
+    ) shaped
+    """
+    legacy = f"""
+    INSERT INTO jobs (user_id, job_type, status, created_at)
+    SELECT CAST(:user_id AS uuid), 'image', (ARRAY['pending', 'processing'])[1 + g % 2],
+           now() - {age.format(span=180 * 60)}
+    FROM generate_series(1, :count) AS g
+    """
+
+    def insert(conn: sa.Connection) -> None:
+        conn.execute(sa.text(rows), {"user_id": user_id, "count": count})
+        if legacy_inflight:
+            conn.execute(sa.text(legacy), {"user_id": user_id, "count": legacy_inflight})
+
+    _run(bind, insert)

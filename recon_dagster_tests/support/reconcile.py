@@ -1,0 +1,77 @@
+"""Shared pieces of the reconcile tests: Dagster definitions wired to the test database, the
+sandbox and a temporary media folder, and a one-tick driver."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+
+from recon_dagster.cli.run_once import OnceReport, evaluate_sensor, reconcile_once  # noqa: F401
+from recon_dagster.definitions import build_defs
+from recon_dagster.defs.resources import ReconcileSettingsResource
+from recon_dagster.media.store import LocalMediaStore
+from recon_dagster.providers import providers_from_env
+
+
+def make_defs(media_dir: str, **settings: Any) -> dg.Definitions:
+    """The project's definitions, with test-sized settings and a temp media folder."""
+    return build_defs(
+        {
+            "providers": providers_from_env(),
+            "media_store": LocalMediaStore(base_dir=media_dir),
+            "reconcile_settings": ReconcileSettingsResource(**settings),
+        }
+    )
+
+
+def tick(defs: dg.Definitions, instance: dg.DagsterInstance, *, sweep: bool = False) -> OnceReport:
+    """One sensor evaluation, then its run requests executed in-process (and the sweep job)."""
+    return reconcile_once(defs, instance=instance, sweep=sweep)
+
+
+def one(engine: sa.Engine, sql: str, **params: Any) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.text(sql), {k: str(v) if isinstance(v, uuid.UUID) else v for k, v in params.items()}
+        ).scalar()
+
+
+def usage_status(engine: sa.Engine, job_id: uuid.UUID) -> str | None:
+    return one(engine, "SELECT status FROM usage_logs WHERE job_id = :j", j=job_id)
+
+
+def count(engine: sa.Engine, table: str, job_id: uuid.UUID) -> int:
+    return int(one(engine, f"SELECT count(*) FROM {table} WHERE job_id = :j", j=job_id))
+
+
+def finished_training(sandbox: Any) -> tuple[str, Any, Any]:
+    """A LoRA training the sandbox has finished: (task id, its ProviderResult, the media policy
+    whose headers fetch its weights)."""
+    from recon_dagster.reconcile.finalize import MediaPolicy, ProviderResult
+    from recon_dagster.sandbox import Scenario
+
+    providers = providers_from_env()
+    task = sandbox.add_task("replicate-training", Scenario(polls_before_done=0))
+    result = ProviderResult.from_status(providers.poll("replicate-training", task))
+    return task, result, MediaPolicy(headers_for=providers.media_headers)
+
+
+@contextmanager
+def statements_like(engine: sa.Engine, fragment: str) -> Iterator[list[str]]:
+    """Collects every statement ``engine`` sends that contains ``fragment``, while inside."""
+    seen: list[str] = []
+
+    def _collect(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001, ANN202
+        if fragment in statement:
+            seen.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", _collect)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", _collect)
