@@ -11,25 +11,12 @@ import pytest
 from recon_dagster.core.kinds import KINDS, MAX_ATTEMPTS
 from recon_dagster.core.runtags import job_tag, run_label
 from recon_dagster.sandbox import Scenario
-from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
-from recon_dagster_tests.support.reconcile import make_defs, tick
+from recon_dagster_tests.support.factories import job_row
+from recon_dagster_tests.support.reconcile import make_defs, stale_job_with_task, tick
 
 
 def _stuck(db, sandbox, kind, scenario=None, *, attempts=0, job_type="image"):  # noqa: ANN001, ANN202
-    user = make_user(db, sub=100, topup=50)
-    task = sandbox.add_task(kind, scenario or Scenario(polls_before_done=0))
-    minutes = KINDS[kind].stale_threshold.total_seconds() / 60 + 1
-    job = make_job(
-        db,
-        user,
-        job_type=job_type,
-        provider_kind=kind,
-        provider_task_id=task,
-        started_minutes_ago=minutes,
-        reconcile_attempts=attempts,
-    )
-    reserve(db, job, user, 30, from_sub=20, from_topup=10)
-    return job
+    return stale_job_with_task(db, sandbox, kind, scenario, attempts=attempts, job_type=job_type)[1]
 
 
 def _runs_of(instance: dg.DagsterInstance, job) -> list[dg.DagsterRun]:  # noqa: ANN001

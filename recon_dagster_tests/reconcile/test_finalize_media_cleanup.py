@@ -5,10 +5,8 @@ the settle transaction, where the race really happens."""
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -24,6 +22,7 @@ from recon_dagster.reconcile.finalize import (
 )
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
+from recon_dagster_tests.support.reconcile import stored_files
 
 
 def _finished_job(db, sandbox, *, watermark=False, media_count=1):  # noqa: ANN001, ANN202
@@ -64,13 +63,7 @@ class _InterruptAfterUpload:
         return getattr(self.inner, name)
 
 
-def _files(media_dir: str) -> dict[str, str]:
-    base = Path(media_dir)
-    return {
-        str(p.relative_to(base)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in base.rglob("*")
-        if p.is_file()
-    }
+_files = stored_files
 
 
 def _terminal(db: sa.Engine, job: uuid.UUID, how: str) -> Callable[[], None]:

@@ -5,11 +5,9 @@ before any download, and a losing finalize never changes an object the winner re
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import uuid
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -23,7 +21,7 @@ from recon_dagster.reconcile.finalize import MediaPolicy, ProviderResult, finali
 from recon_dagster.reconcile.reconciler import Reconciler
 from recon_dagster.sandbox import Scenario, media_digest
 from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
-from recon_dagster_tests.support.reconcile import count, one, usage_status
+from recon_dagster_tests.support.reconcile import count, one, stored_files, usage_status
 
 KIND = "kie-veo"
 SIZE = 8192
@@ -70,13 +68,7 @@ class _Hooked:
         return getattr(self.inner, name)
 
 
-def _files(media_dir: str) -> dict[str, str]:
-    base = Path(media_dir)
-    return {
-        str(p.relative_to(base)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in base.rglob("*")
-        if p.is_file()
-    }
+_files = stored_files
 
 
 def _assert_store_is_the_winners(

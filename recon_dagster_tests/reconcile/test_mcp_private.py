@@ -12,9 +12,8 @@ import sqlalchemy as sa
 from recon_dagster.media.store import LocalMediaStore
 from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile.finalize import MediaPolicy, ProviderResult, finalize_job_with_media
-from recon_dagster.sandbox import Scenario
-from recon_dagster_tests.support.factories import make_job, make_user, reserve
-from recon_dagster_tests.support.reconcile import one
+from recon_dagster_tests.support.factories import make_user
+from recon_dagster_tests.support.reconcile import finished_kie_job, one
 
 
 def _workflow(db: sa.Engine, user: uuid.UUID, mcp_client: str | None) -> uuid.UUID:
@@ -31,18 +30,7 @@ def _asset_public(db, sandbox, media_dir, *, is_public, mcp_client, in_workflow=
     """Finalize one finished job and return its asset's ``is_public``."""
     user = make_user(db)
     wf = _workflow(db, user, mcp_client) if in_workflow else None
-    task = sandbox.add_task("kie-standard", Scenario(polls_before_done=0))
-    job = make_job(
-        db,
-        user,
-        provider_kind="kie-standard",
-        provider_task_id=task,
-        started_minutes_ago=11,
-        is_public=is_public,
-        workflow_execution_id=wf,
-        node_id="X" if wf else None,
-    )
-    reserve(db, job, user, 5)
+    job, task = finished_kie_job(db, sandbox, user, is_public=is_public, workflow_execution_id=wf, node_id="X" if wf else None)
     providers = providers_from_env()
     out = finalize_job_with_media(
         db,

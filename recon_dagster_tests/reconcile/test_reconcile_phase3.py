@@ -15,28 +15,19 @@ import sqlalchemy as sa
 from recon_dagster.core.kinds import MAX_ATTEMPTS
 from recon_dagster.db.engine import libpq_url
 from recon_dagster.sandbox import Scenario
-from recon_dagster_tests.support.factories import balances, job_row, make_job, make_user, reserve
-from recon_dagster_tests.support.reconcile import count, evaluate_sensor, make_defs, one, tick, usage_status
+from recon_dagster_tests.support.factories import balances, job_row, make_job, make_user
+from recon_dagster_tests.support.reconcile import (
+    count,
+    evaluate_sensor,
+    finished_kie_job,
+    make_defs,
+    one,
+    stale_job_with_task,
+    tick,
+    usage_status,
+)
 
-
-def _stuck(db, sandbox, kind, scenario=None, *, minutes=None, job_type="image", attempts=0, **kw):  # noqa: ANN001, ANN003
-    user = make_user(db, sub=100, topup=50)
-    task = sandbox.add_task(kind, scenario or Scenario(polls_before_done=0))
-    from recon_dagster.core.kinds import KINDS
-
-    minutes = minutes if minutes is not None else KINDS[kind].stale_threshold.total_seconds() / 60 + 1
-    job = make_job(
-        db,
-        user,
-        job_type=job_type,
-        provider_kind=kind,
-        provider_task_id=task,
-        started_minutes_ago=minutes,
-        reconcile_attempts=attempts,
-        **kw,
-    )
-    reserve(db, job, user, 30, from_sub=20, from_topup=10)
-    return user, job, task
+_stuck = stale_job_with_task
 
 
 def _files(media_dir: str) -> list[Path]:
@@ -207,17 +198,7 @@ def _workflow(db, user, failed_nodes, status="failed"):  # noqa: ANN001, ANN202
 def _stuck_in_workflow(db, sandbox, failed_nodes, status="failed"):  # noqa: ANN001, ANN202
     user = make_user(db)
     wf = _workflow(db, user, failed_nodes, status)
-    task = sandbox.add_task("kie-standard", Scenario(polls_before_done=0))
-    job = make_job(
-        db,
-        user,
-        provider_kind="kie-standard",
-        provider_task_id=task,
-        started_minutes_ago=11,
-        workflow_execution_id=wf,
-        node_id="X",
-    )
-    reserve(db, job, user, 5)
+    job, _ = finished_kie_job(db, sandbox, user, workflow_execution_id=wf, node_id="X")
     return wf, job
 
 

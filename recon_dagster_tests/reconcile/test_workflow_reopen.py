@@ -22,9 +22,8 @@ from recon_dagster.reconcile.finalize import (
     fail_and_refund,
     finalize_job_with_media,
 )
-from recon_dagster.sandbox import Scenario
-from recon_dagster_tests.support.factories import make_job, make_user, reserve
-from recon_dagster_tests.support.reconcile import one
+from recon_dagster_tests.support.factories import make_job, make_user
+from recon_dagster_tests.support.reconcile import finished_kie_job, one
 
 
 def _workflow(db: sa.Engine, user: uuid.UUID, failed_nodes: list[str]) -> uuid.UUID:
@@ -44,17 +43,7 @@ def _node_jobs(db, sandbox, n: int, node: str = "X"):  # noqa: ANN001, ANN202
     wf = _workflow(db, user, [node])
     jobs = []
     for _ in range(n):
-        task = sandbox.add_task("kie-standard", Scenario(polls_before_done=0))
-        job = make_job(
-            db,
-            user,
-            provider_kind="kie-standard",
-            provider_task_id=task,
-            started_minutes_ago=11,
-            workflow_execution_id=wf,
-            node_id=node,
-        )
-        reserve(db, job, user, 5)
+        job, task = finished_kie_job(db, sandbox, user, workflow_execution_id=wf, node_id=node)
         result = ProviderResult.from_status(providers_from_env().poll("kie-standard", task))
         jobs.append((job, result))
     return wf, jobs

@@ -75,3 +75,52 @@ def statements_like(engine: sa.Engine, fragment: str) -> Iterator[list[str]]:
         yield seen
     finally:
         sa.event.remove(engine, "before_cursor_execute", _collect)
+
+
+def stale_job_with_task(db, sandbox, kind, scenario=None, *, minutes=None, job_type="image", attempts=0, **kw):  # noqa: ANN001, ANN003, ANN201
+    """An in-flight job of ``kind`` past its stale threshold, its sandbox task made by ``scenario``
+    (finished at the first poll by default), with 30 credits reserved (20 subscription, 10 top-up).
+
+    Returns ``(user, job, task)``."""
+    from recon_dagster.core.kinds import KINDS
+    from recon_dagster.sandbox.scenario import Scenario
+    from recon_dagster_tests.support.factories import make_job, make_user, reserve
+
+    user = make_user(db, sub=100, topup=50)
+    task = sandbox.add_task(kind, scenario or Scenario(polls_before_done=0))
+    minutes = minutes if minutes is not None else KINDS[kind].stale_threshold.total_seconds() / 60 + 1
+    job = make_job(
+        db,
+        user,
+        job_type=job_type,
+        provider_kind=kind,
+        provider_task_id=task,
+        started_minutes_ago=minutes,
+        reconcile_attempts=attempts,
+        **kw,
+    )
+    reserve(db, job, user, 30, from_sub=20, from_topup=10)
+    return user, job, task
+
+
+def stored_files(media_dir: str) -> dict[str, str]:
+    """Every file under ``media_dir`` (relative path) with the sha256 of its bytes."""
+    import hashlib
+    from pathlib import Path
+
+    base = Path(media_dir)
+    return {str(p.relative_to(base)): hashlib.sha256(p.read_bytes()).hexdigest() for p in base.rglob("*") if p.is_file()}
+
+
+def finished_kie_job(db, sandbox, user, *, credits=5, **job_fields):  # noqa: ANN001, ANN003, ANN201
+    """A stale ``kie-standard`` job of ``user`` whose sandbox task finishes at the first poll, with
+    ``credits`` reserved; ``job_fields`` go to ``make_job`` (a workflow, a node, is_public...).
+
+    Returns ``(job, task)``."""
+    from recon_dagster.sandbox.scenario import Scenario
+    from recon_dagster_tests.support.factories import make_job, reserve
+
+    task = sandbox.add_task("kie-standard", Scenario(polls_before_done=0))
+    job = make_job(db, user, provider_kind="kie-standard", provider_task_id=task, started_minutes_ago=11, **job_fields)
+    reserve(db, job, user, credits)
+    return job, task
