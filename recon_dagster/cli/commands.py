@@ -339,10 +339,3 @@ def main(argv: list[str] | None = None) -> int:
         err = as_cli_error(exc)
         print(f"recon-dagster {args.command}: {err.what}; {err.fix}", file=sys.stderr)
         return err.code
-
-
-if __name__ == "__main__":
-    # Through the importable module, so CliError raised by helper modules is this CliError.
-    from recon_dagster.cli.commands import main as _main
-
-    sys.exit(_main())

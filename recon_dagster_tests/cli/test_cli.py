@@ -27,7 +27,7 @@ def _cli(
     full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
     full_env.pop("RECON_DEBUG", None) if "RECON_DEBUG" not in (env or {}) else None
     return subprocess.run(
-        [sys.executable, "-m", "recon_dagster.cli.commands", *args],
+        [sys.executable, "-m", "recon_dagster.cli", *args],
         capture_output=True,
         text=True,
         env=full_env,

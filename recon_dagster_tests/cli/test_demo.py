@@ -12,7 +12,7 @@ from recon_dagster.cli.demo import DEMO_JOBS
 
 def _demo(env: dict[str, str], cwd) -> subprocess.CompletedProcess:  # noqa: ANN001
     return subprocess.run(
-        [sys.executable, "-m", "recon_dagster.cli.commands", "demo"],
+        [sys.executable, "-m", "recon_dagster.cli", "demo"],
         capture_output=True, text=True, env=env, cwd=cwd, timeout=300,
     )  # fmt: skip
 
