@@ -16,9 +16,9 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
+from recon_dagster.core.runtags import RUN_KEY_TAG
 from recon_dagster.reconcile.reconciler import Summary
 
-RUN_KEY_TAG = "dagster/run_key"
 # The op of each job whose output is the run's summary.
 REPORT_OPS = ("record_outcomes", "sweep_unrecoverable_jobs")
 

@@ -21,6 +21,8 @@ if TYPE_CHECKING:  # the core stays Dagster-free; only the annotation names a Da
 KIND_TAG = "recon/provider_kind"
 PROVIDER_TAG = "recon/provider"
 PARTITION_TAG = "dagster/partition"
+# The run key Dagster records on a sensor-requested run (``reconcile.batches.run_key_for``).
+RUN_KEY_TAG = "dagster/run_key"
 # Dagster leaves keys with this prefix out of every run's visible tags (TagType.HIDDEN).
 JOB_TAG_PREFIX = ".dagster/recon-job-"
 JOB_TAG_VALUE = "1"

@@ -20,11 +20,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from recon_dagster.core.runtags import RUN_KEY_TAG
 from recon_dagster.db.jobs import readable, readable_ts, unreadable_columns
 
 UI_URL_ENV = "RECON_DAGSTER_UI_URL"
 DEFAULT_UI_URL = "http://127.0.0.1:3000"
-RUN_KEY_TAG = "dagster/run_key"
 SWEEP_OWNER_PREFIX = "sweep:"
 _JOB_TIMES = ("created_at", "provider_call_started_at", "completed_at")
 

@@ -7,11 +7,11 @@ from recon_dagster.providers.base import (
     ProviderConfigError,
     ProviderResource,
 )
-from recon_dagster.providers.dispatch import ProvidersResource, providers_from_env
 from recon_dagster.providers.elevenlabs import ElevenLabsResource
 from recon_dagster.providers.kie import KieResource
 from recon_dagster.providers.parse import parse_poll_response
 from recon_dagster.providers.replicate import ReplicateResource
+from recon_dagster.providers.resource import ProvidersResource, providers_from_env
 from recon_dagster.providers.status import (
     AmbiguousCreateError,
     MediaRef,

@@ -28,6 +28,7 @@ from recon_dagster.db.jobs import Claim, JobRow
 from recon_dagster.media.store import MediaStore
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
 from recon_dagster.reconcile import lora
+from recon_dagster.reconcile.batches import claim_at_start, claim_isolated, renew_leases
 from recon_dagster.reconcile.breaker import NotFoundBreaker
 from recon_dagster.reconcile.decide import (
     Action,
@@ -37,7 +38,6 @@ from recon_dagster.reconcile.decide import (
     failure_message,
     route,
 )
-from recon_dagster.reconcile.dispatch import claim_at_start, claim_isolated, renew_leases
 from recon_dagster.reconcile.finalize import (
     MediaPolicy,
     ProviderResult,

@@ -30,8 +30,8 @@ from recon_dagster.core.kinds import KINDS
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim, JobRow
 from recon_dagster.reconcile import lora
+from recon_dagster.reconcile.batches import claim_isolated, next_attempt
 from recon_dagster.reconcile.decide import Action, Outcome, Route, decide_after_attempt, route
-from recon_dagster.reconcile.dispatch import claim_isolated, next_attempt
 from recon_dagster.reconcile.plan import PlanAction, PlannedJob, polled_job, reserved_logs, settlement
 from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from recon_dagster.db import jobs as jobs_db
-from recon_dagster.reconcile.dispatch import next_attempt
+from recon_dagster.reconcile.batches import next_attempt
 from recon_dagster.reconcile.reconciler import Reconciler, ReconcileSettings
 from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
 from recon_dagster_tests.support.reconcile import usage_status

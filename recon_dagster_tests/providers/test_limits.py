@@ -350,7 +350,7 @@ def test_sensor_batches_shrink_to_what_a_small_read_budget_polls_within_the_leas
 @pytest.mark.parametrize("kind", ["kie-lip-sync", "replicate-training", "elevenlabs-async"])
 def test_runs_carry_their_provider_tag_for_the_provider_run_limit(kind: str) -> None:
     from recon_dagster.defs.reconcile.sensors import run_request_for
-    from recon_dagster.reconcile.dispatch import Batch, Claim
+    from recon_dagster.reconcile.batches import Batch, Claim
 
     request = run_request_for(Batch(kind, (Claim("00000000-0000-0000-0000-000000000001", 0),), f"{kind}:k"))
     assert request.tags["recon/provider"] == str(KINDS[kind].provider)

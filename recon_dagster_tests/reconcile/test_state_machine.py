@@ -45,7 +45,7 @@ from recon_dagster.providers import providers_from_env
 from recon_dagster.providers.status import UpstreamState
 from recon_dagster.reconcile import finalize as finalize_module
 from recon_dagster.reconcile.app_worker import make_on_task_created
-from recon_dagster.reconcile.dispatch import next_attempt
+from recon_dagster.reconcile.batches import next_attempt
 from recon_dagster.reconcile.finalize import (
     ProviderResult,
     fail_and_refund,

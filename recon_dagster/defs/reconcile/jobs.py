@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 
 from recon_dagster.core.kinds import KINDS
-from recon_dagster.core.runtags import job_tags, kind_tags
+from recon_dagster.core.runtags import RUN_KEY_TAG, job_tags, kind_tags
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim
 from recon_dagster.defs.observe.health import report_health
@@ -24,13 +24,12 @@ from recon_dagster.defs.observe.severity import flag_money
 from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
 from recon_dagster.media.store import MediaStore
 from recon_dagster.providers import ProvidersResource
+from recon_dagster.reconcile.batches import next_attempt
 from recon_dagster.reconcile.decide import Outcome
-from recon_dagster.reconcile.dispatch import next_attempt
 from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler, Step, Summary
 from recon_dagster.reconcile.shadow import make_reconciler
 
 # Dagster's tag for a sensor's run key (the lease owner of a sensor-requested run).
-RUN_KEY_TAG = "dagster/run_key"
 # The ops of a reconcile run hand each other in-memory values: the run is one process (in-process
 # executor), and pickling a 500-job hand-off to disk between steps would buy nothing.
 HANDOFF_IO = "handoff_io_manager"

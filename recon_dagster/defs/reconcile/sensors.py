@@ -17,7 +17,7 @@ from recon_dagster.db.engine import DatabaseUnavailable
 from recon_dagster.defs.reconcile.jobs import reconcile_job
 from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
 from recon_dagster.providers.limits import batch_size_within_budgets
-from recon_dagster.reconcile.dispatch import Batch, plan_batches
+from recon_dagster.reconcile.batches import Batch, plan_batches
 from recon_dagster.reconcile.reconciler import Summary, outcomes_since
 from recon_dagster.reconcile.shadow import modes_from_env, scan_due
 
