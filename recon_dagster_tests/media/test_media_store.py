@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import random
 import socket
@@ -20,7 +19,7 @@ import pytest
 from dagster_aws.s3 import S3Resource
 from moto.server import ThreadedMotoServer
 
-from recon_dagster.media.errors import MediaError, MediaExpired, MediaNotImage, MediaTooLarge
+from recon_dagster.media.errors import MediaExpired, MediaTooLarge
 from recon_dagster.media.folder import FolderWriter
 from recon_dagster.media.s3 import S3ClientSettings, S3Writer, build_s3_client, shared_s3_client
 from recon_dagster.media.store import (
@@ -30,10 +29,8 @@ from recon_dagster.media.store import (
     guess_ext,
     media_key,
     media_store_from_env,
-    validate_key,
 )
 from recon_dagster.media.transfer import fetch_bytes, fetch_to_store
-from recon_dagster.media.watermark import watermark_image
 from recon_dagster_tests.media.test_media_download import MediaServer, pattern_bytes
 
 MIB = 1024 * 1024
@@ -111,64 +108,6 @@ def failing_after(data: bytes, fail_at: int) -> Iterator[bytes]:
             raise ConnectionResetError("upstream went away")
         sent += len(chunk)
         yield chunk
-
-
-# --- keys --------------------------------------------------------------------------------------
-
-
-def test_media_key_is_deterministic_per_job() -> None:
-    job = uuid.UUID("5f0c2c2e-8d0b-4c8e-9a59-0f4e3a7c1d10")
-    assert media_key(job, "image-ai", 0, "png") == f"images/{job}/0.png"
-    assert media_key(job, "image-ai", 0, ".PNG", variant="watermarked") == f"images/{job}/0.watermarked.png"
-    assert media_key(job, "video-ai", 1, "mp4") == f"videos/{job}/1.mp4"
-    assert media_key(job, "kie-lip-sync", 0, "mp4") == f"videos/{job}/0.mp4"
-    assert media_key(job, "suno", 0, "mp3") == f"audio/{job}/0.mp3"
-    assert media_key(job, "elevenlabs-tts", 0, "mp3") == f"audio/{job}/0.mp3"
-    assert media_key(job, "character-lora-training", 0, "tar") == f"loras/{job}/0.tar"
-    assert media_key(job, "weights", 0, "safetensors") == f"loras/{job}/0.safetensors"
-    assert media_key(job, "ai-writer", 0, "json") == f"files/{job}/0.json"
-    assert media_key(job, "image-ai", 0, "png") == media_key(str(job), "image-ai", 0, "png")
-
-
-@pytest.mark.parametrize(
-    "task", ["task-1", "a/../b", "ü ø\n", "x" * 500, "550e8400-e29b-41d4-a716-446655440000"]
-)
-def test_media_keys_are_deterministic_per_task_and_distinct_across_tasks(task: str) -> None:
-    job = uuid.UUID("5f0c2c2e-8d0b-4c8e-9a59-0f4e3a7c1d10")
-    key = media_key(job, "video-ai", 0, "mp4", task=task)
-    assert key == media_key(str(job), "video-ai", 0, "mp4", task=task)  # a retry rewrites one object
-    assert validate_key(key) == key and key.startswith(f"videos/{job}/") and key.endswith("/0.mp4")
-    others = {media_key(job, "video-ai", 0, "mp4", task=t) for t in (task + "x", task.upper() + "!")}
-    assert key not in others and key != media_key(job, "video-ai", 0, "mp4")
-    marked = media_key(job, "image", 0, "png", variant="watermarked", task=task)
-    assert ".watermarked." in marked and marked.rsplit("/", 2)[1] == key.rsplit("/", 2)[1]
-    with pytest.raises(ValueError):
-        media_key(job, "image", 0, "png", task="")
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"job_id": "../etc", "job_type": "image"},
-        {"job_id": "a/b", "job_type": "image"},
-        {"job_id": "", "job_type": "image"},
-        {"job_id": "j1", "job_type": "image", "ext": "p/ng"},
-        {"job_id": "j1", "job_type": "image", "index": -1},
-        {"job_id": "j1", "job_type": "image", "variant": "Water Marked"},
-    ],
-)
-def test_media_key_rejects_unsafe_parts(kwargs: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
-        media_key(**kwargs)  # type: ignore[arg-type]
-
-
-def test_guess_ext() -> None:
-    assert guess_ext("image/png") == "png"
-    assert guess_ext("image/jpeg; charset=binary") == "jpg"
-    assert guess_ext("video/mp4") == "mp4"
-    assert guess_ext("audio/mpeg") == "mp3"
-    assert guess_ext("application/octet-stream", "https://x.example/out/a.webp?sig=1") == "webp"
-    assert guess_ext(None, "https://x.example/out/noext") == "bin"
 
 
 # --- round trips -------------------------------------------------------------------------------
@@ -417,75 +356,6 @@ def test_from_env_s3_in_and_out_of_dagster(monkeypatch: pytest.MonkeyPatch, moto
     assert store.read_bytes("images/env/1.png") == b"in a run"
     assert secret not in repr(store)
     assert secret not in str(result.dagster_run.run_config)
-
-
-# --- watermark ---------------------------------------------------------------------------------
-
-
-def _image_bytes(fmt: str, size: tuple[int, int] = (320, 240), mode: str = "RGB") -> bytes:
-    from PIL import Image
-
-    # A gradient, so a changed region cannot hide in a flat colour.
-    image = Image.linear_gradient("L").resize(size).convert(mode)
-    buffer = io.BytesIO()
-    image.save(buffer, fmt)
-    return buffer.getvalue()
-
-
-@pytest.mark.parametrize(
-    ("fmt", "mode", "content_type"),
-    [
-        ("PNG", "RGB", "image/png"),
-        ("PNG", "RGBA", "image/png"),
-        ("JPEG", "RGB", "image/jpeg"),
-        ("WEBP", "RGB", "image/webp"),
-    ],
-)
-def test_watermark_changes_pixels_and_keeps_format_and_size(fmt: str, mode: str, content_type: str) -> None:
-    from PIL import Image, ImageChops
-
-    original = _image_bytes(fmt, mode=mode)
-    marked, marked_type = watermark_image(original, "recon")
-    assert marked_type == content_type
-    before, after = Image.open(io.BytesIO(original)), Image.open(io.BytesIO(marked))
-    assert after.format == fmt
-    assert after.size == before.size
-    assert after.mode == before.mode
-    diff = ImageChops.difference(before.convert("RGB"), after.convert("RGB")).convert("L")
-    changed = sum(1 for value in diff.tobytes() if value > 16)
-    # The band covers about a sixth of the image; compression noise alone stays far below.
-    assert changed > before.size[0] * before.size[1] // 10
-    # The top of the image, above the band, is untouched (up to JPEG noise).
-    top = diff.crop((0, 0, before.size[0], before.size[1] // 2))
-    assert max(top.tobytes()) <= 16
-
-
-def test_watermark_text_is_visible_on_the_band() -> None:
-    from PIL import Image
-
-    plain, _ = watermark_image(_image_bytes("PNG"), "")
-    texted, _ = watermark_image(_image_bytes("PNG"), "recon")
-    a, b = Image.open(io.BytesIO(plain)).convert("L"), Image.open(io.BytesIO(texted)).convert("L")
-    assert a.tobytes() != b.tobytes()
-
-
-def test_other_formats_come_back_as_png() -> None:
-    from PIL import Image
-
-    marked, content_type = watermark_image(_image_bytes("BMP"))
-    assert content_type == "image/png"
-    assert Image.open(io.BytesIO(marked)).size == (320, 240)
-
-
-@pytest.mark.parametrize(
-    "data",
-    [b"", b"not an image at all", b"\x89PNG\r\n\x1a\n" + b"\x00" * 40],
-    ids=["empty", "text", "broken-png"],
-)
-def test_watermark_refuses_non_images(data: bytes) -> None:
-    with pytest.raises(MediaNotImage, match="cannot watermark"):
-        watermark_image(data)
-    assert issubclass(MediaNotImage, MediaError)
 
 
 # --- the Dagster-free writers ------------------------------------------------------------------
