@@ -4,6 +4,21 @@
 #
 #   docker build -t recon-dagster:<version> .
 #   docker run -p 3030:3030 -e RECON_DATABASE_URL=... -e KIE_API_KEY=... recon-dagster:<version>
+#
+# Two stages: the first builds the wheel (the package, with migrations/*.sql inside it as
+# recon_dagster/db/migrations/, see setup.py); the second installs that wheel and nothing else
+# from the repository, so the image runs exactly what a `pip install` of the wheel runs.
+
+FROM python:3.11-slim AS wheel
+
+WORKDIR /src
+# What the build reads: the project metadata, the package, and the SQL that setup.py copies in.
+COPY pyproject.toml setup.py MANIFEST.in README.md ./
+COPY recon_dagster ./recon_dagster
+COPY migrations ./migrations
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -13,12 +28,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /opt/recon_dagster
 
-# Dependencies first (a layer that changes only with pyproject.toml), then the code.
-COPY pyproject.toml README.md ./
-COPY recon_dagster ./recon_dagster
-COPY migrations ./migrations
+COPY --from=wheel /wheels /tmp/wheels
 # dagster-k8s: runs launched as Kubernetes jobs load the instance (K8sRunLauncher) in this image.
-RUN pip install --no-cache-dir . "dagster-k8s==0.29.27" \
+RUN pip install --no-cache-dir /tmp/wheels/recon_dagster-*.whl "dagster-k8s==0.29.27" \
+    && rm -rf /tmp/wheels \
     && mkdir -p "$DAGSTER_HOME" \
     && useradd --create-home --uid 10001 dagster \
     && chown -R dagster "$DAGSTER_HOME"
@@ -29,5 +42,6 @@ COPY dagster.yaml "$DAGSTER_HOME/dagster.yaml"
 USER dagster
 EXPOSE 3030
 # Secrets (RECON_DATABASE_URL, provider keys, DAGSTER_POSTGRES_URL) come from the environment
-# at run time, never from the image.
+# at run time, never from the image. `recon-dagster migrate` works in this image as well: the SQL
+# it applies is inside the installed wheel.
 CMD ["dagster", "api", "grpc", "-m", "recon_dagster.definitions", "--location-name", "recon_dagster", "-h", "0.0.0.0", "-p", "3030"]

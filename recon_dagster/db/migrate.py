@@ -11,6 +11,7 @@ import hashlib
 import re
 import sys
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import psycopg
@@ -61,17 +62,30 @@ class Migration:
         return self.path.name
 
 
+def packaged_migrations_dir() -> Path | None:
+    """The SQL an installed wheel carries as package data (``recon_dagster/db/migrations/``).
+
+    setup.py copies the top-level ``migrations/`` there at build time; a checkout has no such folder.
+    """
+    folder = resources.files("recon_dagster.db").joinpath(MIGRATIONS_DIR_NAME)
+    # A wheel installed into site-packages is a plain directory; Migration.path needs a real Path.
+    return folder if isinstance(folder, Path) and folder.is_dir() else None
+
+
 def migrations_dir() -> Path:
-    """The top-level ``migrations/`` folder of the source checkout (editable install) or the cwd."""
+    """The checkout's top-level ``migrations/`` (editable install), the installed wheel's copy, or the cwd's."""
     root = project_root()
     candidates = [root / MIGRATIONS_DIR_NAME] if root else []
+    packaged = packaged_migrations_dir()
+    if packaged is not None:
+        candidates.append(packaged)
     candidates.append(Path.cwd() / MIGRATIONS_DIR_NAME)
     for candidate in candidates:
         if candidate.is_dir():
             return candidate
     raise MigrationError(
         f"no {MIGRATIONS_DIR_NAME}/ folder found (looked in: {', '.join(str(c) for c in candidates)}); "
-        "run from the recon_dagster checkout or install it in editable mode"
+        "install recon_dagster from its wheel (which carries the SQL) or run from the checkout"
     )
 
 
