@@ -415,7 +415,7 @@ def main() -> int:
         "--kind-run-limit", type=int, default=3, help="queued runs per provider_kind (0: none)"
     )
     # The project default (RECON_BATCH_SIZE), so the figures describe what ships.
-    parser.add_argument("--batch-size", type=int, default=ReconcileSettingsResource().batch_size)
+    parser.add_argument("--batch-size", type=int, default=ReconcileSettingsResource.from_config().batch_size)
     parser.add_argument("--concurrency", type=int, default=16, help="jobs worked at once inside a run")
     parser.add_argument("--scan-limit", type=int, default=5000)
     parser.add_argument("--sensor-interval", type=int, default=5, help="RECON_SENSOR_INTERVAL_S")

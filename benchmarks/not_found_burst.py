@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.engine import dispose_engines, get_engine, redact, resolve_database_url, with_database
 from recon_dagster.db.migrate import migrate
-from recon_dagster.reconcile.breaker import policy_from_env
+from recon_dagster.defs.settings_check import breaker_policy
 from recon_dagster.sandbox import SandboxServer
 from recon_dagster_tests.support.answers import stale_job
 from recon_dagster_tests.support.harness import drop_database, ensure_database
@@ -37,11 +37,14 @@ import json, sys, time
 from recon_dagster.db.engine import get_engine
 from recon_dagster.media.store import LocalMediaStore
 from recon_dagster.providers import providers_from_env
+from recon_dagster.defs.settings_check import breaker_policy
+from recon_dagster.reconcile.breaker import NotFoundBreaker
 from recon_dagster.reconcile.reconciler import ReconcileSettings, Reconciler
 
 jobs, owner, threads = json.loads(sys.argv[1])
 rec = Reconciler(get_engine(), providers_from_env(), LocalMediaStore(base_dir="/tmp/nf-burst-media"),
-                 settings=ReconcileSettings(concurrency=threads))
+                 settings=ReconcileSettings(concurrency=threads),
+                 breaker=NotFoundBreaker(get_engine(), breaker_policy()))
 print("ready", flush=True)
 sys.stdin.readline()
 start = time.perf_counter()
@@ -64,7 +67,7 @@ def main() -> int:
     name = f"recon_bench_{secrets.token_hex(4)}"
     ensure_database(server_url, name)
     url = with_database(server_url, name)
-    policy = policy_from_env()
+    policy = breaker_policy()
     print(f"database: {redact(url)}; {args.jobs} jobs, {args.processes} processes x {args.threads} threads")
     print(
         f"breaker: more than {policy.burst} not-found, > {policy.share:.0%} of answers, {policy.window_s:g}s"

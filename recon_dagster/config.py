@@ -1,7 +1,13 @@
-"""Reading ``RECON_*`` settings: one parser for numbers within bounds, one for the alert hook.
+"""Every setting of recon_dagster, declared once: name, type, default, bounds, meaning, reader.
 
-The bottom layer: it imports nothing of recon_dagster, so every layer may read its settings
-through it. A bad value is a one-line ``ValueError`` naming its variable.
+The bottom layer: it imports nothing of recon_dagster, so every layer reads its settings through
+``get(name)``; a bad value is a one-line ``ValueError`` naming its variable. ``validate()`` reads
+them all (the definitions and the CLI call it at start), and ``docs/configuration.md`` is
+generated from ``SETTINGS`` (``python -m recon_dagster.config --markdown``; a test keeps it true).
+
+The domain (``recon_dagster.reconcile``) never imports this module: its callers read the values
+here and pass them in. Secrets are only named here; their values are read through ``dg.EnvVar``
+by the resources and never by this module.
 """
 
 from __future__ import annotations
@@ -9,23 +15,37 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-ALERT_HOOK_ENV = "RECON_ALERT_HOOK"
+Parse = Callable[[str, str], Any]  # (variable, stripped non-empty value) -> typed value
 
-# Upper bounds of the reconcile knobs (README, Configuration); lower bounds are in the table below.
-_KNOBS: tuple[tuple[str, type, float, float], ...] = (
-    ("RECON_MAX_ATTEMPTS", int, 1, 1000),
-    ("RECON_RECONCILE_CADENCE_S", float, 0, 7 * 86400),
-    ("RECON_LEASE_S", float, 1, 7 * 86400),
-    ("RECON_RECONCILE_CONCURRENCY", int, 1, 1000),
-    ("RECON_BATCH_SIZE", int, 1, 100_000),
-    ("RECON_SINGLE_RUN_BELOW", int, 0, 100_000),
-    ("RECON_SCAN_LIMIT", int, 1, 1_000_000),
-    ("RECON_DB_POOL_SIZE", int, 1, 1000),
-    ("RECON_DB_MAX_OVERFLOW", int, 0, 1000),
-)
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable. ``parse`` gets the stripped value when set; unset or blank, the
+    value is ``default``."""
+
+    name: str
+    group: str
+    type: str
+    default: Any
+    doc: str
+    readers: str
+    parse: Parse | None = None
+    bounds: str = ""
+    shown_default: str | None = None  # how the docs show the default, when not ``default`` itself
+    secret: bool = False  # read through dg.EnvVar by a resource; the value is never read here
+
+
+# --- parsers ---------------------------------------------------------------------------------
+
+
+class LimitsConfigError(ValueError):
+    """A malformed ``RECON_LIMITS``, ``RECON_LIMITS_MIGRATE`` or ``RECON_LIMIT_<PROVIDER>`` value; the
+    message names the variable."""
 
 
 def bounded_number(name: str, raw: str, cast: type, low: float, high: float) -> Any:
@@ -40,34 +60,409 @@ def bounded_number(name: str, raw: str, cast: type, low: float, high: float) -> 
     return value
 
 
-def knob(name: str, fallback: float, cast: type, environ: Mapping[str, str] | None = None) -> Any:
-    """One reconcile knob from the environment (``fallback`` when unset), within its bounds."""
-    raw = (os.environ if environ is None else environ).get(name, "").strip()
-    if not raw:
-        return cast(fallback)
-    _, _, low, high = next(k for k in _KNOBS if k[0] == name)
-    return bounded_number(name, raw, cast, low, high)
+def _knob(cast: type, low: float, high: float) -> Parse:
+    return lambda name, raw: bounded_number(name, raw, cast, low, high)
 
 
-def check_knobs(environ: Mapping[str, str]) -> None:
-    for name, cast, _, _ in _KNOBS:
-        knob(name, 0, cast, environ)
+def _positive(cast: type) -> Parse:
+    """A positive finite number (the I/O deadlines and caps)."""
+
+    def parse(name: str, raw: str) -> Any:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"{name} must be a number, got {raw!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise ValueError(f"{name} must be a positive finite number, got {raw!r}")
+        return cast(value)
+
+    return parse
 
 
-def load_alert_hook(environ: Mapping[str, str] | None = None) -> Callable[..., Any] | None:
-    """``RECON_ALERT_HOOK=package.module:function`` imported and checked callable (None: unset)."""
-    spec = (os.environ if environ is None else environ).get(ALERT_HOOK_ENV, "").strip()
-    if not spec:
-        return None
-    module, _, name = spec.partition(":")
-    if not module or not name:
-        raise ValueError(f"{ALERT_HOOK_ENV} must look like package.module:function, got {spec!r}")
+def _ranged(cast: type, low: float, high: float) -> Parse:
+    """A number within bounds (the not-found breaker's policy)."""
+
+    def parse(name: str, raw: str) -> Any:
+        try:
+            value = cast(raw)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise ValueError(f"{name} must be a number from {low:g} to {high:g}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def _precall_seconds(name: str, raw: str) -> float:
     try:
-        hook = getattr(importlib.import_module(module), name)
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds (e.g. 10800 for 3 hours), got {raw!r}")
+    return seconds
+
+
+def _sensor_seconds(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number of seconds, got {raw!r}") from None
+    if not 1 <= value <= 86_400:
+        raise ValueError(f"{name} must be from 1 to 86400, got {raw!r}")
+    return value
+
+
+def _choice(
+    choices: Mapping[str, Any], expected: str, error: type[ValueError] = ValueError, *, echo_as_given: bool = False
+) -> Parse:
+    """One of ``choices`` (case-insensitive); the error echoes the value lowercased unless
+    ``echo_as_given``."""
+
+    def parse(name: str, raw: str) -> Any:
+        key = raw.lower()
+        if key not in choices:
+            raise error(f"{name} must be {expected}, got {raw if echo_as_given else key!r}")
+        return choices[key]
+
+    return parse
+
+
+def _lenient_flag(name: str, raw: str) -> bool:
+    """``1`` / ``true`` / ``yes`` switch it on; anything else leaves it off (never an error)."""
+    return raw.lower() in ("1", "true", "yes")
+
+
+def _names(name: str, raw: str) -> frozenset[str]:
+    return frozenset(k.strip() for k in raw.split(",") if k.strip())
+
+
+def _http_url(name: str, raw: str) -> str:
+    if not raw.startswith(("http://", "https://")):
+        raise ValueError(f"{name} must start with http:// or https://, got {raw!r}")
+    return raw.rstrip("/")
+
+
+ALLOWED_HOSTS_ENV = "RECON_MEDIA_ALLOWED_HOSTS"
+ALERT_HOOK_ENV = "RECON_ALERT_HOOK"
+
+
+def authority(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_allowed_hosts(value: str | None) -> frozenset[str]:
+    """Parse ``host[:port],host[:port]`` into normalised entries; blanks are ignored.
+
+    IPv6 hosts are written in brackets (``[::1]:8080``). Raises ``ValueError`` naming a bad entry.
+    """
+    entries: set[str] = set()
+    for raw in (value or "").split(","):
+        entry = raw.strip().lower()
+        if not entry:
+            continue
+        host, port = _split_host_port(entry)
+        if not host:
+            raise ValueError(f"{ALLOWED_HOSTS_ENV}: entry {raw.strip()!r} has no host")
+        entries.add(authority(host, port) if port is not None else host)
+    return frozenset(entries)
+
+
+def _split_host_port(entry: str) -> tuple[str, int | None]:
+    if entry.startswith("["):
+        host, _, rest = entry[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"{ALLOWED_HOSTS_ENV}: bad entry {entry!r}")
+    elif entry.count(":") == 1:
+        host, _, port_text = entry.partition(":")
+    else:
+        # A bare IPv6 address without brackets, or a plain host.
+        host, port_text = entry, ""
+    if not port_text:
+        return host, None
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"{ALLOWED_HOSTS_ENV}: bad port in entry {entry!r}")
+    return host, int(port_text)
+
+
+# Bounds of a configured budget: beyond them a value is a typo, and an absurd one hangs the
+# account (a billion slot rows, a window of a nanosecond or of forever).
+MAX_REQUESTS = 1_000_000
+MIN_WINDOW_S = 1.0
+MAX_WINDOW_S = 86_400.0
+MAX_CONCURRENCY = 1_000
+UNLIMITED = ("none", "off")
+
+
+def _parse_budget(name: str, text: str) -> tuple[int, float] | None:
+    if text.lower() in UNLIMITED:
+        return None
+    count, _, window = text.partition("/")
+    shape = f"{name}: a budget is N/SECONDS (e.g. 600/60) or none"
+    try:
+        requests = int(count)
+        window_s = float(window.removesuffix("s") or 60)
+    except ValueError:
+        raise LimitsConfigError(f"{shape}, got {text!r}") from None
+    if not 1 <= requests <= MAX_REQUESTS:
+        raise LimitsConfigError(f"{shape}, with N from 1 to {MAX_REQUESTS} ('none' for unlimited), got {text!r}")
+    if not (math.isfinite(window_s) and MIN_WINDOW_S <= window_s <= MAX_WINDOW_S):
+        raise LimitsConfigError(f"{shape}, with SECONDS from {MIN_WINDOW_S:g} to {MAX_WINDOW_S:g}, got {text!r}")
+    return requests, window_s
+
+
+def _parse_concurrency(name: str, value: str) -> int | None:
+    if value.lower() in UNLIMITED:
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= MAX_CONCURRENCY:
+        raise LimitsConfigError(
+            f"{name}: concurrency is a whole number from 1 to {MAX_CONCURRENCY} or none, got {value!r}"
+        )
+    return int(value)
+
+
+def parse_limit_overrides(name: str, raw: str) -> dict[str, Any]:
+    """``RECON_LIMIT_<PROVIDER>``: comma-separated ``reads=N/S``, ``creates=N/S``,
+    ``concurrency=N|none``, ``kind_share=F``, ``account=NAME``, as the fields they override
+    (budgets as ``(requests, window_s)`` or None). ``none`` is the only way to say unlimited."""
+    fields: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        key, sep, value = part.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not sep or not value:
+            raise LimitsConfigError(f"{name}: expected key=value, got {part!r}")
+        if key in ("reads", "creates"):
+            fields[key] = _parse_budget(name, value)
+        elif key == "concurrency":
+            fields[key] = _parse_concurrency(name, value)
+        elif key == "kind_share":
+            try:
+                share = float(value)
+            except ValueError:
+                share = math.nan
+            if not 0 < share <= 1:  # NaN fails this too
+                raise LimitsConfigError(f"{name}: kind_share must be a number in (0, 1], got {value!r}")
+            fields[key] = share
+        elif key == "account":
+            fields[key] = value
+        else:
+            raise LimitsConfigError(f"{name}: unknown field {key!r} (reads, creates, concurrency, kind_share, account)")
+    return fields
+
+
+def _alert_hook(name: str, spec: str) -> Callable[..., Any]:
+    """``package.module:function`` imported and checked callable."""
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise ValueError(f"{name} must look like package.module:function, got {spec!r}")
+    try:
+        hook = getattr(importlib.import_module(module), attr)
     except ImportError as exc:
-        raise ValueError(f"{ALERT_HOOK_ENV}: cannot import module {module!r} ({exc})") from None
+        raise ValueError(f"{name}: cannot import module {module!r} ({exc})") from None
     except AttributeError:
-        raise ValueError(f"{ALERT_HOOK_ENV}: module {module!r} has no {name!r}") from None
+        raise ValueError(f"{name}: module {module!r} has no {attr!r}") from None
     if not callable(hook):
-        raise ValueError(f"{ALERT_HOOK_ENV}: {spec!r} is a {type(hook).__name__}, not a function")
+        raise ValueError(f"{name}: {spec!r} is a {type(hook).__name__}, not a function")
     return hook
+
+
+def _text(name: str, raw: str) -> str:
+    return raw
+
+
+# --- the declarations --------------------------------------------------------------------------
+
+DAY_S = 86_400
+_WEEK_S = 7 * DAY_S
+
+
+def _s(name: str, group: str, type_: str, default: Any, doc: str, readers: str, **more: Any) -> Setting:
+    return Setting(name, group, type_, default, doc, readers, **more)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _knob_setting(
+    name: str, cast: type, default: float, low: float, high: float, doc: str, readers: str, group: str = "reconcile"
+) -> Setting:
+    kind = "whole number" if cast is int else "number"
+    return _s(name, group, kind, cast(default), doc, readers, parse=_knob(cast, low, high), bounds=f"{_num(low)}-{_num(high)}")
+
+
+def _limit_setting(provider: str, shown: str, doc: str) -> Setting:
+    return _s(
+        f"RECON_LIMIT_{provider.upper()}", "provider budgets", "budget spec", {}, doc,
+        "providers/limit_config.py", parse=parse_limit_overrides, shown_default=shown,
+        bounds=f"reads/creates N/SECONDS: N 1-{MAX_REQUESTS}, SECONDS {MIN_WINDOW_S:g}-{MAX_WINDOW_S:g}, "
+        f"or none; concurrency 1-{MAX_CONCURRENCY} or none; kind_share (0, 1]; `none` (or `off`) is the only unlimited: 0, nan, inf are errors",
+    )  # fmt: skip
+
+
+def _secret(name: str, group: str, doc: str, readers: str) -> Setting:
+    return _s(name, group, "secret", None, doc, readers, secret=True)
+
+
+_POSITIVE = "> 0, finite"
+_RESOURCES = "defs/resources.py"
+
+_DECLARED: tuple[Setting, ...] = (
+    # database
+    _s("RECON_DATABASE_URL", "database", "PostgreSQL URL", None, "The app's PostgreSQL (`postgresql://`, `postgres://` or `postgresql+psycopg://`; used through psycopg 3). Read at run time, never put in run config. Under pytest: the server on which each session creates its own database.", "db/engine.py, cli", parse=_text, bounds="postgresql / postgres / postgresql+psycopg(2) scheme", shown_default="embedded server"),
+    _s("RECON_EMBEDDED_PGDATA", "database", "path", None, "Data folder of the embedded PostgreSQL. Every process using it shares one server, which stops when the last of them exits.", "db/embedded.py", parse=_text, shown_default="`<repo>/.recon/pgdata`"),
+    _knob_setting("RECON_DB_POOL_SIZE", int, 5, 1, 1000, "Connection pool per process (each Dagster run worker is a process: keep runs x pool under the server's `max_connections`).", "db/engine.py", "database"),
+    _knob_setting("RECON_DB_MAX_OVERFLOW", int, 5, 0, 1000, "Connections a process's pool may open beyond `RECON_DB_POOL_SIZE`.", "db/engine.py", "database"),
+    # reconcile
+    _knob_setting("RECON_MAX_ATTEMPTS", int, 18, 1, 1000, "Reconcile attempts before force-fail + refund + anomaly.", "defs/resources.py, operator/status.py, cli/demo.py"),
+    _knob_setting("RECON_RECONCILE_CADENCE_S", float, 300, 0, _WEEK_S, "Minimum spacing of attempts on one job in seconds (18 x 5 min ~= 90 min).", "defs/resources.py, cli/demo.py"),
+    _knob_setting("RECON_LEASE_S", float, 900, 1, _WEEK_S, "Reconcile lease a run takes on its jobs when it starts (a crashed run frees its jobs after this); also the age past which a partial media write (`.part`) is removed as dead.", "defs/resources.py, core/deadlines.py"),
+    _knob_setting("RECON_RECONCILE_CONCURRENCY", int, 16, 1, 1000, "Jobs worked at once inside one run.", _RESOURCES),
+    _knob_setting("RECON_BATCH_SIZE", int, 500, 1, 100_000, "Jobs of one kind packed into one run during a backlog.", _RESOURCES),
+    _knob_setting("RECON_SINGLE_RUN_BELOW", int, 10, 0, 100_000, "Fewer due jobs of a kind than this: one run per job.", _RESOURCES),
+    _knob_setting("RECON_SCAN_LIMIT", int, 5000, 1, 1_000_000, "Most stale rows dispatched per sensor tick.", _RESOURCES),
+    _s("RECON_SENSOR_INTERVAL_S", "reconcile", "whole seconds", 30, "Seconds between sensor ticks (tests and benchmarks shorten it; the daemon's sensor loop itself wakes every 5 s at most).", "defs/reconcile/sensors.py", parse=_sensor_seconds, bounds="1-86400"),
+    _s("RECON_PRECALL_BUDGET_S", "reconcile", "seconds", 3 * 3600.0, "Pre-call budget: a row with no `provider_call_started_at` (queued, in pre-call work, or pre-135 legacy) is swept only this many seconds after `COALESCE(started_at, created_at)`.", "core/kinds.py (db/jobs.py, defs/observe/backlog.py)", parse=_precall_seconds, bounds=_POSITIVE, shown_default="10800 (3 h)"),
+    _s("RECON_MODE", "reconcile", "choice", "enforce", "`shadow`: the sensor, runs and sweep record each decision in `reconcile_decisions` (once per job per cadence) and change nothing else ([rollout.md](rollout.md)).", "defs/settings_check.py (shadow modes)", parse=_choice({"shadow": "shadow", "enforce": "enforce"}, "shadow or enforce", echo_as_given=True), bounds="`enforce`, `shadow`"),
+    _s("RECON_ENFORCE_KINDS", "reconcile", "list of kinds", frozenset(), "Comma list of provider kinds that act whatever `RECON_MODE` says.", "defs/settings_check.py (shadow modes)", parse=_names, bounds="known provider kinds, none also in `RECON_SHADOW_KINDS`", shown_default="—"),
+    _s("RECON_SHADOW_KINDS", "reconcile", "list of kinds", frozenset(), "Comma list of provider kinds that only decide, whatever `RECON_MODE` says.", "defs/settings_check.py (shadow modes)", parse=_names, bounds="known provider kinds, none also in `RECON_ENFORCE_KINDS`", shown_default="—"),
+    _s("RECON_NOT_FOUND_BURST", "reconcile", "whole number", 5, "Not-found breaker: more than this many not-found poll answers of one provider kind (or of one provider) within the window (and more than `RECON_NOT_FOUND_SHARE` of its answers) stop failing jobs on not-found for that kind (for every kind of that provider).", "defs/settings_check.py (breaker policy)", parse=_ranged(int, 0, 1_000_000), bounds="0-1000000"),
+    _s("RECON_NOT_FOUND_SHARE", "reconcile", "number", 0.5, "Share of a kind's (or provider's) answers in the window the not-found answers must exceed to open its breaker.", "defs/settings_check.py (breaker policy)", parse=_ranged(float, 0.0, 0.999), bounds="0-0.999"),
+    _s("RECON_NOT_FOUND_WINDOW_S", "reconcile", "seconds", 600.0, "The breaker's window; answers older than this are pruned from `provider_poll_answers`.", "defs/settings_check.py (breaker policy)", parse=_ranged(float, 1.0, _WEEK_S), bounds=f"1-{_WEEK_S}"),
+    # provider I/O
+    _s("RECON_POLL_DEADLINE_S", "provider I/O", "seconds", 60.0, "Overall deadline of one poll or read, retries and backoff included, however slowly the answer drips, headers included (every socket read and write is cut to what is left; past it the connection is closed and the error says how long it waited). A shared-budget token that would come later fails the request instead of waiting (an error outcome, attempt counted); a create's token wait is bounded by `RECON_LEASE_S`.", "core/deadlines.py (providers/base.py)", parse=_positive(float), bounds=_POSITIVE),
+    _s("RECON_POLL_MAX_BYTES", "provider I/O", "bytes", 8 * 1024 * 1024, "Decoded size cap of one provider answer, inflated step by step so a gzip bomb stops here (status bodies are a few KiB).", "core/deadlines.py (providers/base.py)", parse=_positive(int), bounds=_POSITIVE, shown_default="8388608 (8 MiB)"),
+    _s("RECON_LIMITS", "provider budgets", "choice", True, "`database`: every process shares one budget per provider account through the app's PostgreSQL (migration 140); `process`: per-process limits only (each process a whole budget).", "providers/limit_config.py", parse=_choice({"database": True, "shared": True, "process": False, "local": False}, "'database' or 'process'", LimitsConfigError), bounds="`database` (`shared`), `process` (`local`)", shown_default="`database`"),
+    _s("RECON_LIMITS_MIGRATE", "provider budgets", "flag", False, "`1`: this process's `RECON_LIMIT_*` budgets replace the account's shared rows. Without it a process whose budget differs from the account's row refuses to start (`reconcile --once` exits 1 with one line naming both budgets; a run's requests fail the same way), so one misconfigured process cannot lower or raise every process's budget.", "providers/limit_config.py", parse=_choice({"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}, "1 or 0", LimitsConfigError), bounds="`1`/`true`/`yes`, `0`/`false`/`no`", shown_default="`0`"),
+    _limit_setting("kie", "`reads=600/60,creates=20/10,concurrency=48`", "KIE account budget: requests per window in seconds for reads (polls) and creates, concurrent requests; also `kind_share=0.5` (slots one kind may hold while others wait) and `account=NAME` (accounts with the same name share a budget; default the provider's name). KIE documents ~20 creates per 10 s; the read figure is our own ceiling."),
+    _limit_setting("replicate", "`reads=3000/60,creates=600/60,concurrency=64`", "Replicate account budget (documented: create 600/min, other calls 3000/min)."),
+    _limit_setting("elevenlabs", "`reads=600/60,creates=60/60,concurrency=16`", "ElevenLabs account budget (it limits concurrency per plan; the rates are ours)."),
+    _limit_setting("anthropic", "`reads=none,creates=50/60,concurrency=16`", "Anthropic account budget (requests per minute per tier; every call is a billed create)."),
+    # media
+    _s("RECON_MEDIA_DIR", "media", "path", None, "Where recovered media is stored when no S3 bucket is configured.", "media/store.py", parse=_text, shown_default="`./.recon/media`"),
+    _s(ALLOWED_HOSTS_ENV, "media", "host list", frozenset(), "Comma-separated `host[:port]` allowed past the media-download guard (otherwise only `https` URLs on public addresses are fetched); listed hosts may use http. The sandbox needs its loopback address here.", "media/download.py, defs/resources.py", parse=lambda _name, raw: parse_allowed_hosts(raw), bounds="hosts; ports 1-65535; IPv6 in brackets", shown_default="—"),
+    _s("RECON_MEDIA_DEADLINE_S", "media", "seconds", 600.0, "Overall deadline of all media downloads of one finalize (with the 60 s poll, well inside the 900 s lease); headers that drip a line at a time end there too, the socket closed.", "core/deadlines.py, defs/resources.py", parse=_positive(float), bounds=_POSITIVE),
+    _s("RECON_MEDIA_MIN_BYTES_PER_S", "media", "bytes per second", 1024.0 * 1024.0, "An object that declares its size gets 30 s + size / this rate of the media deadline, so a stalled small image fails in seconds.", "core/deadlines.py, defs/resources.py", parse=_positive(float), bounds=_POSITIVE, shown_default="1048576 (1 MiB/s)"),
+    _s("RECON_S3_BUCKET", "media", "text", None, "Store media in this S3/R2 bucket instead of a folder.", "media/store.py", parse=_text, shown_default="—"),
+    _s("RECON_S3_ENDPOINT_URL", "media", "URL", None, "S3-compatible endpoint (Cloudflare R2, MinIO, a test server); passed as dg.EnvVar.", "media/store.py", shown_default="AWS"),
+    _s("RECON_S3_PREFIX", "media", "text", "", "Key prefix in the bucket.", "media/store.py", parse=_text, shown_default="—"),
+    _s("RECON_S3_PUBLIC_BASE_URL", "media", "URL", None, "Public URL base recorded on assets.", "media/store.py", parse=_text, shown_default="—"),
+    # operators
+    _s(ALERT_HOOK_ENV, "operators", "module:function", None, "Called by the `reconcile_run_failure_alert` sensor with each failed reconcile/sweep run (wire your alerting here); unset, it only logs at ERROR. Imported and checked callable when the definitions load and when the CLI starts: a missing module or a non-callable is a load error naming the variable.", "defs/observe/outcomes.py", parse=_alert_hook, bounds="an importable callable", shown_default="—"),
+    _s("RECON_DAGSTER_UI_URL", "operators", "URL", None, "Base URL of the Dagster webserver in the run links `recon-dagster explain` prints (and, when set, in `explain_job`'s metadata).", "operator/explain.py", parse=_http_url, bounds="http:// or https://", shown_default="`http://127.0.0.1:3000` (CLI); relative links in the UI"),
+    _s("RECON_OPERATOR", "operators", "text", None, "Who `recon-dagster retry` / `fail` record as having acted (e.g. under `sudo` or a shared account).", "operator/actions.py", parse=_text, shown_default="the OS user"),
+    _s("RECON_DEBUG", "operators", "flag", False, "`1`: CLI failures show their traceback (same as `--debug`).", "cli/commands.py", parse=_lenient_flag, bounds="`1`/`true`/`yes` = on", shown_default="—"),
+    # fault injection (read by core/crashpoints.py itself: it must stay one global lookup)
+    _s("RECON_CRASH_AT", "fault injection", "list of names", None, "Fault injection only: crash point name(s), comma-separated, at which the process SIGKILLs itself; never set in production.", "core/crashpoints.py", shown_default="—"),
+    _s("RECON_CRASH_HITS", "fault injection", "whole number", 1, "Die on the n-th hit.", "core/crashpoints.py"),
+    _s("RECON_CRASH_HOLD", "fault injection", "flag", False, "Park earlier hits at the point.", "core/crashpoints.py", shown_default="`0`"),
+    _s("RECON_CRASH_PROB", "fault injection", "number", 1.0, "Count a hit with this (seeded) probability.", "core/crashpoints.py"),
+    _s("RECON_CRASH_SEED", "fault injection", "whole number", None, "Seed of that probability.", "core/crashpoints.py", shown_default="—"),
+    _s("RECON_CRASH_LOG", "fault injection", "path", None, "Log each hit to this file.", "core/crashpoints.py", shown_default="—"),
+    # providers (not RECON_*: the providers' own names)
+    _s("KIE_BASE_URL", "providers", "URL", None, "KIE API base URL (the demo and tests point it at the sandbox); passed as dg.EnvVar.", "providers/dispatch.py", shown_default="`https://api.kie.ai`"),
+    _secret("KIE_API_KEY", "providers", "KIE bearer token.", "providers/dispatch.py"),
+    _s("REPLICATE_BASE_URL", "providers", "URL", None, "Replicate API base URL; passed as dg.EnvVar.", "providers/dispatch.py", shown_default="`https://api.replicate.com/v1`"),
+    _secret("REPLICATE_API_TOKEN", "providers", "Replicate bearer token.", "providers/dispatch.py"),
+    _s("ELEVENLABS_BASE_URL", "providers", "URL", None, "ElevenLabs API base URL; passed as dg.EnvVar.", "providers/dispatch.py", shown_default="`https://api.elevenlabs.io`"),
+    _secret("ELEVENLABS_API_KEY", "providers", "ElevenLabs `xi-api-key`.", "providers/dispatch.py"),
+    _s("ANTHROPIC_BASE_URL", "providers", "URL", None, "Anthropic API base URL; passed as dg.EnvVar.", "providers/dispatch.py", shown_default="`https://api.anthropic.com`"),
+    _secret("ANTHROPIC_API_KEY", "providers", "Anthropic key.", "providers/dispatch.py"),
+    _s("AWS_ACCESS_KEY_ID", "media", "text", None, "S3 access key id (unset: boto3's own credential chain).", "media/store.py", shown_default="boto3 chain"),
+    _secret("AWS_SECRET_ACCESS_KEY", "media", "S3 secret key (unset: boto3's own credential chain).", "media/store.py"),
+    _s("AWS_REGION", "media", "text", None, "S3 region.", "media/store.py", shown_default="boto3 chain"),
+    # Dagster
+    _s("DAGSTER_HOME", "dagster", "path", None, "Dagster instance folder; for deployments copy `dagster.yaml` there.", "operator/instance.py, cli", shown_default="`.recon/dagster_home` (demo, dev)"),
+    _s("DAGSTER_POSTGRES_URL", "dagster", "PostgreSQL URL", None, "Dagster run/event/schedule storage for `dagster.yaml`, a `postgresql+psycopg2://` URL (dagster-postgres breaks on the psycopg 3 form).", "operator/instance.py", shown_default="set by `demo` / `dev`"),
+)  # fmt: skip
+
+SETTINGS: dict[str, Setting] = {s.name: s for s in _DECLARED}
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def _raw(name: str, environ: Mapping[str, str] | None) -> str:
+    return (os.environ if environ is None else environ).get(name, "").strip()
+
+
+def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The value of a declared setting (``os.environ`` unless ``environ`` is given): its default
+    when unset or blank, else parsed; a bad value raises a one-line ``ValueError`` naming it."""
+    setting = SETTINGS[name]
+    if setting.secret or setting.parse is None:
+        raise KeyError(f"{name} is not read through recon_dagster.config (see its declaration)")
+    raw = _raw(name, environ)
+    return setting.parse(name, raw) if raw else setting.default
+
+
+def is_set(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a declared variable has a value (for optional ``dg.EnvVar`` wiring; never reads it out)."""
+    if name not in SETTINGS:
+        raise KeyError(f"{name} is not declared in recon_dagster.config")
+    return bool((os.environ if environ is None else environ).get(name))
+
+
+def validate(environ: Mapping[str, str] | None = None) -> None:
+    """Read every declared setting once: the first bad one raises its one-line ``ValueError``."""
+    env = dict(os.environ if environ is None else environ)
+    for setting in _DECLARED:
+        if setting.parse is not None and not setting.secret:
+            get(setting.name, env)
+
+
+# --- the generated page ------------------------------------------------------------------------
+
+
+def _shown(setting: Setting) -> str:
+    if setting.shown_default is not None:
+        return setting.shown_default
+    if setting.secret or setting.default is None:
+        return "—"
+    if isinstance(setting.default, bool) or not isinstance(setting.default, int | float):
+        return str(setting.default)
+    return _num(setting.default)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown() -> str:
+    """``docs/configuration.md``: every declared setting, grouped, in declaration order."""
+    lines = [
+        "# Configuration",
+        "",
+        "<!-- Generated from recon_dagster/config.py: python -m recon_dagster.config --markdown -->",
+        "",
+        "Everything is configured through environment variables; none is needed for the demo or the",
+        "tests. Every setting is declared once, in `recon_dagster/config.py`, and checked when the",
+        "definitions load and when the CLI starts: a bad value is one line naming its variable (the",
+        "CLI exits 1). Secrets are read only through `dg.EnvVar`, so their values never appear in run",
+        "config, tags, logs or the UI.",
+    ]
+    groups: dict[str, list[Setting]] = {}
+    for setting in _DECLARED:
+        groups.setdefault(setting.group, []).append(setting)
+    for group, settings in groups.items():
+        lines += ["", f"## {group[0].upper()}{group[1:]}", ""]
+        lines += ["| variable | type | default | bounds | meaning | read by |", "| --- | --- | --- | --- | --- | --- |"]
+        for s in settings:
+            kind = f"{s.type} (dg.EnvVar, never printed)" if s.secret else s.type
+            cells = (f"`{s.name}`", kind, _shown(s), s.bounds or "—", s.doc, s.readers)
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _main(argv: list[str]) -> int:
+    if argv != ["--markdown"]:
+        print("usage: python -m recon_dagster.config --markdown", file=sys.stderr)
+        return 2
+    sys.stdout.write(markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

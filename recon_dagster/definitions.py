@@ -19,7 +19,6 @@ from recon_dagster.defs.rollout import definitions as rollout_feature
 from recon_dagster.defs.settings_check import validate_settings
 from recon_dagster.media.store import media_store_from_env
 from recon_dagster.providers import providers_from_env
-from recon_dagster.reconcile.shadow import modes_from_env
 
 # Modules, not their Definitions objects: a code location module holds exactly one Definitions at
 # its top level (`dg check defs` refuses more), and each feature's module keeps its own.
@@ -32,7 +31,7 @@ def default_resources() -> dict[str, Any]:
         "database": DatabaseResource(),
         "providers": providers_from_env(),
         "media_store": media_store_from_env(),
-        "reconcile_settings": ReconcileSettingsResource(),
+        "reconcile_settings": ReconcileSettingsResource.from_config(),
         HANDOFF_IO: dg.mem_io_manager,
     }
 
@@ -42,7 +41,6 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
 
     Every ``RECON_*`` setting is checked first: a bad one is a load error naming its variable."""
     validate_settings()
-    modes_from_env()  # a bad RECON_MODE / RECON_*_KINDS fails the code location at load, in one line
     wired = dg.Definitions(resources=with_nested_resources_on_top({**default_resources(), **(resources or {})}))
     return dg.Definitions.merge(*(feature.defs for feature in FEATURES), wired)
 

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from recon_dagster import config
 from recon_dagster.cli.errors import (  # noqa: F401  (re-exported: the commands' error shape)
     DAGSTER_NOISE,
     DEBUG_ENV,
@@ -37,7 +38,7 @@ def use_database_url(args: argparse.Namespace) -> None:
     from recon_dagster.db.engine import DATABASE_URL_ENV, normalize_url
 
     given = getattr(args, "database_url", None)
-    configured = given or os.environ.get(DATABASE_URL_ENV, "").strip()
+    configured = given or config.get(DATABASE_URL_ENV)
     if configured:
         os.environ[DATABASE_URL_ENV] = normalize_url(configured)  # raises InvalidDatabaseUrl
 
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported by the subcommand it was given to, like every other usage error
         _Parser(prog=f"{parser.prog} {args.command}").error(f"unrecognized arguments: {' '.join(extra)}")
-    args.debug = args.debug or os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes")
+    args.debug = args.debug or config.get(DEBUG_ENV)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

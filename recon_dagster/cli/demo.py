@@ -19,6 +19,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from recon_dagster import config
 from recon_dagster.cli.proctree import run_process_tree
 from recon_dagster.db import credits
 from recon_dagster.db.engine import get_engine, redact, resolve_database_url
@@ -286,11 +287,8 @@ def print_table(
     workflow: str | None,
 ) -> None:
     """Every seeded row, before and (when given) after, in one table of at most 100 columns."""
-    from recon_dagster.core.kinds import MAX_ATTEMPTS, RECONCILE_CADENCE
-
-    max_attempts = int(os.environ.get("RECON_MAX_ATTEMPTS", "").strip() or MAX_ATTEMPTS)
-    cadence_s = os.environ.get("RECON_RECONCILE_CADENCE_S", "").strip()
-    cadence_min = max(1, round(float(cadence_s) / 60)) if cadence_s else int(RECONCILE_CADENCE.seconds // 60)
+    max_attempts = config.get("RECON_MAX_ATTEMPTS")
+    cadence_min = max(1, round(config.get("RECON_RECONCILE_CADENCE_S") / 60))
     print(" ".join(f"{h:<{w}}" for w, h in _COLUMNS) + " why")
     print("-" * _WIDTH)
     for job, job_id in seeded:
@@ -370,7 +368,7 @@ def run_demo(*, serve: bool = False, port: int = 0, verbose: bool = False) -> in
                 f"(the database held {report.summary.scanned - len(seeded)} more stuck jobs; reconciled too)"
             )
         _print_credits(engine, DEMO_USER)
-        print(f"media stored in: {os.environ['RECON_MEDIA_DIR']}\nDagster home: {home}")
+        print(f"media stored in: {config.get('RECON_MEDIA_DIR')}\nDagster home: {home}")
         print(
             "\nNext: `recon-dagster demo --serve` replays this incident in the Dagster UI\n"
             "(http://127.0.0.1:3000): every run, its per-job log and the sensor's ticks."
@@ -386,7 +384,8 @@ def _serve(seeded: list[tuple[DemoJob, uuid.UUID]], before: dict[str, RowState])
         f"\nseeded {len(seeded)} stuck jobs; starting `dagster dev` (Ctrl-C to stop): its daemon's sensor "
         "picks them up within a few seconds. Open http://127.0.0.1:3000/runs"
     )
-    env = {**os.environ, "RECON_SENSOR_INTERVAL_S": os.environ.get("RECON_SENSOR_INTERVAL_S", "5")}
+    env = dict(os.environ)
+    env.setdefault("RECON_SENSOR_INTERVAL_S", "5")  # the demo ticks faster unless told otherwise
     try:
         # The workspace file names the location recon_dagster (``-m`` would name it after the module).
         # Stopped whole on SIGTERM / SIGINT: no webserver or daemon left behind.

@@ -27,7 +27,7 @@ def run_plan(
         report = agreement_report(engine, kind=kind)
         _emit(report.to_json() if as_json else report_text(report), as_json)
         return 1 if report.harmful else 0
-    resource = ReconcileSettingsResource()
+    resource = ReconcileSettingsResource.from_config()
     upstream: Any = None
     if not no_poll:
         from recon_dagster.providers import providers_from_env

@@ -24,7 +24,6 @@ how long the exchange waited.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import typing
@@ -34,54 +33,41 @@ from contextlib import contextmanager
 import httpcore
 import httpx
 
+from recon_dagster import config
+
 POLL_DEADLINE_ENV = "RECON_POLL_DEADLINE_S"
 POLL_MAX_BYTES_ENV = "RECON_POLL_MAX_BYTES"
 MEDIA_DEADLINE_ENV = "RECON_MEDIA_DEADLINE_S"
 MEDIA_MIN_RATE_ENV = "RECON_MEDIA_MIN_BYTES_PER_S"
 
-DEFAULT_POLL_DEADLINE_S = 60.0
-DEFAULT_POLL_MAX_BYTES = 8 * 1024 * 1024
-DEFAULT_MEDIA_DEADLINE_S = 600.0
-DEFAULT_MEDIA_MIN_BYTES_PER_S = 1024.0 * 1024.0
+DEFAULT_POLL_DEADLINE_S: float = config.SETTINGS[POLL_DEADLINE_ENV].default
+DEFAULT_POLL_MAX_BYTES: int = config.SETTINGS[POLL_MAX_BYTES_ENV].default
+DEFAULT_MEDIA_DEADLINE_S: float = config.SETTINGS[MEDIA_DEADLINE_ENV].default
+DEFAULT_MEDIA_MIN_BYTES_PER_S: float = config.SETTINGS[MEDIA_MIN_RATE_ENV].default
 # Connect, TLS and first byte of a media object whatever its size.
 MEDIA_FLOOR_S = 30.0
 
 
-def env_positive(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
-    """A positive number from the environment (``default`` when unset); a bad value is a
-    ``ValueError`` naming the variable."""
-    raw = (os.environ if environ is None else environ).get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number, got {raw!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{name} must be a positive finite number, got {raw!r}")
-    return value
-
-
 def poll_deadline_s(environ: Mapping[str, str] | None = None) -> float:
-    return env_positive(POLL_DEADLINE_ENV, DEFAULT_POLL_DEADLINE_S, environ)
+    return float(config.get(POLL_DEADLINE_ENV, environ))
 
 
 def poll_max_bytes(environ: Mapping[str, str] | None = None) -> int:
-    return int(env_positive(POLL_MAX_BYTES_ENV, DEFAULT_POLL_MAX_BYTES, environ))
+    return int(config.get(POLL_MAX_BYTES_ENV, environ))
 
 
 def media_deadline_s(environ: Mapping[str, str] | None = None) -> float:
-    return env_positive(MEDIA_DEADLINE_ENV, DEFAULT_MEDIA_DEADLINE_S, environ)
+    return float(config.get(MEDIA_DEADLINE_ENV, environ))
 
 
 def media_min_bytes_per_s(environ: Mapping[str, str] | None = None) -> float:
-    return env_positive(MEDIA_MIN_RATE_ENV, DEFAULT_MEDIA_MIN_BYTES_PER_S, environ)
+    return float(config.get(MEDIA_MIN_RATE_ENV, environ))
 
 
 def stale_part_age_s() -> float:
     """Age past which a partial media write is dead: the reconcile lease (``RECON_LEASE_S``,
     900 s), longer than any download's deadline."""
-    return env_positive("RECON_LEASE_S", 900.0)
+    return float(config.get("RECON_LEASE_S"))
 
 
 def sized_deadline_s(size: int | None, remaining_s: float, min_bytes_per_s: float | None) -> float:

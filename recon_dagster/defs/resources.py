@@ -12,8 +12,7 @@ import dagster as dg
 import sqlalchemy as sa
 from pydantic import Field
 
-from recon_dagster.config import knob
-from recon_dagster.core.kinds import MAX_ATTEMPTS, RECONCILE_CADENCE
+from recon_dagster import config
 from recon_dagster.db.engine import get_engine
 from recon_dagster.media.download import allowed_hosts_from_env
 from recon_dagster.reconcile.finalize import DEFAULT_MAX_MEDIA_BYTES, MediaPolicy
@@ -31,53 +30,50 @@ class DatabaseResource(dg.ConfigurableResource):
         return get_engine()
 
 
-def _env_number(name: str, fallback: float, cast: type) -> Any:
-    """A default from the environment, so run workers the daemon starts see the same settings as
-    the process that configured it; a malformed or out-of-bounds value is an error naming the
-    variable (bounds: ``recon_dagster.config``)."""
-    return knob(name, fallback, cast)
+# Field <- variable: the knobs a ReconcileSettingsResource takes from the environment.
+_KNOB_FIELDS = {
+    "max_attempts": "RECON_MAX_ATTEMPTS",
+    "cadence_seconds": "RECON_RECONCILE_CADENCE_S",
+    "lease_seconds": "RECON_LEASE_S",
+    "concurrency": "RECON_RECONCILE_CONCURRENCY",
+    "batch_size": "RECON_BATCH_SIZE",
+    "single_run_below": "RECON_SINGLE_RUN_BELOW",
+    "scan_limit": "RECON_SCAN_LIMIT",
+}
+
+
+def _knob_field(name: str) -> Any:
+    # The declared default, not the environment: a class body runs once, at import.
+    setting = config.SETTINGS[name]
+    return Field(default=setting.default, description=f"{setting.doc} Wired from {name}.")
 
 
 class ReconcileSettingsResource(dg.ConfigurableResource):
     """Knobs of the reconcile controller and the sensor's dispatch.
 
-    Defaults come from ``RECON_MAX_ATTEMPTS``, ``RECON_RECONCILE_CADENCE_S``, ``RECON_LEASE_S``,
-    ``RECON_RECONCILE_CONCURRENCY``, ``RECON_BATCH_SIZE``, ``RECON_SINGLE_RUN_BELOW`` and
-    ``RECON_SCAN_LIMIT`` when set (read when the code location is imported).
+    ``from_config()`` fills them from ``RECON_MAX_ATTEMPTS``, ``RECON_RECONCILE_CADENCE_S``,
+    ``RECON_LEASE_S``, ``RECON_RECONCILE_CONCURRENCY``, ``RECON_BATCH_SIZE``,
+    ``RECON_SINGLE_RUN_BELOW`` and ``RECON_SCAN_LIMIT`` (the definitions wire it so, when they are
+    built, so run workers the daemon starts see the same settings as the process that configured it).
     """
 
-    max_attempts: int = Field(
-        default=_env_number("RECON_MAX_ATTEMPTS", MAX_ATTEMPTS, int),
-        description="Attempts before force-fail + refund.",
-    )
-    cadence_seconds: float = Field(
-        default=_env_number("RECON_RECONCILE_CADENCE_S", RECONCILE_CADENCE.total_seconds(), float),
-        description="Minimum spacing of attempts on one job.",
-    )
-    lease_seconds: float = Field(
-        default=_env_number("RECON_LEASE_S", 900, float), description="Reconcile lease on a dispatched job."
-    )
-    concurrency: int = Field(
-        default=_env_number("RECON_RECONCILE_CONCURRENCY", 16, int),
-        description="Jobs worked at once inside one run.",
-    )
-    batch_size: int = Field(
-        default=_env_number("RECON_BATCH_SIZE", 500, int),
-        description="Jobs of one kind packed into one run in a backlog.",
-    )
-    single_run_below: int = Field(
-        default=_env_number("RECON_SINGLE_RUN_BELOW", 10, int),
-        description="Fewer due jobs of a kind than this: one run per job.",
-    )
-    scan_limit: int = Field(
-        default=_env_number("RECON_SCAN_LIMIT", 5000, int),
-        description="Most stale rows dispatched per sensor tick.",
-    )
+    max_attempts: int = _knob_field("RECON_MAX_ATTEMPTS")
+    cadence_seconds: float = _knob_field("RECON_RECONCILE_CADENCE_S")
+    lease_seconds: float = _knob_field("RECON_LEASE_S")
+    concurrency: int = _knob_field("RECON_RECONCILE_CONCURRENCY")
+    batch_size: int = _knob_field("RECON_BATCH_SIZE")
+    single_run_below: int = _knob_field("RECON_SINGLE_RUN_BELOW")
+    scan_limit: int = _knob_field("RECON_SCAN_LIMIT")
     max_media_bytes: int = Field(default=DEFAULT_MAX_MEDIA_BYTES, description="Download cap per object.")
     media_deadline_seconds: float | None = Field(
         default=None,
         description="All media of one finalize together; None: RECON_MEDIA_DEADLINE_S (600, inside the lease).",
     )
+
+    @classmethod
+    def from_config(cls, **overrides: Any) -> ReconcileSettingsResource:
+        """The knobs as the environment sets them now (bad values: one-line errors naming them)."""
+        return cls(**{**{field: config.get(name) for field, name in _KNOB_FIELDS.items()}, **overrides})
 
     def settings(self) -> ReconcileSettings:
         return ReconcileSettings(

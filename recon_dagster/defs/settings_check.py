@@ -1,9 +1,12 @@
-"""Every ``RECON_*`` setting checked at once, when the definitions load and when the CLI starts.
+"""Every setting checked at once, when the definitions load and when the CLI starts, and the
+domain's policies built from them.
 
-Each setting is still read where it is used (a later change gathers them into one module); this
-calls every reader, so a bad value is a one-line ``ValueError`` naming its variable at start
-instead of a failed run, or a failed alert, hours later. The bounds live with each reader and in
-README's configuration table.
+The declarations, bounds and parsers are ``recon_dagster.config`` (docs/configuration.md is
+generated from them); this adds the two checks that need a lower layer: a database URL as the
+engine parses it, and shadow modes against the provider kinds. A bad value is a one-line
+``ValueError`` naming its variable at start instead of a failed run, or a failed alert, hours
+later. The domain (``recon_dagster.reconcile``) reads no settings itself: ``breaker_policy()`` and
+``shadow_modes()`` build its policies here, for the definitions to pass in.
 """
 
 from __future__ import annotations
@@ -11,19 +14,41 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from recon_dagster.config import check_knobs, load_alert_hook  # noqa: F401  (re-exported)
+from recon_dagster import config
+from recon_dagster.db.engine import DATABASE_URL_ENV, InvalidDatabaseUrl, normalize_url
+from recon_dagster.reconcile.decide import BreakerPolicy
+from recon_dagster.reconcile.shadow import (
+    ENFORCE_KINDS_ENV,
+    MODE_ENV,
+    SHADOW_KINDS_ENV,
+    Modes,
+    modes_from_values,
+)
+
+BURST_ENV = "RECON_NOT_FOUND_BURST"
+SHARE_ENV = "RECON_NOT_FOUND_SHARE"
+WINDOW_ENV = "RECON_NOT_FOUND_WINDOW_S"
 
 
-def _check_ui_url(environ: Mapping[str, str]) -> None:
-    raw = environ.get("RECON_DAGSTER_UI_URL", "").strip()
-    if raw and not raw.startswith(("http://", "https://")):
-        raise ValueError(f"RECON_DAGSTER_UI_URL must start with http:// or https://, got {raw!r}")
+def breaker_policy(environ: Mapping[str, str] | None = None) -> BreakerPolicy:
+    """The not-found breaker's policy: ``RECON_NOT_FOUND_BURST`` (5), ``RECON_NOT_FOUND_SHARE``
+    (0.5), ``RECON_NOT_FOUND_WINDOW_S`` (600)."""
+    return BreakerPolicy(
+        burst=int(config.get(BURST_ENV, environ)),
+        share=float(config.get(SHARE_ENV, environ)),
+        window_s=float(config.get(WINDOW_ENV, environ)),
+    )
+
+
+def shadow_modes(environ: Mapping[str, str] | None = None) -> Modes:
+    """``RECON_MODE`` / ``RECON_ENFORCE_KINDS`` / ``RECON_SHADOW_KINDS``, checked against the kinds."""
+    return modes_from_values(
+        config.get(MODE_ENV, environ), config.get(ENFORCE_KINDS_ENV, environ), config.get(SHADOW_KINDS_ENV, environ)
+    )
 
 
 def _check_database_url(environ: Mapping[str, str]) -> None:
-    from recon_dagster.db.engine import DATABASE_URL_ENV, InvalidDatabaseUrl, normalize_url
-
-    raw = environ.get(DATABASE_URL_ENV, "").strip()
+    raw = config.get(DATABASE_URL_ENV, environ)
     if raw:
         try:
             normalize_url(raw)
@@ -32,36 +57,8 @@ def _check_database_url(environ: Mapping[str, str]) -> None:
 
 
 def validate_settings(environ: Mapping[str, str] | None = None) -> None:
-    """Raise a one-line ``ValueError`` naming the first bad ``RECON_*`` setting."""
-    from recon_dagster.core import deadlines
-    from recon_dagster.core.kinds import precall_budget
-    from recon_dagster.defs.reconcile.sensors import sensor_interval_s
-    from recon_dagster.media.download import allowed_hosts_from_env
-    from recon_dagster.providers.limits import (
-        DEFAULT_LIMITS,
-        account_limits_from_env,
-        budget_migration_requested,
-        shared_limits_enabled,
-    )
-    from recon_dagster.reconcile.breaker import policy_from_env
-
+    """Raise a one-line ``ValueError`` naming the first bad setting."""
     env = dict(os.environ if environ is None else environ)
     _check_database_url(env)
-    check_knobs(env)
-    for reader in (
-        deadlines.poll_deadline_s,
-        deadlines.poll_max_bytes,
-        deadlines.media_deadline_s,
-        deadlines.media_min_bytes_per_s,
-    ):
-        reader(env)
-    policy_from_env(env)
-    precall_budget(env)
-    allowed_hosts_from_env(env)
-    sensor_interval_s(env)
-    shared_limits_enabled(env)
-    budget_migration_requested(env)
-    for provider in DEFAULT_LIMITS:
-        account_limits_from_env(provider, env)
-    _check_ui_url(env)
-    load_alert_hook(env)
+    config.validate(env)
+    shadow_modes(env)

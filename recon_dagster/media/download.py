@@ -35,7 +35,6 @@ redirect leaves the original origin.
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 import socket
 import time
@@ -45,6 +44,12 @@ from dataclasses import dataclass
 
 import httpx
 
+from recon_dagster import config
+from recon_dagster.config import (  # noqa: F401  (parse_allowed_hosts re-exported)
+    ALLOWED_HOSTS_ENV,
+    authority,
+    parse_allowed_hosts,
+)
 from recon_dagster.core.crashpoints import crash_point
 from recon_dagster.core.deadlines import exchange_deadline, guard_transports, sized_deadline_s
 from recon_dagster.media.errors import (
@@ -56,7 +61,6 @@ from recon_dagster.media.errors import (
 )
 
 MAX_REDIRECTS = 5
-ALLOWED_HOSTS_ENV = "RECON_MEDIA_ALLOWED_HOSTS"
 _REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
 _EXPIRED_CODES = frozenset({403, 404, 410})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -72,55 +76,17 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 # --- policy (pure) ---------------------------------------------------------------------------
 
 
-def parse_allowed_hosts(value: str | None) -> frozenset[str]:
-    """Parse ``host[:port],host[:port]`` into normalised entries; blanks are ignored.
-
-    IPv6 hosts are written in brackets (``[::1]:8080``). Raises ``ValueError`` naming a bad entry.
-    """
-    entries: set[str] = set()
-    for raw in (value or "").split(","):
-        entry = raw.strip().lower()
-        if not entry:
-            continue
-        host, port = _split_host_port(entry)
-        if not host:
-            raise ValueError(f"{ALLOWED_HOSTS_ENV}: entry {raw.strip()!r} has no host")
-        entries.add(_authority(host, port) if port is not None else host)
-    return frozenset(entries)
-
-
 def allowed_hosts_from_env(environ: Mapping[str, str] | None = None) -> frozenset[str]:
-    """Hosts allowed past the address check, from ``RECON_MEDIA_ALLOWED_HOSTS``."""
-    env = os.environ if environ is None else environ
-    return parse_allowed_hosts(env.get(ALLOWED_HOSTS_ENV))
-
-
-def _split_host_port(entry: str) -> tuple[str, int | None]:
-    if entry.startswith("["):
-        host, _, rest = entry[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-        if rest and not rest.startswith(":"):
-            raise ValueError(f"{ALLOWED_HOSTS_ENV}: bad entry {entry!r}")
-    elif entry.count(":") == 1:
-        host, _, port_text = entry.partition(":")
-    else:
-        # A bare IPv6 address without brackets, or a plain host.
-        host, port_text = entry, ""
-    if not port_text:
-        return host, None
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"{ALLOWED_HOSTS_ENV}: bad port in entry {entry!r}")
-    return host, int(port_text)
+    """Hosts allowed past the address check, from ``RECON_MEDIA_ALLOWED_HOSTS`` (its syntax is
+    ``config.parse_allowed_hosts``)."""
+    hosts: frozenset[str] = config.get(ALLOWED_HOSTS_ENV, environ)
+    return hosts
 
 
 def host_is_allowed(host: str, port: int, allowed_hosts: Collection[str]) -> bool:
     """True when ``host`` (any port) or ``host:port`` is listed."""
     host = host.lower()
-    return host in allowed_hosts or _authority(host, port) in allowed_hosts
-
-
-def _authority(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return host in allowed_hosts or authority(host, port) in allowed_hosts
 
 
 def is_public_address(address: str | IPAddress) -> bool:

@@ -18,6 +18,7 @@ import dagster as dg
 from dagster_aws.s3 import S3Resource
 from pydantic import Field, PrivateAttr
 
+from recon_dagster import config
 from recon_dagster.core.redaction import register_secret
 from recon_dagster.media.base import (
     DEFAULT_MEDIA_DIR,
@@ -166,12 +167,9 @@ def media_store_from_env() -> LocalMediaStore | S3MediaStore:
     Credentials and endpoint are passed as ``dg.EnvVar`` so their values never enter run config.
     Optional: ``RECON_S3_PREFIX``, ``RECON_S3_PUBLIC_BASE_URL``.
     """
-    env = os.environ
-    bucket = env.get("RECON_S3_BUCKET")
+    bucket = config.get("RECON_S3_BUCKET")
     if not bucket:
-        return LocalMediaStore(
-            base_dir=env.get("RECON_MEDIA_DIR") or os.path.join(os.getcwd(), DEFAULT_MEDIA_DIR)
-        )
+        return LocalMediaStore(base_dir=config.get("RECON_MEDIA_DIR") or os.path.join(os.getcwd(), DEFAULT_MEDIA_DIR))
     s3_fields: dict[str, Any] = {}
     for field, var in (
         ("endpoint_url", "RECON_S3_ENDPOINT_URL"),
@@ -180,11 +178,11 @@ def media_store_from_env() -> LocalMediaStore | S3MediaStore:
         ("region_name", "AWS_REGION"),
     ):
         # Unset variables stay unset so boto3's own credential chain (roles, profiles) applies.
-        if env.get(var):
+        if config.is_set(var):
             s3_fields[field] = dg.EnvVar(var)
     return S3MediaStore(
         s3=S3Resource(**s3_fields),
         bucket=bucket,
-        prefix=env.get("RECON_S3_PREFIX", ""),
-        public_base_url=env.get("RECON_S3_PUBLIC_BASE_URL") or None,
+        prefix=config.get("RECON_S3_PREFIX"),
+        public_base_url=config.get("RECON_S3_PUBLIC_BASE_URL") or None,
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from recon_dagster import config
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.reconcile.finalize import fail_and_refund
@@ -41,7 +42,7 @@ class Done:
 
 def os_user() -> str:
     """Who ran the CLI: the OS user (``RECON_OPERATOR`` overrides it, e.g. under sudo)."""
-    explicit = os.environ.get("RECON_OPERATOR", "").strip()
+    explicit = config.get("RECON_OPERATOR")
     if explicit:
         return explicit
     try:

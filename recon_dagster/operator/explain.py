@@ -20,6 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from recon_dagster import config
 from recon_dagster.core.runtags import RUN_KEY_TAG
 from recon_dagster.db.jobs import readable, readable_ts, unreadable_columns
 
@@ -124,8 +125,8 @@ def parse_job_id(raw: str) -> uuid.UUID:
 
 def ui_base_url(default: str | None = DEFAULT_UI_URL) -> str | None:
     """``RECON_DAGSTER_UI_URL`` without a trailing slash; ``default`` when unset (None: relative)."""
-    raw = os.environ.get(UI_URL_ENV, "").strip().rstrip("/")
-    return raw or default
+    configured: str | None = config.get(UI_URL_ENV)
+    return configured or default
 
 
 def run_url(run_id: str, base: str | None) -> str:

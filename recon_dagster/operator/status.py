@@ -7,14 +7,13 @@ reconcile cadence (with the next attempt's time), or not yet at its first provid
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 
-from recon_dagster.core.kinds import MAX_ATTEMPTS
+from recon_dagster import config
 from recon_dagster.db.engine import get_engine
 from recon_dagster.db.jobs import inflight_counts, readable, scan_stale
 
@@ -95,7 +94,7 @@ def print_status() -> int:
     if not rows:
         print("no jobs in flight")
         return 0
-    cap = int(os.environ.get("RECON_MAX_ATTEMPTS", "").strip() or MAX_ATTEMPTS)
+    cap = config.get("RECON_MAX_ATTEMPTS")
     header = (
         f"{'provider_kind':<21} {'inflight':>8} {'stale':>5} {'due':>5} {'leased':>6} {'cadence':>7} "
         f"{'precall':>7} {'attempts':>8}  next attempt (UTC)"

@@ -5,15 +5,20 @@ them across processes is ``providers/limits.py``."""
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from recon_dagster import config
+from recon_dagster.config import (  # noqa: F401  (re-exported: the bounds and the error of a budget)
+    MAX_CONCURRENCY,
+    MAX_REQUESTS,
+    MAX_WINDOW_S,
+    MIN_WINDOW_S,
+    LimitsConfigError,
+    parse_limit_overrides,
+)
+
 LIMITS_MODE_ENV = "RECON_LIMITS"  # "database" (default) or "process"
-
-
-class LimitsConfigError(ValueError):
-    """A malformed ``RECON_LIMIT_*`` value; the message names the variable."""
 
 
 @dataclass(frozen=True)
@@ -88,95 +93,27 @@ DEFAULT_LIMITS: dict[str, AccountLimits] = {
 }
 
 
-# Bounds of a configured budget (README, Configuration): beyond them a value is a typo, and an
-# absurd one hangs the account (a billion slot rows, a window of a nanosecond or of forever).
-MAX_REQUESTS = 1_000_000
-MIN_WINDOW_S = 1.0
-MAX_WINDOW_S = 86_400.0
-MAX_CONCURRENCY = 1_000
-UNLIMITED = ("none", "off")
-
-
-def _parse_budget(name: str, text: str) -> Budget | None:
-    if text.lower() in UNLIMITED:
-        return None
-    count, _, window = text.partition("/")
-    shape = f"{name}: a budget is N/SECONDS (e.g. 600/60) or none"
-    try:
-        requests = int(count)
-        window_s = float(window.removesuffix("s") or 60)
-    except ValueError:
-        raise LimitsConfigError(f"{shape}, got {text!r}") from None
-    if not 1 <= requests <= MAX_REQUESTS:
-        raise LimitsConfigError(
-            f"{shape}, with N from 1 to {MAX_REQUESTS} ('none' for unlimited), got {text!r}"
-        )
-    if not (math.isfinite(window_s) and MIN_WINDOW_S <= window_s <= MAX_WINDOW_S):
-        raise LimitsConfigError(
-            f"{shape}, with SECONDS from {MIN_WINDOW_S:g} to {MAX_WINDOW_S:g}, got {text!r}"
-        )
-    return Budget(requests, window_s)
-
-
-def _parse_concurrency(name: str, value: str) -> int | None:
-    if value.lower() in UNLIMITED:
-        return None
-    if not value.isdigit() or not 1 <= int(value) <= MAX_CONCURRENCY:
-        raise LimitsConfigError(
-            f"{name}: concurrency is a whole number from 1 to {MAX_CONCURRENCY} or none, got {value!r}"
-        )
-    return int(value)
-
-
 def parse_account_limits(name: str, raw: str, default: AccountLimits) -> AccountLimits:
-    """``RECON_LIMIT_<PROVIDER>``: comma-separated ``reads=N/S``, ``creates=N/S``,
-    ``concurrency=N|none``, ``kind_share=F``, ``account=NAME``; omitted fields keep ``default``.
-    Every value is checked against the bounds above; ``none`` is the only way to say unlimited."""
-    limits = replace(default, source=name)
-    for part in filter(None, (p.strip() for p in raw.split(","))):
-        key, sep, value = part.partition("=")
-        key, value = key.strip().lower(), value.strip()
-        if not sep or not value:
-            raise LimitsConfigError(f"{name}: expected key=value, got {part!r}")
-        if key == "reads":
-            limits = replace(limits, reads=_parse_budget(name, value))
-        elif key == "creates":
-            limits = replace(limits, creates=_parse_budget(name, value))
-        elif key == "concurrency":
-            limits = replace(limits, concurrency=_parse_concurrency(name, value))
-        elif key == "kind_share":
-            try:
-                share = float(value)
-            except ValueError:
-                share = math.nan
-            if not 0 < share <= 1:  # NaN fails this too
-                raise LimitsConfigError(f"{name}: kind_share must be a number in (0, 1], got {value!r}")
-            limits = replace(limits, kind_share=share)
-        elif key == "account":
-            limits = replace(limits, account=value)
-        else:
-            raise LimitsConfigError(
-                f"{name}: unknown field {key!r} (reads, creates, concurrency, kind_share, account)"
-            )
-    return limits
+    """``default`` overridden by the fields of a ``RECON_LIMIT_<PROVIDER>`` value (the syntax
+    and its bounds are declared in ``recon_dagster.config``)."""
+    return _with_overrides(name, default, parse_limit_overrides(name, raw))
+
+
+def _with_overrides(name: str, default: AccountLimits, fields: dict[str, Any]) -> AccountLimits:
+    budgets = {k: Budget(*v) if v is not None else None for k, v in fields.items() if k in ("reads", "creates")}
+    return replace(default, source=name, **{**fields, **budgets})
 
 
 def account_limits_from_env(provider: str, environ: dict[str, str] | None = None) -> AccountLimits:
     """The budget of ``provider``'s account: its default, overridden by ``RECON_LIMIT_<PROVIDER>``."""
-    env = os.environ if environ is None else environ
     name = f"RECON_LIMIT_{provider.upper()}"
-    return parse_account_limits(name, env.get(name, ""), DEFAULT_LIMITS[provider])
+    return _with_overrides(name, DEFAULT_LIMITS[provider], config.get(name, environ))
 
 
 def shared_limits_enabled(environ: dict[str, str] | None = None) -> bool:
     """``RECON_LIMITS``: ``database`` (default) shares budgets through PostgreSQL; ``process``
     keeps today's per-process limiter only (for comparison, or a deployment of one process)."""
-    raw = (os.environ if environ is None else environ).get(LIMITS_MODE_ENV, "").strip().lower()
-    if raw in ("", "database", "shared"):
-        return True
-    if raw in ("process", "local"):
-        return False
-    raise LimitsConfigError(f"{LIMITS_MODE_ENV} must be 'database' or 'process', got {raw!r}")
+    return bool(config.get(LIMITS_MODE_ENV, environ))
 
 
 def resource_limit_fields(provider: str, environ: dict[str, str] | None = None) -> dict[str, Any]:
@@ -239,12 +176,7 @@ MIGRATE_ENV = "RECON_LIMITS_MIGRATE"
 
 def budget_migration_requested(environ: dict[str, str] | None = None) -> bool:
     """``RECON_LIMITS_MIGRATE=1``: this process's budgets replace the account's rows."""
-    raw = (os.environ if environ is None else environ).get(MIGRATE_ENV, "").strip().lower()
-    if raw in ("", "0", "false", "no"):
-        return False
-    if raw in ("1", "true", "yes"):
-        return True
-    raise LimitsConfigError(f"{MIGRATE_ENV} must be 1 or 0, got {raw!r}")
+    return bool(config.get(MIGRATE_ENV, environ))
 
 
 def _describe_bucket(rate: float, burst: float) -> str:

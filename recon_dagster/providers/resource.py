@@ -6,6 +6,7 @@ import os
 
 import dagster as dg
 
+from recon_dagster import config
 from recon_dagster.core.kinds import Provider, get_kind
 from recon_dagster.core.redaction import register_secret
 from recon_dagster.providers.anthropic import ANTHROPIC_BASE_URL, AnthropicResource
@@ -99,7 +100,7 @@ class ProvidersResource(dg.ConfigurableResource):
 
 def _base_url(name: str, default: str) -> str:
     # An optional env var: an EnvVar only when set, since Dagster fails on an unset EnvVar.
-    return dg.EnvVar(name) if os.environ.get(name) else default
+    return dg.EnvVar(name) if config.is_set(name) else default
 
 
 def providers_from_env() -> ProvidersResource:

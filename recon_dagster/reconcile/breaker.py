@@ -22,7 +22,6 @@ policy at most 5 jobs of a kind are failed and refunded per burst.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import Counter
@@ -42,10 +41,6 @@ from recon_dagster.reconcile.decide import BreakerPolicy, Decision, decide_on_st
 
 log = logging.getLogger("recon_dagster.reconcile.breaker")
 
-BURST_ENV = "RECON_NOT_FOUND_BURST"
-SHARE_ENV = "RECON_NOT_FOUND_SHARE"
-WINDOW_ENV = "RECON_NOT_FOUND_WINDOW_S"
-
 # One ERROR line per provider per process this often while its breaker is open; every held job
 # still says why in its own reconcile_last_error and reconcile event.
 LOUD_EVERY_S = 60.0
@@ -59,29 +54,6 @@ PRUNE_BATCH = 500
 # see (a stricter breaker, never a looser one); a crash loses at most one batch of them.
 FLUSH_EVERY = 50
 FLUSH_AFTER_S = 1.0
-
-
-def _env(environ: Mapping[str, str], name: str, default: float, cast: type, low: float, high: float) -> float:
-    raw = environ.get(name, "").strip()
-    try:
-        value = cast(raw) if raw else default
-    except ValueError:
-        value = None
-    if value is None or not low <= value <= high:
-        raise ValueError(f"{name} must be a number from {low:g} to {high:g}, got {raw!r}")
-    return value
-
-
-def policy_from_env(environ: Mapping[str, str] | None = None) -> BreakerPolicy:
-    """``RECON_NOT_FOUND_BURST`` (5), ``RECON_NOT_FOUND_SHARE`` (0.5), ``RECON_NOT_FOUND_WINDOW_S``
-    (600); a malformed value is an error naming the variable."""
-    env = os.environ if environ is None else environ
-    d = BreakerPolicy()
-    return BreakerPolicy(
-        burst=int(_env(env, BURST_ENV, d.burst, int, 0, 1_000_000)),
-        share=float(_env(env, SHARE_ENV, d.share, float, 0.0, 0.999)),
-        window_s=float(_env(env, WINDOW_ENV, d.window_s, float, 1.0, 7 * 24 * 3600.0)),
-    )
 
 
 def provider_of(provider_kind: str) -> str:
@@ -200,7 +172,9 @@ class NotFoundBreaker:
 
     def __init__(self, engine: sa.Engine, policy: BreakerPolicy | None = None) -> None:
         self.engine = engine
-        self.policy = policy or policy_from_env()
+        # The configured policy is passed in by the definitions (defs/settings_check.py); the
+        # domain reads no settings itself.
+        self.policy = policy or BreakerPolicy()
         self._loud_at: dict[str, float] = {}
         self._lock = threading.Lock()
         self._pending: Counter[tuple[str, str]] = Counter()  # (provider, kind) -> answers not written yet

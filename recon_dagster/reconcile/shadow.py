@@ -15,10 +15,9 @@ under a per-job lock, so two runs never record the same job twice in one cadence
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -65,8 +64,7 @@ class Modes:
         return self.default == SHADOW or bool(self.shadow)
 
 
-def _kinds(env: Mapping[str, str], name: str) -> frozenset[str]:
-    names = frozenset(k.strip() for k in env.get(name, "").split(",") if k.strip())
+def _known_kinds(name: str, names: frozenset[str]) -> frozenset[str]:
     unknown = sorted(names - KINDS.keys())
     if unknown:
         raise ValueError(
@@ -75,14 +73,11 @@ def _kinds(env: Mapping[str, str], name: str) -> frozenset[str]:
     return names
 
 
-def modes_from_env(environ: Mapping[str, str] | None = None) -> Modes:
-    """``RECON_MODE`` / ``RECON_ENFORCE_KINDS`` / ``RECON_SHADOW_KINDS``; a bad value is a ValueError
-    naming the variable."""
-    env = os.environ if environ is None else environ
-    default = env.get(MODE_ENV, "").strip().lower() or ENFORCE
-    if default not in (SHADOW, ENFORCE):
-        raise ValueError(f"{MODE_ENV} must be shadow or enforce, got {env.get(MODE_ENV)!r}")
-    enforce, shadow = _kinds(env, ENFORCE_KINDS_ENV), _kinds(env, SHADOW_KINDS_ENV)
+def modes_from_values(default: str, enforce: frozenset[str], shadow: frozenset[str]) -> Modes:
+    """The modes of ``RECON_MODE`` / ``RECON_ENFORCE_KINDS`` / ``RECON_SHADOW_KINDS`` as read by the
+    caller (``recon_dagster.config``); a kind unknown, or in both lists, is a ValueError naming the
+    variable."""
+    enforce, shadow = _known_kinds(ENFORCE_KINDS_ENV, enforce), _known_kinds(SHADOW_KINDS_ENV, shadow)
     both = sorted(enforce & shadow)
     if both:
         raise ValueError(f"{SHADOW_KINDS_ENV} and {ENFORCE_KINDS_ENV} both name {', '.join(both)}")
@@ -108,11 +103,12 @@ def recently_decided(
     return {uuid.UUID(str(j)) for j in rows}
 
 
-def scan_due(conn: sa.Connection, limit: int, cadence: timedelta, *, cap: int | None = None) -> list[JobRow]:
+def scan_due(
+    conn: sa.Connection, limit: int, cadence: timedelta, *, modes: Modes, cap: int | None = None
+) -> list[JobRow]:
     """The stale scan, minus shadowed jobs decided within the cadence. The scan is widened by the
     number of such decisions, so the jobs they hide never hide the rest (shadow writes no
     ``reconcile_next_at``). Without any shadowed kind this is ``scan_stale`` itself."""
-    modes = modes_from_env()
     if not modes.any_shadow:
         return jobs_db.scan_stale(conn, limit)
     recent = conn.execute(
@@ -275,9 +271,8 @@ class ShadowReconciler(Reconciler):
         return len(rows), failed + enforced + self.decide(self.poll(shadowed))
 
 
-def make_reconciler(*args: Any, **kwargs: Any) -> Reconciler:
-    """The reconciler the runs use: the plain one, or one that shadows the kinds configured so."""
-    modes = modes_from_env()
+def make_reconciler(*args: Any, modes: Modes, **kwargs: Any) -> Reconciler:
+    """The reconciler the runs use: the plain one, or one that shadows the kinds ``modes`` says."""
     if modes.any_shadow:
         return ShadowReconciler(*args, modes=modes, **kwargs)
     return Reconciler(*args, **kwargs)

@@ -22,16 +22,10 @@ import sqlalchemy as sa
 
 from recon_dagster.defs.observe.answers import no_not_found_burst
 from recon_dagster.defs.resources import DatabaseResource
+from recon_dagster.defs.settings_check import BURST_ENV, SHARE_ENV, WINDOW_ENV, breaker_policy
 from recon_dagster.media.store import LocalMediaStore
 from recon_dagster.providers import providers_from_env
-from recon_dagster.reconcile.breaker import (
-    BURST_ENV,
-    SHARE_ENV,
-    WINDOW_ENV,
-    NotFoundBreaker,
-    policy_from_env,
-    provider_windows,
-)
+from recon_dagster.reconcile.breaker import NotFoundBreaker, provider_windows
 from recon_dagster.reconcile.decide import BreakerPolicy, Outcome
 from recon_dagster.reconcile.reconciler import Reconciler, ReconcileSettings
 from recon_dagster.sandbox import Scenario
@@ -138,7 +132,7 @@ def test_a_burst_of_not_found_from_two_processes_fails_at_most_the_burst_thresho
     outcomes = [o.outcome.value for o in local] + json.loads(remote.strip().splitlines()[-1])
     failed = outcomes.count(Outcome.FAILED.value)
     # Only answers that commit among the first `burst` can see a closed breaker (see breaker.py).
-    assert failed <= policy_from_env().burst, outcomes
+    assert failed <= breaker_policy().burst, outcomes
     assert outcomes.count(Outcome.ERROR.value) == len(jobs) - failed
     statuses = _statuses(db, jobs)
     assert statuses.get("failed", 0) == failed and statuses["processing"] == len(jobs) - failed
@@ -209,13 +203,13 @@ def test_the_health_job_runs_the_check_and_it_fails_during_a_burst(db, sandbox, 
     assert evaluations["no_not_found_burst"].passed is False
 
 
-def test_breaker_policy_from_env(monkeypatch):
-    assert policy_from_env({}) == BreakerPolicy()
+def test_breaker_breaker_policy(monkeypatch):
+    assert breaker_policy({}) == BreakerPolicy()
     env = {BURST_ENV: "20", SHARE_ENV: "0.8", WINDOW_ENV: "120"}
-    assert policy_from_env(env) == BreakerPolicy(burst=20, share=0.8, window_s=120.0)
+    assert breaker_policy(env) == BreakerPolicy(burst=20, share=0.8, window_s=120.0)
     for name, bad in ((BURST_ENV, "x"), (BURST_ENV, "-1"), (SHARE_ENV, "1.5"), (WINDOW_ENV, "0")):
         with pytest.raises(ValueError, match=name):
-            policy_from_env({name: bad})
+            breaker_policy({name: bad})
 
 
 def test_a_smaller_configured_burst_opens_sooner(db, sandbox, media_dir):
@@ -285,7 +279,7 @@ def test_not_found_breaker_counts_per_kind_whatever_the_providers_other_traffic(
 ):
     # 40 healthy answers of one kind fill the provider's window; then 15 tasks of a sibling kind
     # of the same provider answer not-found. The healthy traffic must not dilute that burst.
-    burst = policy_from_env().burst
+    burst = breaker_policy().burst
     running = [
         _stale(db, healthy, task_id=sandbox.add_task(healthy, Scenario(outcome="run_forever")))[1]
         for _ in range(40)
@@ -309,7 +303,7 @@ def test_not_found_breaker_counts_per_kind_whatever_the_providers_other_traffic(
 def test_not_found_breaker_per_kind_with_traffic_of_other_providers_and_kinds(db, sandbox, media_dir):
     # Healthy traffic of every other provider and of two sibling kinds, interleaved with the burst
     # in one batch: still at most the burst of the bursting kind fails.
-    burst = policy_from_env().burst
+    burst = breaker_policy().burst
     healthy = [
         _stale(db, kind, task_id=sandbox.add_task(kind, Scenario(outcome="run_forever")))[1]
         for kind in ("replicate-prediction", "kie-veo", "elevenlabs-async", "kie-standard") * 10

@@ -14,7 +14,8 @@ import sqlalchemy as sa
 
 from recon_dagster.cli.commands import main
 from recon_dagster.defs.resources import DatabaseResource
-from recon_dagster.reconcile.shadow import Modes, modes_from_env
+from recon_dagster.defs.settings_check import shadow_modes
+from recon_dagster.reconcile.shadow import Modes
 from recon_dagster_tests.reconcile.test_plan import EXPECTED
 from recon_dagster_tests.support.reconcile import make_defs, tick
 from recon_dagster_tests.support.world import LIMITER_TABLES, fingerprint, seed_world
@@ -32,11 +33,11 @@ ENFORCED = {
 }
 
 
-def test_modes_from_env() -> None:
-    assert modes_from_env({}) == Modes()
-    m = modes_from_env({"RECON_MODE": "shadow", "RECON_ENFORCE_KINDS": "kie-veo, kie-suno"})
+def test_shadow_modes() -> None:
+    assert shadow_modes({}) == Modes()
+    m = shadow_modes({"RECON_MODE": "shadow", "RECON_ENFORCE_KINDS": "kie-veo, kie-suno"})
     assert m.shadowed("kie-standard") and m.shadowed(None) and not m.shadowed("kie-veo")
-    m = modes_from_env({"RECON_SHADOW_KINDS": "kie-veo"})
+    m = shadow_modes({"RECON_SHADOW_KINDS": "kie-veo"})
     assert m.shadowed("kie-veo") and not m.shadowed("kie-standard") and not m.shadowed(None)
     for env, words in (
         ({"RECON_MODE": "dry"}, "RECON_MODE must be shadow or enforce, got 'dry'"),
@@ -47,7 +48,7 @@ def test_modes_from_env() -> None:
         ({"RECON_SHADOW_KINDS": "kie-veo", "RECON_ENFORCE_KINDS": "kie-veo"}, "both name kie-veo"),
     ):
         with pytest.raises(ValueError, match=r"^RECON_") as err:
-            modes_from_env(env)
+            shadow_modes(env)
         assert words in str(err.value) and "\n" not in str(err.value)
 
 

@@ -5,7 +5,8 @@ import dagster as dg
 
 from recon_dagster.defs.observe.backlog import BACKLOG
 from recon_dagster.defs.resources import DatabaseResource
-from recon_dagster.reconcile.breaker import policy_from_env, provider_windows
+from recon_dagster.defs.settings_check import breaker_policy
+from recon_dagster.reconcile.breaker import provider_windows
 
 
 @dg.asset_check(
@@ -16,7 +17,7 @@ from recon_dagster.reconcile.breaker import policy_from_env, provider_windows
     "counts attempts instead of failing and refunding on not-found for that kind.",
 )
 def no_not_found_burst(database: DatabaseResource) -> dg.AssetCheckResult:
-    policy = policy_from_env()
+    policy = breaker_policy()
     with database.get_engine().connect() as conn:
         windows = provider_windows(conn, policy)
     tripped = [w.name for w in windows if w.is_open]

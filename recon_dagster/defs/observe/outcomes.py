@@ -15,7 +15,8 @@ import dagster as dg
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from recon_dagster.config import ALERT_HOOK_ENV, load_alert_hook
+from recon_dagster import config
+from recon_dagster.config import ALERT_HOOK_ENV
 from recon_dagster.core.kinds import KIND_NAMES, KINDS, Provider
 from recon_dagster.core.runtags import run_label
 from recon_dagster.defs.resources import DatabaseResource
@@ -279,7 +280,7 @@ HEALTH_ASSETS = (ANOMALIES, ERROR_RATES)
 def _alert_hook():  # noqa: ANN202
     """``RECON_ALERT_HOOK=package.module:function``: called with the failure context. Unset: the
     sensor only logs (no outbound call is made by default). Checked when the definitions load."""
-    return load_alert_hook()
+    return config.get(ALERT_HOOK_ENV)
 
 
 def failure_reason(step_failures: Sequence[dg.DagsterEvent], fallback: str | None) -> str:

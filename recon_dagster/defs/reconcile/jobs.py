@@ -22,9 +22,11 @@ from recon_dagster.defs.observe.health import report_health
 from recon_dagster.defs.observe.outcomes import provider_kind_partitions, report_outcomes
 from recon_dagster.defs.observe.severity import flag_money
 from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
+from recon_dagster.defs.settings_check import breaker_policy, shadow_modes
 from recon_dagster.media.store import MediaStore
 from recon_dagster.providers import ProvidersResource
 from recon_dagster.reconcile.batches import next_attempt
+from recon_dagster.reconcile.breaker import NotFoundBreaker
 from recon_dagster.reconcile.decide import Outcome
 from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler, Step, Summary
 from recon_dagster.reconcile.shadow import make_reconciler
@@ -104,10 +106,13 @@ def _reconciler(
     on_outcome: _OutcomeLog,
 ) -> Reconciler:
     upstream: Any = providers if providers is not None else _NoUpstream()
+    engine = database.get_engine()
     return make_reconciler(  # the plain Reconciler, or one shadowing some kinds (RECON_MODE)
-        database.get_engine(),
+        engine,
         upstream,
         media_store,
+        modes=shadow_modes(),
+        breaker=NotFoundBreaker(engine, breaker_policy()),
         settings=reconcile_settings.settings(),
         media_policy=reconcile_settings.media_policy(upstream.media_headers),
         on_outcome=on_outcome,

@@ -4,7 +4,6 @@ Evaluating the sensor writes nothing (a UI preview or a daemon that dies before 
 no job row): the lease is taken by each run when it starts (``claim_and_poll``).
 """
 
-import os
 import time
 import uuid
 from collections import Counter
@@ -12,14 +11,16 @@ from collections.abc import Mapping
 
 import dagster as dg
 
+from recon_dagster import config
 from recon_dagster.core.kinds import KINDS
 from recon_dagster.db.engine import DatabaseUnavailable
 from recon_dagster.defs.reconcile.jobs import reconcile_job
 from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
+from recon_dagster.defs.settings_check import shadow_modes
 from recon_dagster.providers.limits import batch_size_within_budgets
 from recon_dagster.reconcile.batches import Batch, plan_batches
 from recon_dagster.reconcile.reconciler import Summary, outcomes_since
-from recon_dagster.reconcile.shadow import modes_from_env, scan_due
+from recon_dagster.reconcile.shadow import scan_due
 
 # The scan never reads more rows than this in one tick, however many jobs wait in queued runs.
 MAX_SCAN = 50_000
@@ -28,14 +29,8 @@ MAX_SCAN = 50_000
 def sensor_interval_s(environ: Mapping[str, str] | None = None) -> int:
     """``RECON_SENSOR_INTERVAL_S`` (default 30): seconds between ticks; tests and benchmarks
     shorten it (the daemon's sensor loop itself wakes every 5 s at most)."""
-    raw = (os.environ if environ is None else environ).get("RECON_SENSOR_INTERVAL_S", "").strip()
-    try:
-        value = int(raw) if raw else 30
-    except ValueError:
-        raise ValueError(f"RECON_SENSOR_INTERVAL_S must be a whole number of seconds, got {raw!r}") from None
-    if not 1 <= value <= 86_400:
-        raise ValueError(f"RECON_SENSOR_INTERVAL_S must be from 1 to 86400, got {raw!r}")
-    return value
+    seconds: int = config.get("RECON_SENSOR_INTERVAL_S", environ)
+    return seconds
 
 
 # Runs whose jobs are spoken for. NOT_STARTED is left out on purpose: that is a run the daemon
@@ -161,11 +156,12 @@ def stale_inflight_jobs_sensor(
     # Jobs waiting in queued runs are stale and unleased, so the scan returns them too: look past
     # them, or a deep queue would hide every job behind it.
     limit = min(reconcile_settings.scan_limit + len(busy), MAX_SCAN)
+    modes = shadow_modes()
     try:
         engine = database.get_engine()
         with engine.connect() as conn:
             # Minus shadowed jobs decided within the cadence (RECON_MODE): shadow writes no job row.
-            rows = scan_due(conn, limit, reconcile_settings.settings().cadence, cap=MAX_SCAN)
+            rows = scan_due(conn, limit, reconcile_settings.settings().cadence, modes=modes, cap=MAX_SCAN)
             previous = outcomes_since(conn, since)
     except DatabaseUnavailable as exc:
         return dg.SkipReason(f"database unavailable, nothing scanned: {exc}")
@@ -185,7 +181,7 @@ def stale_inflight_jobs_sensor(
         )
     batches, stubborn = fresh_keys(context.instance, batches)
     for b in stubborn:
-        if modes_from_env().shadowed(b.provider_kind):
+        if modes.shadowed(b.provider_kind):
             continue  # shadow runs leave no trace on their jobs: re-keyed every cadence by design
         context.log.error(
             f"runs of {b.work_key} ({len(b.claims)} job(s)) keep ending before they claim their jobs; "
