@@ -91,7 +91,7 @@ def as_cli_error(exc: BaseException) -> CliError:
     ):
         return CliError(f"the database schema is behind this code ({_one_line(str(exc.orig))})", FIX_MIGRATE)
     if isinstance(exc, ValueError) and str(exc).startswith(("RECON_", "DAGSTER_")):
-        return CliError(str(exc), "fix that environment variable (README: Configuration)")
+        return CliError(str(exc), "fix that environment variable (docs/configuration.md)")
     return CliError(f"unexpected {type(exc).__name__}: {_one_line(str(exc))}", FIX_DEBUG)
 
 

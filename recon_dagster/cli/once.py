@@ -106,7 +106,7 @@ def _explain_error(text: str) -> str:
 
 def _fix_for(messages: list[str]) -> str:
     if any(m.startswith("environment variable") for m in messages):
-        return "set it (README: Configuration) and run `recon-dagster reconcile --once` again"
+        return "set it (docs/configuration.md) and run `recon-dagster reconcile --once` again"
     if any("database unavailable" in m for m in messages):
         return FIX_UNAVAILABLE
     if messages and all("every job of this run errored" in m for m in messages):

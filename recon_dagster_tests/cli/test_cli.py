@@ -246,7 +246,7 @@ def test_a_failed_run_is_a_summary_line_not_dagsters_harness_output(db, tmp_path
     assert re.fullmatch(
         r"1 of 2 runs failed: reconcile_job \(kie-standard\): environment variable \w+ is not set", what
     ), what
-    assert fix == "set it (README: Configuration) and run `recon-dagster reconcile --once` again"
+    assert fix == "set it (docs/configuration.md) and run `recon-dagster reconcile --once` again"
     assert re.search(r"^\[reconcile\] scanned=\d+ .* runs=2 failedRuns=1$", out.stdout, re.M), out.stdout
     assert "ERROR" not in out.stderr
 
