@@ -240,3 +240,17 @@ def test_each_run_adds_a_point_to_its_providers_outcome_series(db, instance, med
     assert sum(p["recovered/kie-standard"].value for p in points) == 2
     assert sum(p["failed_refunded/kie-veo"].value for p in points) == 1
     assert instance.fetch_materializations(provider_outcomes_key("replicate"), limit=1).records == []
+
+
+def test_a_swept_job_finds_its_sweep_run_by_its_tag(db, instance, media_dir):
+    user = make_user(db, sub=100, topup=50)
+    swept = make_job(db, user, provider_kind="kie-standard", created_minutes_ago=181)  # never called upstream
+    young = make_job(db, user, provider_kind="kie-standard", created_minutes_ago=5)
+    reserve(db, swept, user, 10, from_sub=10, from_topup=0)
+    reserve(db, young, user, 10, from_sub=10, from_topup=0)
+
+    res = make_defs(media_dir).resolve_job_def("sync_sweep_job").execute_in_process(instance=instance)
+
+    assert job_row(db, swept)["status"] == "failed"
+    assert [r.run_id for r in _runs_of(instance, swept)] == [res.run_id]
+    assert _runs_of(instance, young) == []  # not swept: not tagged

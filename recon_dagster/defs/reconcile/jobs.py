@@ -353,6 +353,9 @@ def sweep_unrecoverable_jobs(
         scanned, outcomes = rec.sweep_stale(f"sweep:{context.run_id}", limit=reconcile_settings.scan_limit)
     finally:
         outcome_log.flush()
+    # The sweep learns its jobs only by sweeping: each job it settled tags it afterwards, so the
+    # Runs page's tag filter finds a swept job's run as it finds a reconciled job's.
+    _tag_jobs(context, [o.job_id for o in outcomes if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE)])
     report_outcomes(context, outcomes, database)
     summary = Summary(scanned=scanned).add(outcomes)
     summary.elapsed_ms = int((time.monotonic() - started) * 1000)
