@@ -254,3 +254,32 @@ def test_a_swept_job_finds_its_sweep_run_by_its_tag(db, instance, media_dir):
     assert job_row(db, swept)["status"] == "failed"
     assert [r.run_id for r in _runs_of(instance, swept)] == [res.run_id]
     assert _runs_of(instance, young) == []  # not swept: not tagged
+
+
+def _row_tags(tags: dict[str, str]) -> set[str]:
+    """The tags the Dagster 1.13 runs list prints on a run's row: never a hidden key
+    (``.dagster/``); of Dagster's own (``dagster/``), only the partition and the backfill."""
+    return {
+        k
+        for k in tags
+        if not k.startswith(".dagster/") and (not k.startswith("dagster/") or k in ("dagster/partition", "dagster/backfill"))
+    }
+
+
+def test_a_reconcile_runs_row_shows_only_what_the_run_queue_limits_by(db, instance, media_dir, sandbox):
+    import yaml
+
+    from recon_dagster.core.paths import project_root
+
+    single = _stuck(db, sandbox, "kie-standard")
+    batch = [_stuck(db, sandbox, "replicate-prediction") for _ in range(4)]
+    tick(make_defs(media_dir, single_run_below=2), instance)
+
+    runs = {r.tags["recon/provider_kind"]: r for r in instance.get_runs()}
+    limited = {x["key"] for x in yaml.safe_load((project_root() / "dagster.yaml").read_text())["run_queue"]["tag_concurrency_limits"]}
+    for kind, jobs in (("kie-standard", [single]), ("replicate-prediction", batch)):
+        run = runs[kind]
+        shown = _row_tags(run.tags) - {"recon/trigger"}  # reconcile --once marks its runs
+        assert shown == {*limited, "dagster/partition"}, sorted(shown)
+        assert len(shown) == 4
+        assert {str(j) for j in jobs} <= {k.removeprefix(".dagster/recon-job-") for k in run.tags}

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from recon_dagster.core.kinds import MAX_ATTEMPTS
+from recon_dagster.core.runtags import ATTEMPT_TAG, tagged_job_ids
 from recon_dagster.db.engine import libpq_url
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.support.factories import balances, job_row, make_job, make_user, reserve
@@ -284,9 +285,9 @@ def test_sensor_requests_partitioned_runs_with_deterministic_keys_and_tags(db, i
     [rr] = result.run_requests
     assert rr.partition_key == "replicate-prediction"
     assert rr.run_key == f"{job}:1"
-    assert rr.tags["recon/job_id"] == str(job)
+    assert tagged_job_ids(rr.tags) == {str(job)}
     assert rr.tags["recon/provider_kind"] == "replicate-prediction"
-    assert rr.tags["recon/attempt"] == "1"
+    assert rr.tags[ATTEMPT_TAG] == "1"
     # Nothing is leased by the sensor: a second tick plans the same attempt under the same key,
     # which Dagster never launches twice.
     assert [r.run_key for r in evaluate_sensor(defs, instance).run_requests] == [rr.run_key]

@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 
 from recon_dagster.core.kinds import KINDS
-from recon_dagster.core.runtags import job_tags, kind_tags
+from recon_dagster.core.runtags import ROLE_TAG, job_tags, kind_tags
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim
 from recon_dagster.defs.observe.health import report_health
@@ -377,7 +377,7 @@ reconcile_partitions = dg.PartitionedConfig(
     description="Reconcile stale in-flight jobs of one provider kind: claim and poll, then finalize, "
     "fail and refund, or count the attempt; record the outcomes. Runs are requested by the sensor; "
     "launched without job ids (Launchpad, backfill) a run works its partition's due jobs.",
-    tags={"recon/role": "reconcile"},
+    tags={ROLE_TAG: "reconcile"},
 )
 def reconcile_job() -> None:
     settled, succeeded, failed, unfinished = claim_and_poll()
@@ -387,7 +387,7 @@ def reconcile_job() -> None:
 @dg.job(
     executor_def=dg.in_process_executor,
     description="Phase 2 sweep: stale rows that cannot be recovered are failed and refunded.",
-    tags={"recon/role": "sweep"},
+    tags={ROLE_TAG: "sweep"},
 )
 def sync_sweep_job() -> None:
     sweep_unrecoverable_jobs()
