@@ -4,11 +4,13 @@ Evaluating the sensor writes nothing (a UI preview or a daemon that dies before 
 no job row): the lease is taken by each run when it starts (``claim_and_poll``).
 """
 
+import json
 import os
 import time
 import uuid
 from collections import Counter
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 import dagster as dg
 
@@ -70,6 +72,31 @@ UNSTARTED_RUNS_LOUD = 3
 # never holds it until one of its long runs ends.
 SMALL_RUN_PRIORITY = 10
 SMALL_RUN_JOBS = 16
+
+
+CURSOR_KEY = "previous_tick"
+
+
+def write_cursor(at: float) -> str:
+    """The sensor's cursor: when this tick read the outcomes, in ISO 8601 UTC (readable on the
+    sensor's page, unlike the bare epoch float of older releases)."""
+    return json.dumps({CURSOR_KEY: datetime.fromtimestamp(at, UTC).isoformat()})
+
+
+def read_cursor(cursor: str | None) -> float | None:
+    """The previous tick's time from a cursor of this release or an older one (a bare epoch
+    float); None when there is none or it cannot be read (someone edited it)."""
+    if not cursor:
+        return None
+    try:
+        return float(cursor)
+    except ValueError:
+        pass
+    try:
+        at = datetime.fromisoformat(json.loads(cursor)[CURSOR_KEY])
+    except (ValueError, TypeError, KeyError):
+        return None
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
 
 def lane_tags(batch: Batch) -> dict[str, str]:
@@ -160,7 +187,11 @@ def stale_inflight_jobs_sensor(
     """Scan, plan, request: reads the jobs table and the instance's runs, writes neither."""
     started = time.monotonic()
     now = time.time()
-    since = float(context.cursor) if context.cursor else now
+    since = read_cursor(context.cursor)
+    if since is None:
+        if context.cursor:
+            context.log.warning(f"unreadable cursor {context.cursor!r}: outcomes are counted from this tick on")
+        since = now
     busy = jobs_in_active_runs(context.instance)
     # Jobs waiting in queued runs are stale and unleased, so the scan returns them too: look past
     # them, or a deep queue would hide every job behind it.
@@ -206,6 +237,6 @@ def stale_inflight_jobs_sensor(
         return dg.SensorResult(
             skip_reason=f"no stale job due: scanned={len(due)} (past threshold, not leased, not in a "
             f"queued or running run), leftToSweep={len(unroutable)}; outcomes since last tick: {summary.line()}",
-            cursor=str(now),
+            cursor=write_cursor(now),
         )
-    return dg.SensorResult(run_requests=[run_request_for(b) for b in batches], cursor=str(now))
+    return dg.SensorResult(run_requests=[run_request_for(b) for b in batches], cursor=write_cursor(now))
