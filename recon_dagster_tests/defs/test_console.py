@@ -217,9 +217,21 @@ def test_a_failed_runs_alert_reason_is_one_line_without_dagster_internals(db, in
         r for r in _run_ids(instance) if instance.get_run_by_id(r).status == dg.DagsterRunStatus.FAILURE
     ][:1]
     steps = [e.dagster_event for e in instance.all_logs(run, of_type=dg.DagsterEventType.STEP_FAILURE)]
-    reason = failure_reason(steps, "Execution of run failed. Steps failed: ['record_outcomes'].")
+    reason = failure_reason(steps, "Execution of run failed. Steps failed: ['outage_check'].")
     assert reason.startswith("every job of this run errored")
     assert "\n" not in reason and "Steps failed" not in reason and "Traceback" not in reason
+    # The failed step is the outage check, with the reason and the first errors as its metadata;
+    # the bookkeeping before it (outcomes, health, severity) succeeded.
+    [failed] = steps
+    assert failed.step_key == "outage_check"
+    data = failed.step_failure_data.user_failure_data
+    assert data.description == reason
+    assert {m for m in data.metadata} == {"errored_jobs", "first_errors"}
+    assert data.metadata["errored_jobs"].value == 2
+    succeeded = {e.step_key for e in instance.all_logs(run, of_type=dg.DagsterEventType.STEP_SUCCESS)}
+    assert "record_outcomes" in succeeded
+    [run_failure] = instance.all_logs(run, of_type=dg.DagsterEventType.RUN_FAILURE)
+    assert "outage_check" in run_failure.message and "record_outcomes" not in run_failure.message
 
 
 def test_each_run_adds_a_point_to_its_providers_outcome_series(db, instance, media_dir, sandbox):

@@ -238,7 +238,9 @@ def test_the_run_graph_shows_the_design_cards_steps(db, instance, media_dir, san
     result = _execute(defs, instance, rr)
 
     steps = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SUCCESS"}
-    assert steps == {"claim_and_poll", "finalize_succeeded", "fail_and_refund", "count_attempts", "record_outcomes"}
+    assert steps == {
+        "claim_and_poll", "finalize_succeeded", "fail_and_refund", "count_attempts", "record_outcomes", "outage_check"
+    }
     assert [o.outcome.value for o in result.output_for_node("finalize_succeeded")] == ["recovered"]
     assert [o.outcome.value for o in result.output_for_node("fail_and_refund")] == ["failed"]
     assert [o.outcome.value for o in result.output_for_node("count_attempts")] == ["still_running"]
@@ -259,7 +261,7 @@ def test_steps_with_nothing_to_do_are_skipped_and_the_run_still_records(db, inst
 
     ran = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SUCCESS"}
     skipped = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SKIPPED"}
-    assert ran == {"claim_and_poll", "finalize_succeeded", "record_outcomes"}
+    assert ran == {"claim_and_poll", "finalize_succeeded", "record_outcomes", "outage_check"}
     assert skipped == {"fail_and_refund", "count_attempts"}
 
 
