@@ -295,3 +295,25 @@ def test_a_reconcile_runs_row_shows_only_what_the_run_queue_limits_by(db, instan
         assert shown == {*limited, "dagster/partition"}, sorted(shown)
         assert len(shown) == 4
         assert {str(j) for j in jobs} <= {k.removeprefix(".dagster/recon-job-") for k in run.tags}
+
+
+def test_the_outcome_assets_say_every_reconcile_run_writes_them_and_nothing_automates_them():
+    from recon_dagster.definitions import defs
+    from recon_dagster.defs.observe.outcomes import OUTCOMES, provider_outcomes_key
+
+    repo = defs.get_repository_def()
+    graph = repo.asset_graph
+    keys = [OUTCOMES, *(provider_outcomes_key(p.value) for p in {k.provider for k in KINDS.values()})]
+    for key in keys:
+        node = graph.get(key)
+        assert node.description.startswith("Written by every reconcile_job and sync_sweep_job run"), key
+        assert node.metadata["written_by"] == "reconcile_job, sync_sweep_job"
+        assert node.kinds == {"postgres"} and node.group_name == "reconciliation"
+        # The Automation section shows this label instead of "No automations found" ...
+        assert node.automation_condition.get_label() == "written by every reconcile_job and sync_sweep_job run"
+    # ... and it is only a label: Dagster evaluates conditions of executable assets only, so no
+    # automation sensor exists to request a run of these.
+    assert not any(isinstance(s, dg.AutomationConditionSensorDefinition) for s in repo.sensor_defs)
+    assert {s.name for s in repo.sensor_defs} == {
+        "stale_inflight_jobs_sensor", "reconcile_run_failure_alert", "provider_health_at_startup"
+    }
