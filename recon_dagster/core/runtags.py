@@ -20,12 +20,23 @@ if TYPE_CHECKING:  # the core stays Dagster-free; only the annotation names a Da
 
 KIND_TAG = "recon/provider_kind"
 PROVIDER_TAG = "recon/provider"
+# The run queue's lane: "<provider>/small" or "<provider>/batch" (dagster.yaml limits batch runs).
+LANE_TAG = "recon/provider_lane"
 PARTITION_TAG = "dagster/partition"
 # The run key Dagster records on a sensor-requested run (``reconcile.batches.run_key_for``).
 RUN_KEY_TAG = "dagster/run_key"
 # Dagster leaves keys with this prefix out of every run's visible tags (TagType.HIDDEN).
-JOB_TAG_PREFIX = ".dagster/recon-job-"
+HIDDEN = ".dagster/"
+JOB_TAG_PREFIX = f"{HIDDEN}recon-job-"
 JOB_TAG_VALUE = "1"
+# The rest of what a reconcile run records about itself is hidden too: the runs list shows only
+# what the run queue keys on (kind, provider, lane) and the partition, so a row stays one line.
+# The Runs page's tag filter and RunsFilter still match hidden keys.
+WORK_TAG = f"{HIDDEN}recon-work"  # the sensor's work key (the run key without its retry suffix)
+LEGACY_WORK_TAG = "recon/work"  # runs requested before the work tag was hidden carry this one
+JOB_COUNT_TAG = f"{HIDDEN}recon-count"  # not "recon-job-...": that prefix is a job id's
+ATTEMPT_TAG = f"{HIDDEN}recon-attempt"  # the attempt(s) the run's jobs make, e.g. "4" or "1,2"
+ROLE_TAG = f"{HIDDEN}recon-role"  # reconcile, sweep, plan, explain, operator
 
 
 def kind_tags(kind: str) -> dict[str, str]:
@@ -41,6 +52,11 @@ def job_tag(job_id: uuid.UUID | str) -> tuple[str, str]:
 
 def job_tags(job_ids: list[uuid.UUID]) -> dict[str, str]:
     return dict(job_tag(j) for j in job_ids)
+
+
+def tagged_job_ids(tags: dict[str, str]) -> set[str]:
+    """The job ids a run's tags name (its per-job tags)."""
+    return {k.removeprefix(JOB_TAG_PREFIX) for k in tags if k.startswith(JOB_TAG_PREFIX)}
 
 
 def run_label(run: dg.DagsterRun) -> str:

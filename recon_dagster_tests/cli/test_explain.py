@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 
 from recon_dagster.cli.commands import main
+from recon_dagster.core.runtags import JOB_COUNT_TAG
 from recon_dagster.operator import explain as ex
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.support.factories import make_job, make_user, reserve
@@ -57,7 +58,7 @@ def test_a_job_inside_a_batch_has_its_attempt_run_credits_task_id_and_asset(db, 
     job, task = batch["recovered"]
     story = ex.explain(db, instance, job)
     batch_run = _reconcile_runs(instance)[0]
-    assert batch_run.tags["recon/job_count"] == "4"
+    assert batch_run.tags[JOB_COUNT_TAG] == "4"
 
     assert story.status == "completed"
     assert story.provider_task_id == task

@@ -11,7 +11,7 @@ import pytest
 from recon_dagster.core.kinds import KINDS, MAX_ATTEMPTS
 from recon_dagster.core.runtags import job_tag, run_label
 from recon_dagster.sandbox import Scenario
-from recon_dagster_tests.support.factories import job_row
+from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
 from recon_dagster_tests.support.reconcile import make_defs, stale_job_with_task, tick
 
 
@@ -204,9 +204,21 @@ def test_a_failed_runs_alert_reason_is_one_line_without_dagster_internals(db, in
         r for r in _run_ids(instance) if instance.get_run_by_id(r).status == dg.DagsterRunStatus.FAILURE
     ][:1]
     steps = [e.dagster_event for e in instance.all_logs(run, of_type=dg.DagsterEventType.STEP_FAILURE)]
-    reason = failure_reason(steps, "Execution of run failed. Steps failed: ['record_outcomes'].")
+    reason = failure_reason(steps, "Execution of run failed. Steps failed: ['outage_check'].")
     assert reason.startswith("every job of this run errored")
     assert "\n" not in reason and "Steps failed" not in reason and "Traceback" not in reason
+    # The failed step is the outage check, with the reason and the first errors as its metadata;
+    # the bookkeeping before it (outcomes, health, severity) succeeded.
+    [failed] = steps
+    assert failed.step_key == "outage_check"
+    data = failed.step_failure_data.user_failure_data
+    assert data.description == reason
+    assert {m for m in data.metadata} == {"errored_jobs", "first_errors"}
+    assert data.metadata["errored_jobs"].value == 2
+    succeeded = {e.step_key for e in instance.all_logs(run, of_type=dg.DagsterEventType.STEP_SUCCESS)}
+    assert "record_outcomes" in succeeded
+    [run_failure] = instance.all_logs(run, of_type=dg.DagsterEventType.RUN_FAILURE)
+    assert "outage_check" in run_failure.message and "record_outcomes" not in run_failure.message
 
 
 def test_each_run_adds_a_point_to_its_providers_outcome_series(db, instance, media_dir, sandbox):
@@ -227,3 +239,68 @@ def test_each_run_adds_a_point_to_its_providers_outcome_series(db, instance, med
     assert sum(p["recovered/kie-standard"].value for p in points) == 2
     assert sum(p["failed_refunded/kie-veo"].value for p in points) == 1
     assert instance.fetch_materializations(provider_outcomes_key("replicate"), limit=1).records == []
+
+
+def test_a_swept_job_finds_its_sweep_run_by_its_tag(db, instance, media_dir):
+    user = make_user(db, sub=100, topup=50)
+    swept = make_job(db, user, provider_kind="kie-standard", created_minutes_ago=181)  # never called upstream
+    young = make_job(db, user, provider_kind="kie-standard", created_minutes_ago=5)
+    reserve(db, swept, user, 10, from_sub=10, from_topup=0)
+    reserve(db, young, user, 10, from_sub=10, from_topup=0)
+
+    res = make_defs(media_dir).resolve_job_def("sync_sweep_job").execute_in_process(instance=instance)
+
+    assert job_row(db, swept)["status"] == "failed"
+    assert [r.run_id for r in _runs_of(instance, swept)] == [res.run_id]
+    assert _runs_of(instance, young) == []  # not swept: not tagged
+
+
+def _row_tags(tags: dict[str, str]) -> set[str]:
+    """The tags the Dagster 1.13 runs list prints on a run's row: never a hidden key
+    (``.dagster/``); of Dagster's own (``dagster/``), only the partition and the backfill."""
+    return {
+        k
+        for k in tags
+        if not k.startswith(".dagster/") and (not k.startswith("dagster/") or k in ("dagster/partition", "dagster/backfill"))
+    }
+
+
+def test_a_reconcile_runs_row_shows_only_what_the_run_queue_limits_by(db, instance, media_dir, sandbox):
+    import yaml
+
+    from recon_dagster.core.paths import project_root
+
+    single = _stuck(db, sandbox, "kie-standard")
+    batch = [_stuck(db, sandbox, "replicate-prediction") for _ in range(4)]
+    tick(make_defs(media_dir, single_run_below=2), instance)
+
+    runs = {r.tags["recon/provider_kind"]: r for r in instance.get_runs()}
+    limited = {x["key"] for x in yaml.safe_load((project_root() / "dagster.yaml").read_text())["run_queue"]["tag_concurrency_limits"]}
+    for kind, jobs in (("kie-standard", [single]), ("replicate-prediction", batch)):
+        run = runs[kind]
+        shown = _row_tags(run.tags) - {"recon/trigger"}  # reconcile --once marks its runs
+        assert shown == {*limited, "dagster/partition"}, sorted(shown)
+        assert len(shown) == 4
+        assert {str(j) for j in jobs} <= {k.removeprefix(".dagster/recon-job-") for k in run.tags}
+
+
+def test_the_outcome_assets_say_every_reconcile_run_writes_them_and_nothing_automates_them():
+    from recon_dagster.definitions import defs
+    from recon_dagster.defs.observe.outcomes import OUTCOMES, provider_outcomes_key
+
+    repo = defs.get_repository_def()
+    graph = repo.asset_graph
+    keys = [OUTCOMES, *(provider_outcomes_key(p.value) for p in {k.provider for k in KINDS.values()})]
+    for key in keys:
+        node = graph.get(key)
+        assert node.description.startswith("Written by every reconcile_job and sync_sweep_job run"), key
+        assert node.metadata["written_by"] == "reconcile_job, sync_sweep_job"
+        assert node.kinds == {"postgres"} and node.group_name == "reconciliation"
+        # The Automation section shows this label instead of "No automations found" ...
+        assert node.automation_condition.get_label() == "written by every reconcile_job and sync_sweep_job run"
+    # ... and it is only a label: Dagster evaluates conditions of executable assets only, so no
+    # automation sensor exists to request a run of these.
+    assert not any(isinstance(s, dg.AutomationConditionSensorDefinition) for s in repo.sensor_defs)
+    assert {s.name for s in repo.sensor_defs} == {
+        "stale_inflight_jobs_sensor", "reconcile_run_failure_alert", "provider_health_at_startup"
+    }

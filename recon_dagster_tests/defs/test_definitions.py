@@ -176,3 +176,12 @@ def test_every_nested_resource_has_a_page_of_its_own(monkeypatch):
     assert not bad, f"nested resources without a page of their own: {bad}"
     providers = defs.resources["providers"]
     assert defs.resources["kie"] is providers.kie, "the page must show the very resource the runs use"
+
+
+def test_the_code_location_module_holds_one_definitions_object():
+    """``dagster dev -m recon_dagster.definitions`` refuses a module with more than one."""
+    import dagster as dg
+
+    import recon_dagster.definitions as module
+
+    assert [name for name, value in vars(module).items() if isinstance(value, dg.Definitions)] == ["defs"]

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 import yaml
 from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
 
+from recon_dagster.core.runtags import JOB_COUNT_TAG
 from recon_dagster.db.jobs import scan_stale
 from recon_dagster.defs.reconcile.sensors import run_request_for
 from recon_dagster.reconcile.batches import Batch, Claim
@@ -138,7 +139,7 @@ def test_a_stuck_job_is_settled_while_backlog_runs_hold_every_batch_slot(db, dat
                 )
 
                 def batch_runs() -> int:
-                    return sum(int(r.tags["recon/job_count"]) > 1 for r in inst.get_runs(filters=started))
+                    return sum(int(r.tags[JOB_COUNT_TAG]) > 1 for r in inst.get_runs(filters=started))
 
                 wait_for(
                     lambda: batch_runs() >= 3,

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
 
 from recon_dagster.core.kinds import MAX_ATTEMPTS
+from recon_dagster.core.runtags import ATTEMPT_TAG, LEGACY_WORK_TAG, WORK_TAG, tagged_job_ids
 from recon_dagster.db.jobs import Claim
 from recon_dagster.providers import ProvidersResource
 from recon_dagster.reconcile.reconciler import Reconciler
@@ -78,7 +79,7 @@ def test_evaluating_the_sensor_changes_no_job_row(db, instance, media_dir, sandb
     assert _jobs(db) == before
     assert len(first.run_requests) == 4
     assert [r.run_key for r in first.run_requests] == [r.run_key for r in second.run_requests]
-    [takeover] = [r for r in first.run_requests if r.tags.get("recon/job_id") == str(crashed)]
+    [takeover] = [r for r in first.run_requests if tagged_job_ids(r.tags) == {str(crashed)}]
     assert takeover.run_key == f"{crashed}:4"  # the dead run's attempt (3) counts: this is the 4th
 
 
@@ -218,7 +219,7 @@ def test_the_attempt_tag_equals_the_attempt_in_the_log_and_events_link_the_run(d
 
     result = _execute(defs, instance, rr)
 
-    assert rr.tags["recon/attempt"] == "4"
+    assert rr.tags[ATTEMPT_TAG] == "4"
     assert rr.run_key == f"{job}:4"
     [event] = _events(db, job)
     assert (event.attempt, event.outcome, event.run_key, event.run_id) == (4, "still_running", rr.run_key, result.run_id)
@@ -237,7 +238,9 @@ def test_the_run_graph_shows_the_design_cards_steps(db, instance, media_dir, san
     result = _execute(defs, instance, rr)
 
     steps = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SUCCESS"}
-    assert steps == {"claim_and_poll", "finalize_succeeded", "fail_and_refund", "count_attempts", "record_outcomes"}
+    assert steps == {
+        "claim_and_poll", "finalize_succeeded", "fail_and_refund", "count_attempts", "record_outcomes", "outage_check"
+    }
     assert [o.outcome.value for o in result.output_for_node("finalize_succeeded")] == ["recovered"]
     assert [o.outcome.value for o in result.output_for_node("fail_and_refund")] == ["failed"]
     assert [o.outcome.value for o in result.output_for_node("count_attempts")] == ["still_running"]
@@ -258,7 +261,7 @@ def test_steps_with_nothing_to_do_are_skipped_and_the_run_still_records(db, inst
 
     ran = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SUCCESS"}
     skipped = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SKIPPED"}
-    assert ran == {"claim_and_poll", "finalize_succeeded", "record_outcomes"}
+    assert ran == {"claim_and_poll", "finalize_succeeded", "record_outcomes", "outage_check"}
     assert skipped == {"fail_and_refund", "count_attempts"}
 
 
@@ -424,22 +427,26 @@ def test_a_failed_reconcile_run_reaches_the_alert_hook_only_when_one_is_set(db, 
     assert [result.run_id] == ALERTS
 
 
-def test_work_whose_run_failed_before_claiming_gets_a_fresh_key(db, instance, media_dir, sandbox):
+@pytest.mark.parametrize("legacy", [False, True], ids=["hidden-work-tag", "runs-of-an-older-release"])
+def test_work_whose_run_failed_before_claiming_gets_a_fresh_key(db, instance, media_dir, sandbox, legacy):
     _, job, _ = _stuck(db, sandbox, "kie-standard")
     defs = make_defs(media_dir)
     [rr] = evaluate_sensor(defs, instance).run_requests
+    tags = dict(rr.tags)
+    if legacy:  # requested before the work tag was hidden: "recon/work"
+        tags[LEGACY_WORK_TAG] = tags.pop(WORK_TAG)
     for n in range(2):  # the code server timed out: each run failed before its first op
         instance.create_run_for_job(
             defs.resolve_job_def("reconcile_job"),
             run_config=rr.run_config,
-            tags={**rr.tags, RUN_KEY_TAG: rr.run_key if n == 0 else f"{rr.run_key}~{n}"},
+            tags={**tags, RUN_KEY_TAG: rr.run_key if n == 0 else f"{rr.run_key}~{n}"},
             status=dg.DagsterRunStatus.FAILURE,
         )
 
     [again] = evaluate_sensor(defs, instance).run_requests
 
     assert again.run_key == f"{job}:1~2"  # not the launched keys Dagster would refuse
-    assert again.tags["recon/attempt"] == "1"  # no attempt was made
+    assert again.tags[ATTEMPT_TAG] == "1"  # no attempt was made
     assert _execute(defs, instance, again).success
     assert job_row(db, job)["status"] == "completed"
 

@@ -12,6 +12,7 @@ Screenshots go to ``.recon/screenshots/`` (git-ignored).
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import socket
@@ -154,6 +155,29 @@ class Console:
 
     def text(self) -> str:
         return str(self.page.inner_text("body"))
+
+    def outcome_plot(self, key: str, series: str, timeout_ms: int = 60_000) -> int:
+        """The coloured pixels of ``key``'s first metadata plot (see ``chart_points``). Dagster 1.13
+        has no working ``?view=plots`` page: the Overview tab's Metadata section has a Table /
+        Plots switch; ``series`` is a metadata key to wait for (the table lists it first)."""
+        page = self.open(f"/assets/{key}", wait_text=series, timeout_ms=timeout_ms)
+        page.get_by_role("button", name="Plots").first.click(timeout=timeout_ms)
+        return chart_points(page, timeout_ms)
+
+
+def chart_points(page: Any, timeout_ms: int = 60_000) -> int:
+    """How many pixels of the page's first chart are drawn in colour: its series' points and lines
+    (one point of one run is ~28 pixels of (79, 67, 221)). Axes, grid and labels are grey-blue, at
+    most 35 apart between channels, so they never count. Dagster draws metadata plots with
+    Chart.js on a canvas; a page without a chart (a blank page, an asset never materialized)
+    times out here."""
+    from PIL import Image
+
+    canvas = page.locator("canvas").first
+    canvas.wait_for(timeout=timeout_ms)
+    page.wait_for_timeout(1500)  # Chart.js animates the series in
+    rgb = Image.open(io.BytesIO(canvas.screenshot(timeout=timeout_ms))).convert("RGB").tobytes()
+    return sum(1 for i in range(0, len(rgb), 3) if max(rgb[i : i + 3]) - min(rgb[i : i + 3]) > 60)
 
 
 @pytest.fixture(scope="module")
@@ -327,10 +351,8 @@ def test_the_outage_run_is_shown_failed(console: Console, outage: dict):
 
 
 def test_outcome_plots_render(console: Console, outage: dict):
-    keys = [k for k in outage["asset_jobs"] if "outcome" in k]
-    assert keys, f"no outcome asset among {sorted(outage['asset_jobs'])}"
-    page = console.open(f"/assets/{keys[0]}?view=plots", wait_text=keys[0].split("/")[-1])
-    page.locator("canvas, svg").first.wait_for(timeout=60_000)
+    # The KIE outage's series: each reconcile run that touched KIE is one point of errors/kie-standard.
+    assert console.outcome_plot("outcomes_by_provider/kie", "errors/kie-standard") >= 10, "the chart has no point"
     console.shot("outcome-plots")
 
 

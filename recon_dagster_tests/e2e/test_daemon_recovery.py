@@ -21,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from recon_dagster.core.kinds import get_kind
+from recon_dagster.core.runtags import job_tag, tagged_job_ids
 from recon_dagster.providers import KieResource, UpstreamState
 from recon_dagster.sandbox import SandboxServer
 from recon_dagster_tests.support.factories import balances, make_job, make_user, reserve
@@ -197,7 +198,7 @@ def test_worker_killed_mid_poll_is_recovered_by_the_daemon_exactly_once(
             with home.instance() as inst:
 
                 def finished_runs() -> list[dg.DagsterRun]:
-                    runs = inst.get_runs(filters=dg.RunsFilter(tags={"recon/job_id": str(job)}))
+                    runs = inst.get_runs(filters=dg.RunsFilter(tags=dict([job_tag(job)])))
                     return runs if runs and all(r.is_finished for r in runs) else []
 
                 runs = wait_for(
@@ -208,7 +209,7 @@ def test_worker_killed_mid_poll_is_recovered_by_the_daemon_exactly_once(
         assert run.status is dg.DagsterRunStatus.SUCCESS, daemon.log_tail()
         assert run.job_name == "reconcile_job"
         assert run.tags["recon/provider_kind"] == KIND
-        assert run.tags["recon/job_id"] == str(job)
+        assert tagged_job_ids(run.tags) == {str(job)}
         assert run.tags.get("dagster/partition") == KIND
 
     # Exactly once: one completion, credits committed once, balances debited once, one asset.

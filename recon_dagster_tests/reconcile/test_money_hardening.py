@@ -10,6 +10,7 @@ from decimal import Decimal
 import pytest
 import sqlalchemy as sa
 
+from recon_dagster.core.runtags import tagged_job_ids
 from recon_dagster.db import credits
 from recon_dagster.db.jobs import load_job, scan_stale
 from recon_dagster.sandbox import Scenario
@@ -102,7 +103,7 @@ def test_a_sensor_tick_survives_an_infinite_call_time(db, instance, media_dir, s
 
     result = evaluate_sensor(make_defs(media_dir), instance)
 
-    assert {rr.tags["recon/job_id"] for rr in result.run_requests} == {str(bad), str(good)}
+    assert {j for rr in result.run_requests for j in tagged_job_ids(rr.tags)} == {str(bad), str(good)}
 
 
 def test_an_exhausted_row_with_an_infinite_age_is_failed_and_refunded_at_the_cap(

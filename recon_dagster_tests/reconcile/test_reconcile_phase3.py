@@ -13,7 +13,9 @@ import pytest
 import sqlalchemy as sa
 
 from recon_dagster.core.kinds import MAX_ATTEMPTS
+from recon_dagster.core.runtags import ATTEMPT_TAG, tagged_job_ids
 from recon_dagster.db.engine import libpq_url
+from recon_dagster.defs.reconcile.sensors import read_cursor
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.support.factories import balances, job_row, make_job, make_user
 from recon_dagster_tests.support.reconcile import (
@@ -265,9 +267,9 @@ def test_sensor_requests_partitioned_runs_with_deterministic_keys_and_tags(db, i
     [rr] = result.run_requests
     assert rr.partition_key == "replicate-prediction"
     assert rr.run_key == f"{job}:1"
-    assert rr.tags["recon/job_id"] == str(job)
+    assert tagged_job_ids(rr.tags) == {str(job)}
     assert rr.tags["recon/provider_kind"] == "replicate-prediction"
-    assert rr.tags["recon/attempt"] == "1"
+    assert rr.tags[ATTEMPT_TAG] == "1"
     # Nothing is leased by the sensor: a second tick plans the same attempt under the same key,
     # which Dagster never launches twice.
     assert [r.run_key for r in evaluate_sensor(defs, instance).run_requests] == [rr.run_key]
@@ -322,4 +324,18 @@ def test_sensor_tick_reports_the_outcomes_of_runs_since_its_previous_tick(db, in
 
     assert result.run_requests == []
     assert "[reconcile] scanned=0 recovered=1 failed=1 stillRunning=1 errors=0" in result.skip_message
-    assert float(result.cursor) > float(before)
+    # The cursor of an older release (a bare float, as ``before``) is read; the new one is readable.
+    assert json.loads(result.cursor)["previous_tick"].startswith(time.strftime("%Y-", time.gmtime()))
+    assert (read_cursor(result.cursor) or 0) > float(before)
+
+
+def test_the_sensor_cursor_is_an_iso_timestamp_and_old_float_cursors_still_read():
+    from recon_dagster.defs.reconcile.sensors import write_cursor
+
+    at = 1_796_163_058.123456
+    assert write_cursor(at) == '{"previous_tick": "2026-12-01T22:10:58.123456+00:00"}'
+    assert read_cursor(write_cursor(at)) == pytest.approx(at, abs=1e-6)
+    assert read_cursor(str(at)) == at  # the bare float of older releases
+    assert read_cursor('{"previous_tick": "2026-12-01T22:10:58"}') == pytest.approx(at - 0.123456)
+    for unreadable in (None, "", "yesterday", "{}", '{"previous_tick": 3}', "[1]"):
+        assert read_cursor(unreadable) is None, unreadable

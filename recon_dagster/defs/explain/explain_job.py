@@ -4,6 +4,7 @@ the run's log and its output metadata carry the job's whole story (``recon_dagst
 import dagster as dg
 from pydantic import Field
 
+from recon_dagster.core.runtags import ROLE_TAG
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.operator.explain import (
     ExplainError,
@@ -58,7 +59,7 @@ def explain_job_story(
     description="Find any job: launch with ops.explain_job_story.config.job_id set to a jobs.id; the "
     "run's log and metadata show every reconcile attempt with its run link, what upstream said, the "
     "outcome, credits committed or refunded, the provider task id and the job's assets.",
-    tags={"recon/role": "explain"},
+    tags={ROLE_TAG: "explain"},
 )
 def explain_job() -> None:
     explain_job_story()

@@ -10,6 +10,7 @@ the health schedule and carry the checks that turn red during an outage.
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from decimal import Decimal
+from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
@@ -49,13 +50,35 @@ RECENT_MINUTES = 30
 ERROR_RATE_LIMIT = 0.5
 ERROR_RATE_MIN_ATTEMPTS = 5
 
-reconcile_outcomes = dg.AssetSpec(
-    OUTCOMES,
-    group_name="reconciliation",
+WRITERS = ("reconcile_job", "sync_sweep_job")
+# Dagster calls an asset that runs of an op job report "External Asset" and, without a sensor
+# or schedule of its own, "No automations found". These assets are written by every reconcile
+# and sweep run, so each says so: the description opens with it, the metadata names the jobs,
+# and the Automation section shows the label of a condition that is true exactly when a run
+# wrote the asset. Dagster evaluates conditions of materializable and observable assets only
+# (no automation sensor is created for these; a test checks), so the condition is a label.
+WRITTEN_BY_RUNS = dg.AutomationCondition.newly_updated().with_label(
+    "written by every reconcile_job and sync_sweep_job run"
+)
+
+
+def _written_by_runs(**spec: Any) -> dg.AssetSpec:
+    return dg.AssetSpec(
+        group_name="reconciliation",
+        kinds={"postgres"},
+        automation_condition=WRITTEN_BY_RUNS,
+        metadata={"written_by": ", ".join(WRITERS), "materialized_on_its_own": False},
+        **spec,
+    )
+
+
+reconcile_outcomes = _written_by_runs(
+    key=OUTCOMES,
     partitions_def=provider_kind_partitions,
-    description="What reconcile runs did, per provider_kind: one materialization per run and kind "
+    description="Written by every reconcile_job and sync_sweep_job run (not launched on its own). "
+    "What reconcile runs did, per provider_kind: one materialization per run and kind "
     "with recovered / failed_refunded / swept / force_failed / still_running / errors and the "
-    "credits committed and refunded. Written by reconcile_job and sync_sweep_job runs.",
+    "credits committed and refunded.",
 )
 
 
@@ -67,10 +90,10 @@ def provider_outcomes_key(provider: str) -> dg.AssetKey:
 # the provider, one series per kind and outcome (zeros included, so every series is continuous).
 # The partitioned reconcile_outcomes plots by partition instead, which hides time.
 provider_outcome_specs = [
-    dg.AssetSpec(
-        provider_outcomes_key(p.value),
-        group_name="reconciliation",
-        description=f"What each reconcile run did to {p.value}'s jobs, over time: one "
+    _written_by_runs(
+        key=provider_outcomes_key(p.value),
+        description=f"Written by every reconcile_job and sync_sweep_job run that touched {p.value} "
+        f"(not launched on its own). What each such run did to {p.value}'s jobs, over time: one "
         "outcome/kind count per run (recovered, failed_refunded, force_failed, still_running, errors, ...).",
     )
     for p in Provider

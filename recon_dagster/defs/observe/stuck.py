@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from pydantic import Field
 
 from recon_dagster.core.kinds import MAX_ATTEMPTS
+from recon_dagster.core.runtags import ROLE_TAG
 from recon_dagster.db.jobs import _threshold_case
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.operator.actions import OperatorError, fail_now, retry_now
@@ -140,7 +141,7 @@ def fail_and_refund_now_op(
     executor_def=dg.in_process_executor,
     description="Retry one job now: set ops.retry_now_op.config.job_id (and a reason). Its cadence wait "
     "is skipped; the attempt is counted as any other.",
-    tags={"recon/role": "operator"},
+    tags={ROLE_TAG: "operator"},
 )
 def retry_job_now() -> None:
     retry_now_op()
@@ -150,7 +151,7 @@ def retry_job_now() -> None:
     executor_def=dg.in_process_executor,
     description="Fail one in-flight job and refund its credits: set ops.fail_and_refund_now_op.config "
     "job_id and reason. Refused on a terminal job; recorded in reconcile_events with who and why.",
-    tags={"recon/role": "operator"},
+    tags={ROLE_TAG: "operator"},
 )
 def fail_and_refund_job() -> None:
     fail_and_refund_now_op()

@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 
 from recon_dagster.core.kinds import KINDS
-from recon_dagster.core.runtags import RUN_KEY_TAG, job_tags, kind_tags
+from recon_dagster.core.runtags import ROLE_TAG, RUN_KEY_TAG, job_tags, kind_tags
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim
 from recon_dagster.defs.observe.health import report_health
@@ -317,7 +317,7 @@ def record_outcomes(
     context: dg.OpExecutionContext, outcomes: list[list[JobOutcome]], database: DatabaseResource
 ) -> dg.Output:
     """Record what the run did: the outcome assets per provider kind, the run's summary and job
-    ids. A run in which every job errored then fails, so an outage shows red in the UI."""
+    ids, and whether the run was an outage (judged by ``outage_check``, the step after this)."""
     flat = [o for group in outcomes for o in group]
     summary = Summary(scanned=len(flat)).add(flat)
     report_outcomes(context, flat, database)
@@ -327,15 +327,33 @@ def record_outcomes(
     worked = [o for o in flat if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE)]
     # An outage: no job made progress, each errored or was force-failed after erroring to the cap
     # (a batch in an outage carries a few jobs at their last attempt).
+    outage = None
     if summary.errors and all(o.outcome in (Outcome.ERROR, Outcome.EXHAUSTED) for o in worked):
-        raise dg.Failure(
-            f"every job of this run errored ({summary.errors}) or was force-failed ({summary.exhausted}): "
-            "the provider or the media path is failing; attempts were counted",
-            metadata={"errors": len(worked), "sample": dg.MetadataValue.json([o.detail for o in worked[:5]])},
-        )
-    if summary.errors:
+        outage = {
+            "reason": f"every job of this run errored ({summary.errors}) or was force-failed "
+            f"({summary.exhausted}): the provider or the media path is failing; attempts were counted",
+            "jobs": len(worked),
+            "sample": [o.detail.splitlines()[0][:300] for o in worked[:5] if o.detail],
+        }
+    elif summary.errors:
         context.log.warning(f"{summary.errors} of {len(worked)} job(s) errored: {summary.line()}")
-    return output
+    return dg.Output({**output.value, "outage": outage}, metadata=output.metadata)
+
+
+@dg.op
+def outage_check(context: dg.OpExecutionContext, recorded: dict) -> None:
+    """Fails the run when no job of it made progress (every one errored or was force-failed), so
+    an outage is a red run with a one-line reason. Its own step, after the outcomes were recorded:
+    the run's failure names this check, not the bookkeeping that succeeded."""
+    outage = recorded.get("outage")
+    if not outage:
+        context.log.debug("not an outage: some job of this run made progress or none errored")
+        return
+    raise dg.Failure(
+        description=outage["reason"],
+        metadata={"errored_jobs": outage["jobs"], "first_errors": dg.MetadataValue.json(outage["sample"])},
+        allow_retries=False,
+    )
 
 
 def _partition(context: dg.OpExecutionContext) -> set[str | None]:
@@ -357,6 +375,9 @@ def sweep_unrecoverable_jobs(
         scanned, outcomes = rec.sweep_stale(f"sweep:{context.run_id}", limit=reconcile_settings.scan_limit)
     finally:
         outcome_log.flush()
+    # The sweep learns its jobs only by sweeping: each job it settled tags it afterwards, so the
+    # Runs page's tag filter finds a swept job's run as it finds a reconciled job's.
+    _tag_jobs(context, [o.job_id for o in outcomes if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE)])
     report_outcomes(context, outcomes, database)
     summary = Summary(scanned=scanned).add(outcomes)
     summary.elapsed_ms = int((time.monotonic() - started) * 1000)
@@ -376,19 +397,22 @@ reconcile_partitions = dg.PartitionedConfig(
     config=reconcile_partitions,
     executor_def=dg.in_process_executor,
     description="Reconcile stale in-flight jobs of one provider kind: claim and poll, then finalize, "
-    "fail and refund, or count the attempt; record the outcomes. Runs are requested by the sensor; "
+    "fail and refund, or count the attempt; record the outcomes; fail the run if every job errored "
+    "(outage_check). Runs are requested by the sensor; "
     "launched without job ids (Launchpad, backfill) a run works its partition's due jobs.",
-    tags={"recon/role": "reconcile"},
+    tags={ROLE_TAG: "reconcile"},
 )
 def reconcile_job() -> None:
     settled, succeeded, failed, unfinished = claim_and_poll()
-    record_outcomes([settled, finalize_succeeded(succeeded), fail_and_refund_op(failed), count_attempts(unfinished)])
+    outage_check(
+        record_outcomes([settled, finalize_succeeded(succeeded), fail_and_refund_op(failed), count_attempts(unfinished)])
+    )
 
 
 @dg.job(
     executor_def=dg.in_process_executor,
     description="Phase 2 sweep: stale rows that cannot be recovered are failed and refunded.",
-    tags={"recon/role": "sweep"},
+    tags={ROLE_TAG: "sweep"},
 )
 def sync_sweep_job() -> None:
     sweep_unrecoverable_jobs()

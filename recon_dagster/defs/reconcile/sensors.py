@@ -4,15 +4,26 @@ Evaluating the sensor writes nothing (a UI preview or a daemon that dies before 
 no job row): the lease is taken by each run when it starts (``claim_and_poll``).
 """
 
+import json
 import time
 import uuid
 from collections import Counter
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 import dagster as dg
 
 from recon_dagster import config
 from recon_dagster.core.kinds import KINDS
+from recon_dagster.core.runtags import (
+    ATTEMPT_TAG,
+    JOB_COUNT_TAG,
+    LANE_TAG,
+    LEGACY_WORK_TAG,
+    WORK_TAG,
+    job_tags,
+    kind_tags,
+)
 from recon_dagster.db.engine import DatabaseUnavailable
 from recon_dagster.defs.reconcile.jobs import reconcile_job
 from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
@@ -43,7 +54,6 @@ ACTIVE_STATUSES = [
     dg.DagsterRunStatus.CANCELING,
 ]
 FINISHED_STATUSES = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
-WORK_TAG = "recon/work"
 # Runs of the same work that ended before claiming it (each failed before its first op) from
 # which on the sensor logs an ERROR per tick: a broken deployment, not bad luck. It keeps
 # requesting (a transient outage of the code server must not strand jobs).
@@ -57,7 +67,31 @@ UNSTARTED_RUNS_LOUD = 3
 # never holds it until one of its long runs ends.
 SMALL_RUN_PRIORITY = 10
 SMALL_RUN_JOBS = 16
-LANE_TAG = "recon/provider_lane"
+
+
+CURSOR_KEY = "previous_tick"
+
+
+def write_cursor(at: float) -> str:
+    """The sensor's cursor: when this tick read the outcomes, in ISO 8601 UTC (readable on the
+    sensor's page, unlike the bare epoch float of older releases)."""
+    return json.dumps({CURSOR_KEY: datetime.fromtimestamp(at, UTC).isoformat()})
+
+
+def read_cursor(cursor: str | None) -> float | None:
+    """The previous tick's time from a cursor of this release or an older one (a bare epoch
+    float); None when there is none or it cannot be read (someone edited it)."""
+    if not cursor:
+        return None
+    try:
+        return float(cursor)
+    except ValueError:
+        pass
+    try:
+        at = datetime.fromisoformat(json.loads(cursor)[CURSOR_KEY])
+    except (ValueError, TypeError, KeyError):
+        return None
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
 
 def lane_tags(batch: Batch) -> dict[str, str]:
@@ -70,20 +104,17 @@ def lane_tags(batch: Batch) -> dict[str, str]:
 def run_request_for(batch: Batch) -> dg.RunRequest:
     """One run per batch: partitioned by kind, keyed by its jobs and the attempt each makes.
 
-    The run config carries the job ids and attempts; the run claims them when it starts."""
+    The run config carries the job ids and attempts; the run claims them when it starts. Visible
+    tags: the kind, provider and lane the run queue limits by; the rest (work key, job count,
+    attempts, one tag per job, so a queued run is found by its jobs' ids too) is hidden."""
     tags = {
-        "recon/provider_kind": batch.provider_kind,
-        "recon/provider": str(KINDS[batch.provider_kind].provider),
-        "recon/job_count": str(len(batch.claims)),
+        **kind_tags(batch.provider_kind),
+        **lane_tags(batch),
         WORK_TAG: batch.work_key,
+        JOB_COUNT_TAG: str(len(batch.claims)),
+        ATTEMPT_TAG: ",".join(str(a) for a in sorted(set(batch.attempts))),
+        **job_tags([c.job_id for c in batch.claims]),
     }
-    if len(batch.claims) == 1:
-        tags["recon/job_id"] = str(batch.claims[0].job_id)
-        tags["recon/attempt"] = str(batch.claims[0].attempt)
-    else:
-        tags["recon/job_id"] = f"{batch.claims[0].job_id} (+{len(batch.claims) - 1} more)"
-        tags["recon/attempt"] = ",".join(str(a) for a in sorted(set(batch.attempts)))
-    tags.update(lane_tags(batch))
     return dg.RunRequest(
         run_key=batch.run_key,
         partition_key=batch.provider_kind,
@@ -121,14 +152,14 @@ def fresh_keys(instance: dg.DagsterInstance, batches: list[Batch]) -> tuple[list
     """
     if not batches:
         return [], []
+    works = sorted({b.work_key for b in batches})
+    # Runs requested before the work tag was hidden count too, or their work would get the key
+    # of the run that never started again, which Dagster never launches twice.
     ended = Counter(
-        run.tags.get(WORK_TAG)
+        run.tags.get(key)
+        for key in (WORK_TAG, LEGACY_WORK_TAG)
         for run in instance.get_runs(
-            filters=dg.RunsFilter(
-                job_name=reconcile_job.name,
-                tags={WORK_TAG: sorted({b.work_key for b in batches})},
-                statuses=FINISHED_STATUSES,
-            )
+            filters=dg.RunsFilter(job_name=reconcile_job.name, tags={key: works}, statuses=FINISHED_STATUSES)
         )
     )
     fresh = [b.with_retry(ended[b.work_key]) for b in batches]
@@ -151,7 +182,11 @@ def stale_inflight_jobs_sensor(
     """Scan, plan, request: reads the jobs table and the instance's runs, writes neither."""
     started = time.monotonic()
     now = time.time()
-    since = float(context.cursor) if context.cursor else now
+    since = read_cursor(context.cursor)
+    if since is None:
+        if context.cursor:
+            context.log.warning(f"unreadable cursor {context.cursor!r}: outcomes are counted from this tick on")
+        since = now
     busy = jobs_in_active_runs(context.instance)
     # Jobs waiting in queued runs are stale and unleased, so the scan returns them too: look past
     # them, or a deep queue would hide every job behind it.
@@ -198,6 +233,6 @@ def stale_inflight_jobs_sensor(
         return dg.SensorResult(
             skip_reason=f"no stale job due: scanned={len(due)} (past threshold, not leased, not in a "
             f"queued or running run), leftToSweep={len(unroutable)}; outcomes since last tick: {summary.line()}",
-            cursor=str(now),
+            cursor=write_cursor(now),
         )
-    return dg.SensorResult(run_requests=[run_request_for(b) for b in batches], cursor=str(now))
+    return dg.SensorResult(run_requests=[run_request_for(b) for b in batches], cursor=write_cursor(now))

@@ -5,6 +5,7 @@ import dagster as dg
 from pydantic import Field
 
 from recon_dagster.core.kinds import KINDS
+from recon_dagster.core.runtags import ROLE_TAG
 from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
 from recon_dagster.providers import ProvidersResource
 from recon_dagster.reconcile.plan import build_plan, to_markdown, totals_lines
@@ -60,7 +61,7 @@ def plan_reconcile_table(
     description="Plan, writing nothing: for every job the next tick would take, what reconciliation would "
     "do and why (complete and commit / fail and refund per pool / count / force-fail / sweep / leave "
     "alone), with totals. Config: ops.plan_reconcile_table.config.kind, no_poll.",
-    tags={"recon/role": "plan"},
+    tags={ROLE_TAG: "plan"},
 )
 def plan_reconcile() -> None:
     plan_reconcile_table()
