@@ -59,15 +59,9 @@ from recon_dagster.db.engine import (
 )
 from recon_dagster.db.migrate import migrate
 from recon_dagster.defs.resources import ReconcileSettingsResource
-from recon_dagster_tests.support.harness import (
-    DaemonProcess,
-    DagsterHome,
-    daemon_process,
-    dagster_home,
-    drop_database,
-    ensure_database,
-    sandbox_process,
-)
+from recon_dagster_tests.support.daemon import DaemonProcess, daemon_process
+from recon_dagster_tests.support.instance import DagsterHome, dagster_home, drop_database, ensure_database
+from recon_dagster_tests.support.sandbox_process import sandbox_process
 
 TARGET_JOBS_PER_MIN = 2000
 

@@ -47,13 +47,9 @@ from recon_dagster.db.engine import (
 )
 from recon_dagster.db.migrate import migrate
 from recon_dagster.providers.limits import Budget
-from recon_dagster_tests.support.harness import (
-    daemon_process,
-    dagster_home,
-    drop_database,
-    ensure_database,
-    sandbox_process,
-)
+from recon_dagster_tests.support.daemon import daemon_process
+from recon_dagster_tests.support.instance import dagster_home, drop_database, ensure_database
+from recon_dagster_tests.support.sandbox_process import sandbox_process
 
 PROVIDERS = ("kie", "replicate")
 TARGET_DRAIN = 0.9

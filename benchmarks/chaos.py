@@ -40,8 +40,9 @@ from recon_dagster.db.engine import (  # noqa: E402
     with_database,
 )
 from recon_dagster.db.migrate import migrate  # noqa: E402
-from recon_dagster_tests.chaos import harness  # noqa: E402
-from recon_dagster_tests.support.harness import drop_database, ensure_database, sandbox_process  # noqa: E402
+from recon_dagster_tests.chaos import checks, harness, runner, worlds  # noqa: E402
+from recon_dagster_tests.support.instance import drop_database, ensure_database  # noqa: E402
+from recon_dagster_tests.support.sandbox_process import sandbox_process  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.jobs < 1:
         parser.error("--rounds and --jobs must be at least 1")
-    known = {f"{p}:{q}" for p, q in harness.CASES} | {"worker:postgres.restart", "reconcile:header.drip"}
-    cases = harness.CASES
+    known = {f"{p}:{q}" for p, q in worlds.CASES} | {"worker:postgres.restart", "reconcile:header.drip"}
+    cases = worlds.CASES
     if args.cases:
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
         if "worker:postgres.restart" in wanted:
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
 
-    def progress(r: harness.RoundResult, total: harness.PointReport) -> None:
+    def progress(r: runner.RoundResult, total: checks.PointReport) -> None:
         print(
             f"{r.case:32} seed {r.seed}: rc={r.returncode} hits {r.hits}/{r.expected_hits} "
             f"{'killed at point' if r.killed_at_point else 'NOT killed at point'} {r.seconds:.1f}s; "

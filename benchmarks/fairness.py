@@ -42,13 +42,9 @@ from recon_dagster.db.engine import (
     with_database,
 )
 from recon_dagster.db.migrate import migrate
-from recon_dagster_tests.support.harness import (
-    daemon_process,
-    dagster_home,
-    drop_database,
-    ensure_database,
-    sandbox_process,
-)
+from recon_dagster_tests.support.daemon import daemon_process
+from recon_dagster_tests.support.instance import dagster_home, drop_database, ensure_database
+from recon_dagster_tests.support.sandbox_process import sandbox_process
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKLOG_KIND = "kie-lip-sync"

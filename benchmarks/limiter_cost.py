@@ -31,7 +31,7 @@ from recon_dagster.db.engine import (
 )
 from recon_dagster.db.migrate import migrate
 from recon_dagster.providers.limits import AccountLimiter, AccountLimits, Budget
-from recon_dagster_tests.support.harness import drop_database, ensure_database
+from recon_dagster_tests.support.instance import drop_database, ensure_database
 
 
 def timed(fn: Callable[[], object], n: int, threads: int) -> tuple[float, int]:

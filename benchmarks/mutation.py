@@ -1,9 +1,9 @@
 """Mutation score of the money and state modules (mutmut), per module, in bounded time.
 
 mutmut (configured in ``pyproject.toml`` under ``[tool.mutmut]``) rewrites each function of
-``db/credits.py``, ``db/jobs.py``, ``reconcile/decide.py`` and ``reconcile/finalize.py`` into
-many small variants (a ``>=`` turned into ``>``, a string or number changed, an argument
-dropped...) and runs, for each variant, the tests that exercised that function. A variant the
+``db/credits.py``, ``db/jobs.py`` (with ``db/transitions.py``), ``reconcile/decide.py`` and
+``reconcile/finalize.py`` into many small variants (a ``>=`` turned into ``>``, a string or number
+changed, an argument dropped...) and runs, for each variant, the tests that exercised that function. A variant the
 tests do not notice (it "survives") is behaviour no test pins.
 
 The run happens in a scratch copy of the project (``--workdir``, default
@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULES = {
     "credits": "recon_dagster/db/credits.py",
     "jobs": "recon_dagster/db/jobs.py",
+    "transitions": "recon_dagster/db/transitions.py",
     "decide": "recon_dagster/reconcile/decide.py",
     "finalize": "recon_dagster/reconcile/finalize.py",
 }

@@ -30,7 +30,7 @@ from recon_dagster.db.migrate import migrate
 from recon_dagster.defs.settings_check import breaker_policy
 from recon_dagster.sandbox import SandboxServer
 from recon_dagster_tests.support.answers import stale_job
-from recon_dagster_tests.support.harness import drop_database, ensure_database
+from recon_dagster_tests.support.instance import drop_database, ensure_database
 
 _WORKER = """
 import json, sys, time

@@ -1,4 +1,5 @@
-"""The ``jobs`` table: the stale scan, the reconcile lease, and guarded state transitions.
+"""The ``jobs`` table: the stale scan, the reconcile lease, and (from ``transitions``) guarded state
+transitions.
 
 Every write here is one statement that asserts the state it believes it owns and reports whether
 it won (``RETURNING``). Zero rows means another writer (a worker, a webhook, a user cancel, a
@@ -19,7 +20,6 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from recon_dagster.core.kinds import KINDS, LEGACY_STALE_THRESHOLD, NON_PROVIDER_JOB_TYPES, precall_budget
-from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.types import INFLIGHT_STATUSES, TERMINAL_STATUSES, JobRow  # noqa: F401  (re-exported)
 from recon_dagster.db.timestamps import (  # noqa: F401  (re-exported: callers read timestamps through these)
     INT4_MAX,
@@ -27,6 +27,17 @@ from recon_dagster.db.timestamps import (  # noqa: F401  (re-exported: callers r
     readable,
     readable_ts,
     unreadable_columns,
+)
+from recon_dagster.db.transitions import (  # noqa: F401  (re-exported: callers write through db.jobs)
+    _json,
+    bump_attempts,
+    cancel_job,
+    complete_job,
+    fail_job,
+    mark_provider_call_start,
+    notify_job_event,
+    record_task_created,
+    set_progress,
 )
 
 _TIMESTAMP_COLUMNS = ("provider_call_started_at", "reconcile_lease_expires_at", "created_at", "started_at")
@@ -403,210 +414,3 @@ def release_lease(conn: sa.Connection, job_id: uuid.UUID, owner: str) -> bool:
         {"id": str(job_id), "owner": owner},
     ).first()
     return r is not None
-
-
-# ---------------------------------------------------------------------------------------------
-# Guarded transitions
-# ---------------------------------------------------------------------------------------------
-
-
-def complete_job(
-    conn: sa.Connection,
-    job_id: uuid.UUID,
-    *,
-    output_data: dict[str, Any],
-    provider: str | None,
-    provider_cost: float | None,
-    display_cost: float | None,
-    task_id: str | None = None,
-) -> bool:
-    """Spec 5.4 step 4: pending/processing -> completed. False: another writer won, or the row
-    carries another upstream task than ``task_id`` (None: the result names no task).
-
-    The spec writes the guard as ``status != 'cancelled'``; asserting the in-flight states is
-    strictly narrower: it also refuses to complete a row that already completed (so a second
-    finalize gets zero rows, as the spec's race test demands) or that failed and was refunded.
-    """
-    r = conn.execute(
-        sa.text(
-            """
-            UPDATE jobs SET status = 'completed', output_data = CAST(:output AS jsonb),
-              provider = :provider, provider_cost = :provider_cost, display_cost = :display_cost,
-              progress = 100, error_message = NULL, completed_at = now(), updated_at = now(),
-              reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
-            WHERE id = :id AND status IN ('pending', 'processing')
-              AND (CAST(:task AS text) IS NULL OR provider_task_id IS NULL OR provider_task_id = :task)
-            RETURNING id
-            """
-        ),
-        {
-            "id": str(job_id),
-            "task": task_id,
-            "output": _json(output_data),
-            "provider": provider,
-            "provider_cost": provider_cost,
-            "display_cost": display_cost,
-        },
-    ).first()
-    return r is not None
-
-
-def fail_job(conn: sa.Connection, job_id: uuid.UUID, error_message: str) -> bool:
-    """pending/processing -> failed. False: the row was already terminal (someone else won)."""
-    r = conn.execute(
-        sa.text(
-            """
-            UPDATE jobs SET status = 'failed', error_message = :err, completed_at = now(),
-              updated_at = now(), reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
-            WHERE id = :id AND status IN ('pending', 'processing')
-            RETURNING id
-            """
-        ),
-        {"id": str(job_id), "err": redact_secrets(error_message)},
-    ).first()
-    return r is not None
-
-
-def bump_attempts(
-    conn: sa.Connection,
-    job_id: uuid.UUID,
-    *,
-    expected_attempts: int,
-    last_error: str | None,
-    next_in: timedelta,
-    owner: str | None = None,
-    cap: int | None = None,
-) -> int | None:
-    """Count one reconcile attempt that ended without a terminal state.
-
-    Compare-and-set on the attempt counter, so an attempt is never counted twice. Releases the
-    lease and schedules the next attempt ``next_in`` from now. Returns the new count, or None if the
-    row moved on (terminal, or another run counted this attempt). With ``cap``, a row already at
-    or past it keeps its count (its force-fail is being retried; it must not climb). The count
-    saturates at the column's maximum, and a negative count (never written by us) jumps to the cap
-    (or that maximum), so the caller finds it exhausted.
-    """
-    r = conn.execute(
-        sa.text(
-            """
-            UPDATE jobs SET reconcile_attempts = CASE
-                WHEN reconcile_attempts < 0 THEN LEAST(COALESCE(CAST(:cap AS integer), :int_max), :int_max)
-                WHEN reconcile_attempts >= LEAST(COALESCE(CAST(:cap AS integer), :int_max), :int_max)
-                THEN reconcile_attempts ELSE reconcile_attempts + 1 END,
-              reconcile_last_error = :err,
-              reconcile_next_at = now() + make_interval(secs => :next_s),
-              reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL,
-              updated_at = now()
-            WHERE id = :id AND reconcile_attempts = :expected
-              AND status IN ('pending', 'processing')
-              AND (CAST(:owner AS text) IS NULL OR reconcile_lease_owner = :owner
-                   OR reconcile_lease_owner IS NULL)
-            RETURNING reconcile_attempts
-            """
-        ),
-        {
-            "id": str(job_id),
-            "expected": expected_attempts,
-            "err": None if last_error is None else redact_secrets(last_error),
-            "next_s": next_in.total_seconds(),
-            "owner": owner,
-            "cap": cap,
-            "int_max": INT4_MAX,
-        },
-    ).first()
-    return None if r is None else int(r[0])
-
-
-def set_progress(conn: sa.Connection, job_id: uuid.UUID, progress: int) -> bool:
-    r = conn.execute(
-        sa.text(
-            """
-            UPDATE jobs SET progress = GREATEST(progress, :p), updated_at = now()
-            WHERE id = :id AND status IN ('pending', 'processing') RETURNING id
-            """
-        ),
-        {"id": str(job_id), "p": max(0, min(100, int(progress)))},
-    ).first()
-    return r is not None
-
-
-def cancel_job(conn: sa.Connection, job_id: uuid.UUID) -> bool:
-    """A user cancel, as the app does it: only an in-flight row can be cancelled."""
-    r = conn.execute(
-        sa.text(
-            """
-            UPDATE jobs SET status = 'cancelled', completed_at = now(), updated_at = now()
-            WHERE id = :id AND status IN ('pending', 'processing') RETURNING id
-            """
-        ),
-        {"id": str(job_id)},
-    ).first()
-    return r is not None
-
-
-def notify_job_event(conn: sa.Connection, job_id: uuid.UUID, status: str, source: str) -> None:
-    """A completion event the app can LISTEN for (delivered only if the transaction commits)."""
-    conn.execute(
-        sa.text("SELECT pg_notify('job_events', :payload)"),
-        {"payload": _json({"job_id": str(job_id), "status": status, "source": source})},
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Worker-side instrumentation (spec 5.2, 5.8)
-# ---------------------------------------------------------------------------------------------
-
-
-def record_task_created(conn: sa.Connection, job_id: uuid.UUID, kind: str, task_id: str) -> str | None:
-    """Persist the upstream task id the moment it exists (the ``on_task_created`` write).
-
-    ``provider_call_started_at`` is kept if already set: a stall-retry never moves it (D8).
-    If a different task id is already persisted (two workers raced on create), nothing is
-    overwritten; the persisted id is returned so the caller can resume it instead.
-    Writes only while the row is in flight: a row already completed, failed or cancelled is
-    never given a task id. Returns the task id now on the row, or None when no in-flight row has
-    this id (missing or terminal; the caller tells which apart).
-    Raises ValueError (changing nothing) for an empty or non-string task id: such a row could
-    never be resumed.
-    """
-    if not isinstance(task_id, str) or not task_id.strip():
-        raise ValueError(f"provider task id must be a non-empty string, got {task_id!r}")
-    r = conn.execute(
-        sa.text(
-            """
-            UPDATE jobs SET
-              provider_kind = CASE WHEN provider_task_id IS NULL OR provider_task_id = :task_id
-                                   THEN :kind ELSE provider_kind END,
-              provider_task_id = COALESCE(provider_task_id, :task_id),
-              provider_call_started_at = COALESCE(provider_call_started_at, now()),
-              updated_at = now()
-            WHERE id = :id AND status IN ('pending', 'processing')
-            RETURNING provider_task_id
-            """
-        ),
-        {"id": str(job_id), "kind": kind, "task_id": task_id},
-    ).first()
-    return None if r is None else str(r[0])
-
-
-def mark_provider_call_start(conn: sa.Connection, job_id: uuid.UUID, kind: str) -> bool:
-    """Sync calls: record kind + start time right before the call; never touches status (5.8).
-
-    Writes only while the row is in flight; False when no in-flight row has this id."""
-    r = conn.execute(
-        sa.text(
-            """
-            UPDATE jobs SET provider_kind = :kind, provider_call_started_at = now(),
-              updated_at = now()
-            WHERE id = :id AND status IN ('pending', 'processing') RETURNING id
-            """
-        ),
-        {"id": str(job_id), "kind": kind},
-    ).first()
-    return r is not None
-
-
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value, default=str, separators=(",", ":"))

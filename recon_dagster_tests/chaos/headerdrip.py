@@ -17,9 +17,9 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from recon_dagster_tests.chaos import harness
+from recon_dagster_tests.chaos import checks, harness, runner, worlds
 from recon_dagster_tests.support.drip import drip_server, wait_closed
-from recon_dagster_tests.support.harness import SandboxProcess
+from recon_dagster_tests.support.sandbox_process import SandboxProcess
 
 CASE = "reconcile:header.drip"
 DEADLINE_S = 3.0
@@ -48,17 +48,17 @@ def run_header_drip(
     seed: int,
     jobs: int,
     rounds: int,
-) -> harness.PointReport:
-    report = harness.PointReport(CASE)
-    env = harness.base_env(database_url, sandbox, media_dir)
+) -> checks.PointReport:
+    report = checks.PointReport(CASE)
+    env = runner.base_env(database_url, sandbox, media_dir)
     for r in range(rounds):
-        seed_r = harness.round_seed(seed, len(harness.CASES) + 1, r)
-        batch, _ = harness.seed_jobs(engine, sandbox, random.Random(seed_r), jobs, CASE)
+        seed_r = harness.round_seed(seed, len(worlds.CASES) + 1, r)
+        batch, _ = worlds.seed_jobs(engine, sandbox, random.Random(seed_r), jobs, CASE)
         ids = [j.id for j in batch]
-        harness.shift_clock(engine, ids)
+        runner.shift_clock(engine, ids)
         with drip_server(interval_s=1.0) as drip:
             drip_env = {
-                **harness.reconcile_env(env, jobs),
+                **runner.reconcile_env(env, jobs),
                 "RECON_MAX_ATTEMPTS": "18",
                 "RECON_POLL_DEADLINE_S": str(DEADLINE_S),
                 "KIE_BASE_URL": drip.url,
@@ -66,7 +66,7 @@ def run_header_drip(
             }
             started = time.monotonic()
             done = subprocess.run(
-                [harness._script("recon-dagster"), "reconcile", "--once"],
+                [runner.script("recon-dagster"), "reconcile", "--once"],
                 env=drip_env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
             )  # fmt: skip
             seconds = time.monotonic() - started
@@ -74,7 +74,7 @@ def run_header_drip(
             closed = wait_closed(drip, drip.accepted)
             longest = max(drip.closed_after_s, default=0.0)
         attempts = _attempts(engine, ids)
-        held = harness.inflight(engine, ids)
+        held = runner.inflight(engine, ids)
         bad = [
             f"pass {seconds:.1f} s" if seconds > DEADLINE_S + PASS_OVERHEAD_S else "",
             f"a connection open {longest:.1f} s" if not closed or longest > DEADLINE_S + 2 else "",
@@ -83,11 +83,11 @@ def run_header_drip(
             if any(n != 1 or "waited" not in (e or "") for n, e in attempts)
             else "",
         ]
-        harness.recover(engine, ids, harness.reconcile_env(env, jobs), work)
-        rep = harness.check(engine, sandbox, media_dir, batch)[CASE]
+        runner.recover(engine, ids, runner.reconcile_env(env, jobs), work)
+        rep = checks.check(engine, sandbox, media_dir, batch)[CASE]
         rep.mismatched += sum(1 for b in bad if b)
         rep.examples.extend(f"seed {seed_r}: {b}" for b in bad if b)
-        harness.merge(report, rep)
+        checks.merge(report, rep)
         report.rounds += 1
         report.killed_at_point += int(closed and longest <= DEADLINE_S + 2)  # column: sockets closed in time
         report.seeds.append(seed_r)

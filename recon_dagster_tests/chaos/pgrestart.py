@@ -23,8 +23,10 @@ import sqlalchemy as sa
 from recon_dagster.db.embedded import PGDATA_ENV, embedded_url, stop_embedded
 from recon_dagster.db.engine import dispose_engines, get_engine, with_database
 from recon_dagster.db.migrate import migrate
-from recon_dagster_tests.chaos import harness
-from recon_dagster_tests.support.harness import SandboxProcess, ensure_database, wait_for
+from recon_dagster_tests.chaos import checks, harness, runner, worlds
+from recon_dagster_tests.support.harness import wait_for
+from recon_dagster_tests.support.instance import ensure_database
+from recon_dagster_tests.support.sandbox_process import SandboxProcess
 
 CASE = "worker:postgres.restart"
 
@@ -45,7 +47,7 @@ def private_embedded(pgdata: Path) -> Iterator[str]:
             os.environ[PGDATA_ENV] = saved
 
 
-def tasks_persisted(engine: sa.Engine, jobs: list[harness.Job]) -> int:
+def tasks_persisted(engine: sa.Engine, jobs: list[worlds.Job]) -> int:
     with engine.connect() as conn:
         return int(
             conn.execute(
@@ -59,9 +61,9 @@ def tasks_persisted(engine: sa.Engine, jobs: list[harness.Job]) -> int:
 
 def run_postgres_restart(
     sandbox: SandboxProcess, work: Path, *, seed: int, jobs: int, rounds: int
-) -> harness.PointReport:
+) -> checks.PointReport:
     """``rounds`` rounds of ``jobs`` jobs: a worker over them, PostgreSQL restarted mid-run."""
-    report = harness.PointReport(CASE)
+    report = checks.PointReport(CASE)
     media = work / "media-pg"
     media.mkdir(exist_ok=True)
     with private_embedded(work / "pgdata") as server_url:
@@ -69,18 +71,18 @@ def run_postgres_restart(
         url = with_database(server_url, "recon_chaos_pg")
         engine = get_engine(url)
         migrate(engine)
-        env = harness.base_env(url, sandbox, media)
+        env = runner.base_env(url, sandbox, media)
         for r in range(rounds):
-            seed_r = harness.round_seed(seed, len(harness.CASES), r)
+            seed_r = harness.round_seed(seed, len(worlds.CASES), r)
             rng = random.Random(seed_r)
-            batch, specs = harness.seed_jobs(engine, sandbox, rng, jobs, CASE)
+            batch, specs = worlds.seed_jobs(engine, sandbox, rng, jobs, CASE)
             for spec in specs:  # long enough jobs that the restart lands while they run
                 spec["scenario"]["polls_before_done"] = rng.randint(10, 60)
             spec_file = work / f"specs-pg-{seed_r}.json"
             spec_file.write_text(json.dumps(specs))
             log = open(work / f"round-pg-{seed_r}.log", "wb")  # noqa: SIM115 (closed below)
             worker = subprocess.Popen(
-                [sys.executable, "-c", harness.WORKER_SCRIPT, str(spec_file)],
+                [sys.executable, "-c", worlds.WORKER_SCRIPT, str(spec_file)],
                 env={**env, "RECON_DB_POOL_SIZE": str(jobs + 4)}, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
@@ -105,9 +107,9 @@ def run_postgres_restart(
                 worker.wait(timeout=30)
             log.close()
             ids = [j.id for j in batch]
-            harness.recover(engine, ids, harness.reconcile_env(env, jobs), work)
-            rep = harness.check(engine, sandbox, media, batch)[CASE]
-            harness.merge(report, rep)
+            runner.recover(engine, ids, runner.reconcile_env(env, jobs), work)
+            rep = checks.check(engine, sandbox, media, batch)[CASE]
+            checks.merge(report, rep)
             report.rounds += 1
             report.killed_at_point += int(live)  # the restart hit a running worker
             report.seeds.append(seed_r)

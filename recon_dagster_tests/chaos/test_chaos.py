@@ -13,12 +13,12 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from recon_dagster_tests.chaos import harness
-from recon_dagster_tests.support.harness import sandbox_process
+from recon_dagster_tests.chaos import checks, harness, worlds
+from recon_dagster_tests.support.sandbox_process import sandbox_process
 
 SEED = int(os.environ.get("RECON_CHAOS_SEED", "7"))
 JOBS = int(os.environ.get("RECON_CHAOS_JOBS", "10"))
-CASE_IDS = [f"{p}:{q}" for p, q in harness.CASES]
+CASE_IDS = [f"{p}:{q}" for p, q in worlds.CASES]
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -43,13 +43,13 @@ def campaign(
         )
 
 
-def _report(campaign: harness.Campaign, case: str) -> harness.PointReport:
+def _report(campaign: harness.Campaign, case: str) -> checks.PointReport:
     rep = campaign.reports[case]
     assert rep.trials == JOBS
     return rep
 
 
-@pytest.mark.parametrize("case", [c for c in CASE_IDS if c.split(":", 1)[1] not in harness.FAULTS])
+@pytest.mark.parametrize("case", [c for c in CASE_IDS if c.split(":", 1)[1] not in worlds.FAULTS])
 def test_every_crash_point_is_reached_and_kills_the_process(campaign: harness.Campaign, case: str) -> None:
     """A harness that never crashed where it says proves nothing: every job parked at the point."""
     (result,) = [r for r in campaign.rounds if r.case == case]
@@ -83,7 +83,7 @@ def test_no_media_left_for_jobs_that_did_not_complete(campaign: harness.Campaign
 
 def test_report_table_has_a_row_per_point(campaign: harness.Campaign) -> None:
     table = harness.table(campaign)
-    assert table.count("\n| `") == len(harness.CASES)
+    assert table.count("\n| `") == len(worlds.CASES)
     assert f"| {SEED} |" in table
 
 

@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from recon_dagster_tests.chaos.headerdrip import run_header_drip
-from recon_dagster_tests.support.harness import sandbox_process
+from recon_dagster_tests.support.sandbox_process import sandbox_process
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recon_dagster_tests.chaos.harness import _script, run_crashing
+from recon_dagster_tests.chaos.runner import run_crashing, script
 from recon_dagster_tests.support.world import LIMITER_TABLES, fingerprint, money_rows, seed_world
 
 SHADOW_WRITES = LIMITER_TABLES | {"reconcile_decisions", "provider_poll_answers"}
@@ -44,7 +44,7 @@ def test_shadow_killed_at_a_crash_point_moves_no_money(
     hit_log = tmp_path / "hits.log"
     env = _env(media_dir, RECON_CRASH_AT=point, RECON_CRASH_HITS=hits, RECON_CRASH_LOG=str(hit_log))
     code, killed, tail = run_crashing(
-        [_script("recon-dagster"), "reconcile", "--once"], env, timeout_s=240, log=tmp_path / "out.log"
+        [script("recon-dagster"), "reconcile", "--once"], env, timeout_s=240, log=tmp_path / "out.log"
     )
     assert not killed, tail
     if dies:
@@ -59,7 +59,7 @@ def test_shadow_killed_at_a_crash_point_moves_no_money(
         return
     # And a clean shadow run after the crash still moves nothing.
     code, _, tail = run_crashing(
-        [_script("recon-dagster"), "reconcile", "--once"],
+        [script("recon-dagster"), "reconcile", "--once"],
         _env(media_dir),
         timeout_s=240,
         log=tmp_path / "clean.log",

@@ -17,9 +17,12 @@ from recon_dagster.core.runtags import JOB_COUNT_TAG
 from recon_dagster.db.jobs import scan_stale
 from recon_dagster.defs.reconcile.sensors import run_request_for
 from recon_dagster.reconcile.batches import Batch, Claim
+from recon_dagster_tests.support.daemon import daemon_process
 from recon_dagster_tests.support.factories import make_job, make_user, reserve
-from recon_dagster_tests.support.harness import daemon_process, dagster_home, sandbox_process, wait_for
+from recon_dagster_tests.support.harness import wait_for
+from recon_dagster_tests.support.instance import dagster_home
 from recon_dagster_tests.support.reconcile import evaluate_sensor, make_defs, one, usage_status
+from recon_dagster_tests.support.sandbox_process import sandbox_process
 
 RUN_KEY_TAG = "dagster/run_key"
 LATE = "kie-standard"

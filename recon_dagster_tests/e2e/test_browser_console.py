@@ -26,8 +26,11 @@ from recon_dagster_tests.e2e.test_browser import (
     _need_browser,
     chart_points,
 )
+from recon_dagster_tests.support.daemon import dagster_dev_process
 from recon_dagster_tests.support.factories import make_job, make_user, reserve
-from recon_dagster_tests.support.harness import dagster_dev_process, dagster_home, sandbox_process, wait_for
+from recon_dagster_tests.support.harness import wait_for
+from recon_dagster_tests.support.instance import dagster_home
+from recon_dagster_tests.support.sandbox_process import sandbox_process
 
 pytestmark = pytest.mark.browser
 

@@ -24,17 +24,12 @@ from recon_dagster.core.kinds import get_kind
 from recon_dagster.core.runtags import job_tag, tagged_job_ids
 from recon_dagster.providers import KieResource, UpstreamState
 from recon_dagster.sandbox import SandboxServer
+from recon_dagster_tests.support.daemon import daemon_process
 from recon_dagster_tests.support.factories import balances, make_job, make_user, reserve
-from recon_dagster_tests.support.harness import (
-    HarnessError,
-    daemon_process,
-    dagster_home,
-    last_json_line,
-    run_worker_script,
-    sandbox_process,
-    wait_for,
-)
+from recon_dagster_tests.support.harness import HarnessError, last_json_line, run_worker_script, wait_for
+from recon_dagster_tests.support.instance import dagster_home
 from recon_dagster_tests.support.reconcile import count, one, usage_status
+from recon_dagster_tests.support.sandbox_process import sandbox_process
 
 KIND = "kie-standard"
 

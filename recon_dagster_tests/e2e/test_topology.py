@@ -15,9 +15,12 @@ import pytest
 import yaml
 
 from recon_dagster.core.kinds import get_kind
+from recon_dagster_tests.support.daemon import daemon_process
 from recon_dagster_tests.support.factories import make_job, make_user, reserve
-from recon_dagster_tests.support.harness import daemon_process, dagster_home, sandbox_process, wait_for
+from recon_dagster_tests.support.harness import wait_for
+from recon_dagster_tests.support.instance import dagster_home
 from recon_dagster_tests.support.reconcile import one
+from recon_dagster_tests.support.sandbox_process import sandbox_process
 from recon_dagster_tests.support.topology import code_server_process, locations, webserver_process
 
 pytestmark = pytest.mark.daemon

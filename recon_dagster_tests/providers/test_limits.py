@@ -38,8 +38,8 @@ from recon_dagster.providers.limits import (
 )
 from recon_dagster.sandbox import Scenario
 from recon_dagster.sandbox.state import max_in_window
-from recon_dagster_tests.support.harness import sandbox_process
 from recon_dagster_tests.support.reconcile import statements_like
+from recon_dagster_tests.support.sandbox_process import sandbox_process
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -25,14 +25,14 @@ from typing import Any
 import httpx
 
 from recon_dagster_tests.support.harness import (
-    DagsterHome,
     HarnessError,
-    _stop_tree,
-    _tail,
-    _venv_script,
+    read_tail,
     spawn_logged,
+    stop_tree,
+    venv_script,
     wait_for,
 )
+from recon_dagster_tests.support.instance import DagsterHome
 
 LOCATION = "recon_dagster"
 MODULE = "recon_dagster.definitions"
@@ -63,7 +63,7 @@ class ServiceProcess:
         return self.process.poll() is None
 
     def log_tail(self, limit: int = 6000) -> str:
-        return _tail(self.log_path, limit)
+        return read_tail(self.log_path, limit)
 
 
 @contextlib.contextmanager
@@ -91,7 +91,7 @@ def _service(
         wait_for(up, timeout_s=timeout_s, interval_s=0.5, what=name, logs=service.log_tail)
         yield service
     finally:
-        _stop_tree(service.process, timeout_s=20)
+        stop_tree(service.process, timeout_s=20)
 
 
 @contextlib.contextmanager
@@ -105,7 +105,7 @@ def code_server_process(
     """``dagster code-server start -m recon_dagster.definitions`` on loopback; rewrites the home's
     ``workspace.yaml`` to point at it and yields once it answers gRPC health checks."""
     port = port or free_port()
-    dagster = _venv_script("dagster")
+    dagster = venv_script("dagster")
     cmd = [
         dagster,
         "code-server",
@@ -158,7 +158,7 @@ def webserver_process(
     """``dagster-webserver -w <workspace.yaml>`` on loopback; yields once ``/server_info`` answers."""
     port = port or free_port()
     cmd = [
-        _venv_script("dagster-webserver"),
+        venv_script("dagster-webserver"),
         "-w",
         str(home.workspace_yaml),
         "-h",

@@ -1,0 +1,1 @@
+"""One module per provider, each with its ``ROUTES`` table; ``media`` serves task outputs."""
