@@ -206,30 +206,35 @@ def credit_anomalies(context: dg.AssetExecutionContext, database: DatabaseResour
     f"{RECENT_MINUTES} minutes: each such row is a job reconciliation could not settle in time.",
 )
 def no_new_exhausted_jobs(database: DatabaseResource) -> dg.AssetCheckResult:
+    return recent_anomalies_check(database, "reconcile_exhausted", "new_exhausted", with_amount=True)
+
+
+def recent_anomalies_check(
+    database: DatabaseResource, reason: str, count_label: str, *, with_amount: bool = False
+) -> dg.AssetCheckResult:
+    """Red while ``credit_anomalies`` holds a ``reason`` row from the last ``RECENT_MINUTES``:
+    how many, and a sample of their job ids and details (refunded amount with ``with_amount``)."""
     with database.get_engine().connect() as conn:
         rows = conn.execute(
             sa.text(
                 """
                 SELECT job_id, amount, details FROM credit_anomalies
-                WHERE reason = 'reconcile_exhausted' AND created_at > now() - make_interval(mins => :m)
+                WHERE reason = :reason AND created_at > now() - make_interval(mins => :m)
                 ORDER BY created_at DESC LIMIT 50
                 """
             ),
-            {"m": RECENT_MINUTES},
+            {"reason": reason, "m": RECENT_MINUTES},
         ).all()
+
+    def sample(r: Any) -> dict:
+        refunded = {"refunded": float(r.amount or 0)} if with_amount else {}
+        return {"job_id": str(r.job_id), **refunded, **(r.details or {})}
+
     return dg.AssetCheckResult(
         passed=not rows,
         severity=dg.AssetCheckSeverity.ERROR,
-        metadata={
-            "new_exhausted": len(rows),
-            "sample": dg.MetadataValue.json(
-                [{"job_id": str(r.job_id), "refunded": float(r.amount or 0), **(r.details or {})} for r in rows[:10]]
-            ),
-        },
+        metadata={count_label: len(rows), "sample": dg.MetadataValue.json([sample(r) for r in rows[:10]])},
     )
-
-
-# --- error rates per provider -------------------------------------------------------------------
 
 
 def error_rates(conn: sa.Connection, minutes: int = RECENT_MINUTES) -> dict[str, tuple[int, int]]:

@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import dagster as dg
-import sqlalchemy as sa
 
-from recon_dagster.defs.observe.outcomes import ANOMALIES, RECENT_MINUTES
+from recon_dagster.defs.observe.outcomes import ANOMALIES, RECENT_MINUTES, recent_anomalies_check
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.reconcile.decide import Outcome
 from recon_dagster.reconcile.reconciler import JobOutcome
@@ -73,24 +72,4 @@ def flag_money(context: dg.OpExecutionContext, outcomes: Sequence[JobOutcome]) -
     "each such job still holds its reservation until a later attempt settles it.",
 )
 def no_settle_errors(database: DatabaseResource) -> dg.AssetCheckResult:
-    with database.get_engine().connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                """
-                SELECT job_id, details FROM credit_anomalies
-                WHERE reason = 'reconcile_settle_error' AND created_at > now() - make_interval(mins => :m)
-                ORDER BY created_at DESC LIMIT 50
-                """
-            ),
-            {"m": RECENT_MINUTES},
-        ).all()
-    return dg.AssetCheckResult(
-        passed=not rows,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={
-            "settle_errors": len(rows),
-            "sample": dg.MetadataValue.json(
-                [{"job_id": str(r.job_id), **(r.details or {})} for r in rows[:10]]
-            ),
-        },
-    )
+    return recent_anomalies_check(database, "reconcile_settle_error", "settle_errors")
