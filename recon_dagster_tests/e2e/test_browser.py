@@ -18,6 +18,7 @@ import shutil
 import socket
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -255,18 +256,25 @@ def outage(engine: sa.Engine, database_url: str, tmp_path_factory: pytest.TempPa
             }
 
 
-@pytest.fixture(scope="module")
-def console(outage: dict) -> Iterator[Console]:
+@contextmanager
+def open_console(url: str, width: int, height: int) -> Iterator[Console]:
+    """Headless Debian Chromium on the Dagster UI at ``url``, closed on the way out."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        context = browser.new_context(viewport={"width": 1280, "height": 760})
+        context = browser.new_context(viewport={"width": width, "height": height})
         try:
-            yield Console(context.new_page(), outage["url"])
+            yield Console(context.new_page(), url)
         finally:
             context.close()
             browser.close()
+
+
+@pytest.fixture(scope="module")
+def console(outage: dict) -> Iterator[Console]:
+    with open_console(outage["url"], 1280, 760) as c:
+        yield c
 
 
 def _toggle_on(page: Any, name: str) -> bool:

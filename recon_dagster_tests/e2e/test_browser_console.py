@@ -19,12 +19,12 @@ import sqlalchemy as sa
 from recon_dagster.core.runtags import job_tag
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.e2e.test_browser import (
-    CHROMIUM,
     Console,
     _free_port,
     _launch,
     _need_browser,
     chart_points,
+    open_console,
 )
 from recon_dagster_tests.support.daemon import dagster_dev_process
 from recon_dagster_tests.support.factories import make_job, make_user, reserve
@@ -120,16 +120,8 @@ def outage(engine: sa.Engine, database_url: str, tmp_path_factory: pytest.TempPa
 
 @pytest.fixture(scope="module")
 def console(outage: dict) -> Iterator[Console]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        context = browser.new_context(viewport={"width": 1400, "height": 900})
-        try:
-            yield Console(context.new_page(), outage["url"])
-        finally:
-            context.close()
-            browser.close()
+    with open_console(outage["url"], 1400, 900) as c:
+        yield c
 
 
 def test_1_which_provider_is_down_names_replicate_red_and_kie_green(console: Console):
