@@ -5,23 +5,25 @@ from typing import Any
 
 import dagster as dg
 
-from recon_dagster.defs.explain.definitions import defs as explain_defs
-from recon_dagster.defs.lora.definitions import defs as lora_defs
-from recon_dagster.defs.observe.definitions import defs as observe_defs
-from recon_dagster.defs.reconcile.definitions import defs as reconcile_defs
+# The feature modules, not their ``defs``: Dagster's module loader refuses a module that holds more
+# than one Definitions object at its top level, so only the merged ``defs`` may live here.
+from recon_dagster.defs.explain import definitions as explain
+from recon_dagster.defs.lora import definitions as lora
+from recon_dagster.defs.observe import definitions as observe
+from recon_dagster.defs.reconcile import definitions as reconcile
 from recon_dagster.defs.reconcile.jobs import HANDOFF_IO
 from recon_dagster.defs.resources import (
     DatabaseResource,
     ReconcileSettingsResource,
     with_nested_resources_on_top,
 )
-from recon_dagster.defs.rollout.definitions import defs as rollout_defs
+from recon_dagster.defs.rollout import definitions as rollout
 from recon_dagster.defs.settings_check import validate_settings
 from recon_dagster.media.store import media_store_from_env
 from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile.shadow import modes_from_env
 
-FEATURES = (reconcile_defs, observe_defs, lora_defs, rollout_defs, explain_defs)
+FEATURES = (reconcile.defs, observe.defs, lora.defs, rollout.defs, explain.defs)
 
 
 def default_resources() -> dict[str, Any]:
