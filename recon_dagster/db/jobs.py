@@ -21,6 +21,7 @@ from sqlalchemy.dialects import postgresql as pg
 from recon_dagster.core.kinds import KINDS, LEGACY_STALE_THRESHOLD, NON_PROVIDER_JOB_TYPES, precall_budget
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.types import INFLIGHT_STATUSES, TERMINAL_STATUSES, JobRow  # noqa: F401  (re-exported)
+from recon_dagster.db import credits
 from recon_dagster.db.timestamps import (  # noqa: F401  (re-exported: callers read timestamps through these)
     INT4_MAX,
     _finite,
@@ -272,6 +273,46 @@ def load_job(conn: sa.Connection, job_id: uuid.UUID | str) -> JobRow | None:
     return _row(r) if r else None
 
 
+def load_job_and_reservation(
+    conn: sa.Connection, job_id: uuid.UUID | str
+) -> tuple[JobRow | None, credits.UsageLog | None]:
+    """The row and its oldest ``reserved`` usage log (``credits.find_reserved_usage_log``'s) in
+    one statement: finalize's read, once per job."""
+    r = (
+        conn.execute(
+            sa.text(
+                f"""
+                SELECT j.*, u.id AS ul_id, u.job_id AS ul_job_id, u.user_id AS ul_user_id,
+                       u.status AS ul_status, u.amount AS ul_amount, u.metadata AS ul_metadata
+                FROM (SELECT {_ROW_COLUMNS} FROM jobs WHERE id = :id) j
+                LEFT JOIN LATERAL (
+                  SELECT id, job_id, user_id, status, amount, metadata FROM usage_logs
+                  WHERE job_id = j.id AND status = 'reserved' ORDER BY created_at LIMIT 1
+                ) u ON true
+                """
+            ),
+            {"id": str(job_id)},
+        )
+        .mappings()
+        .first()
+    )
+    if r is None:
+        return None, None
+    reservation = (
+        None
+        if r["ul_id"] is None
+        else credits.UsageLog(
+            r["ul_id"],
+            r["ul_job_id"],
+            r["ul_user_id"],
+            r["ul_status"],
+            r["ul_amount"],
+            r["ul_metadata"] or {},
+        )
+    )
+    return _row(r), reservation
+
+
 def load_jobs(conn: sa.Connection, job_ids: Iterable[uuid.UUID | str]) -> list[JobRow]:
     ids = [str(j) for j in job_ids]
     rows = conn.execute(
@@ -419,9 +460,11 @@ def complete_job(
     provider_cost: float | None,
     display_cost: float | None,
     task_id: str | None = None,
+    notify_source: str | None = None,
 ) -> bool:
     """Spec 5.4 step 4: pending/processing -> completed. False: another writer won, or the row
-    carries another upstream task than ``task_id`` (None: the result names no task).
+    carries another upstream task than ``task_id`` (None: the result names no task). With
+    ``notify_source``, a won write also sends ``notify_job_event``'s event (same statement).
 
     The spec writes the guard as ``status != 'cancelled'``; asserting the in-flight states is
     strictly narrower: it also refuses to complete a row that already completed (so a second
@@ -429,18 +472,19 @@ def complete_job(
     """
     r = conn.execute(
         sa.text(
-            """
+            f"""
             UPDATE jobs SET status = 'completed', output_data = CAST(:output AS jsonb),
               provider = :provider, provider_cost = :provider_cost, display_cost = :display_cost,
               progress = 100, error_message = NULL, completed_at = now(), updated_at = now(),
               reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
             WHERE id = :id AND status IN ('pending', 'processing')
               AND (CAST(:task AS text) IS NULL OR provider_task_id IS NULL OR provider_task_id = :task)
-            RETURNING id
+            RETURNING id, {_NOTIFY}
             """
         ),
         {
             "id": str(job_id),
+            "notify": _event(job_id, "completed", notify_source),
             "task": task_id,
             "output": _json(output_data),
             "provider": provider,
@@ -451,18 +495,25 @@ def complete_job(
     return r is not None
 
 
-def fail_job(conn: sa.Connection, job_id: uuid.UUID, error_message: str) -> bool:
-    """pending/processing -> failed. False: the row was already terminal (someone else won)."""
+def fail_job(
+    conn: sa.Connection, job_id: uuid.UUID, error_message: str, *, notify_source: str | None = None
+) -> bool:
+    """pending/processing -> failed. False: the row was already terminal (someone else won).
+    With ``notify_source``, a won write also sends ``notify_job_event``'s event (same statement)."""
     r = conn.execute(
         sa.text(
-            """
+            f"""
             UPDATE jobs SET status = 'failed', error_message = :err, completed_at = now(),
               updated_at = now(), reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
             WHERE id = :id AND status IN ('pending', 'processing')
-            RETURNING id
+            RETURNING id, {_NOTIFY}
             """
         ),
-        {"id": str(job_id), "err": redact_secrets(error_message)},
+        {
+            "id": str(job_id),
+            "err": redact_secrets(error_message),
+            "notify": _event(job_id, "failed", notify_source),
+        },
     ).first()
     return r is not None
 
@@ -547,9 +598,17 @@ def cancel_job(conn: sa.Connection, job_id: uuid.UUID) -> bool:
 def notify_job_event(conn: sa.Connection, job_id: uuid.UUID, status: str, source: str) -> None:
     """A completion event the app can LISTEN for (delivered only if the transaction commits)."""
     conn.execute(
-        sa.text("SELECT pg_notify('job_events', :payload)"),
-        {"payload": _json({"job_id": str(job_id), "status": status, "source": source})},
+        sa.text("SELECT pg_notify('job_events', :payload)"), {"payload": _event(job_id, status, source)}
     )
+
+
+def _event(job_id: uuid.UUID, status: str, source: str | None) -> str | None:
+    return None if source is None else _json({"job_id": str(job_id), "status": status, "source": source})
+
+
+# In a guarded write's RETURNING: evaluated only for the row it won, so the event goes out exactly
+# when a separate notify_job_event after a won write would have (and, like it, only on COMMIT).
+_NOTIFY = "CASE WHEN CAST(:notify AS text) IS NOT NULL THEN pg_notify('job_events', :notify) END AS notified"
 
 
 # ---------------------------------------------------------------------------------------------
