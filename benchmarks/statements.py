@@ -34,7 +34,7 @@ from recon_dagster.db.engine import (
 from recon_dagster.db.migrate import migrate
 from recon_dagster.media.store import LocalMediaStore
 from recon_dagster.providers import providers_from_env
-from recon_dagster.reconcile.dispatch import next_attempt, plan_batches
+from recon_dagster.reconcile.dispatch import plan_batches
 from recon_dagster.reconcile.reconciler import Reconciler
 from recon_dagster_tests.support.harness import drop_database, ensure_database, sandbox_process
 
@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
         for (k, text), c in texts.most_common(14):
             if k in ("claim", "poll", "act", "sweep"):
                 print(f"    {c / n:5.2f} {k:5s} {text}")
-        print(f"verification: {'OK' if not problems else problems}")
+        print(f"verification: {problems if problems else 'OK'}")
         return 0 if not problems and not left else 1
     finally:
         dispose_engines()
