@@ -127,7 +127,8 @@ def insert_jobs(
                 """
                 INSERT INTO jobs (id, user_id, job_type, status, provider_kind, provider_task_id,
                                   provider_call_started_at, created_at)
-                SELECT id, u, 'image', 'processing', k, t,
+                SELECT id, u, CASE WHEN k = 'replicate-training' THEN 'lora-training' ELSE 'image' END,
+                       'processing', k, t,
                        now() - make_interval(secs => a), now() - make_interval(secs => a + 5)
                 FROM unnest(:ids, :users, :kinds, :tasks, :ages) AS s(id, u, k, t, a)
                 """

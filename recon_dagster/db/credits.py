@@ -220,6 +220,29 @@ def _flag_extra_reservations(
     )
 
 
+# valid_amount's test in SQL: numeric holds NaN, which PostgreSQL orders above every number.
+_COMMIT_SOLE = sa.text(
+    """
+    WITH logs AS (
+      SELECT id, user_id, amount, metadata, created_at FROM usage_logs
+      WHERE job_id = :j AND status = 'reserved'
+      ORDER BY created_at, id FOR UPDATE
+    ), sole AS (
+      SELECT id FROM logs
+      WHERE (SELECT count(*) FROM logs) = 1 AND amount <> 'NaN'::numeric AND amount >= 0
+    ), settled AS (
+      UPDATE usage_logs u SET status = 'committed', settled_at = now(),
+        provider_cost_usd = COALESCE(CAST(:cost AS numeric), provider_cost_usd)
+      FROM sole WHERE u.id = sole.id AND u.status = 'reserved'
+      RETURNING u.id
+    )
+    SELECT logs.id, logs.user_id, logs.amount, logs.metadata,
+           EXISTS (SELECT 1 FROM settled WHERE settled.id = logs.id) AS committed
+    FROM logs ORDER BY logs.created_at, logs.id
+    """
+)
+
+
 def commit_job_credits(
     conn: sa.Connection, job_id: uuid.UUID, provider_cost_usd: float | Decimal | None
 ) -> uuid.UUID | None:
@@ -230,12 +253,18 @@ def commit_job_credits(
     is not a finite non-negative number is never settled (``invalid_credit_amount`` anomaly).
     Returns the committed usage log id, or None when nothing was reserved any more.
     """
-    logs = _usable(conn, job_id, _reserved_logs(conn, job_id))
-    if not logs:
-        return None
     cost = None if provider_cost_usd is None else Decimal(str(provider_cost_usd))
     if cost is not None and not cost.is_finite():
         cost = None  # an unusable cost figure is not worth refusing the commit over
+    # The common case in one statement: the job's reserved logs locked (as _reserved_logs does)
+    # and, when there is exactly one and its amount is a real money value, that one committed.
+    # Anything else (several logs, a bad amount) goes the general way below on the locked rows.
+    locked = list(conn.execute(_COMMIT_SOLE, {"j": str(job_id), "cost": cost}).all())
+    if len(locked) == 1 and locked[0].committed:
+        return uuid.UUID(str(locked[0].id))
+    logs = _usable(conn, job_id, locked)
+    if not logs:
+        return None
     first, extra = logs[0], logs[1:]
     committed = _settle(conn, first.id, "committed", cost)
     for r in extra:
@@ -317,7 +346,10 @@ def _balances_usable(conn: sa.Connection, job_id: uuid.UUID, user_id: uuid.UUID)
         job_id=job_id,
         user_id=user_id,
         reason="invalid_user_balance",
-        details={"subscription_credits": str(bal.subscription_credits), "topup_credits": str(bal.topup_credits)},
+        details={
+            "subscription_credits": str(bal.subscription_credits),
+            "topup_credits": str(bal.topup_credits),
+        },
     )
     return False
 

@@ -21,6 +21,7 @@ from sqlalchemy.dialects import postgresql as pg
 
 from recon_dagster.core.kinds import KINDS, LEGACY_STALE_THRESHOLD, NON_PROVIDER_JOB_TYPES, precall_budget
 from recon_dagster.core.types import INFLIGHT_STATUSES, TERMINAL_STATUSES, JobRow  # noqa: F401  (re-exported)
+from recon_dagster.db import credits
 from recon_dagster.db.timestamps import (  # noqa: F401  (re-exported: callers read timestamps through these)
     INT4_MAX,
     _finite,
@@ -281,6 +282,46 @@ def load_job(conn: sa.Connection, job_id: uuid.UUID | str) -> JobRow | None:
         .first()
     )
     return _row(r) if r else None
+
+
+def load_job_and_reservation(
+    conn: sa.Connection, job_id: uuid.UUID | str
+) -> tuple[JobRow | None, credits.UsageLog | None]:
+    """The row and its oldest ``reserved`` usage log (``credits.find_reserved_usage_log``'s) in
+    one statement: finalize's read, once per job."""
+    r = (
+        conn.execute(
+            sa.text(
+                f"""
+                SELECT j.*, u.id AS ul_id, u.job_id AS ul_job_id, u.user_id AS ul_user_id,
+                       u.status AS ul_status, u.amount AS ul_amount, u.metadata AS ul_metadata
+                FROM (SELECT {_ROW_COLUMNS} FROM jobs WHERE id = :id) j
+                LEFT JOIN LATERAL (
+                  SELECT id, job_id, user_id, status, amount, metadata FROM usage_logs
+                  WHERE job_id = j.id AND status = 'reserved' ORDER BY created_at LIMIT 1
+                ) u ON true
+                """
+            ),
+            {"id": str(job_id)},
+        )
+        .mappings()
+        .first()
+    )
+    if r is None:
+        return None, None
+    reservation = (
+        None
+        if r["ul_id"] is None
+        else credits.UsageLog(
+            r["ul_id"],
+            r["ul_job_id"],
+            r["ul_user_id"],
+            r["ul_status"],
+            r["ul_amount"],
+            r["ul_metadata"] or {},
+        )
+    )
+    return _row(r), reservation
 
 
 def load_jobs(conn: sa.Connection, job_ids: Iterable[uuid.UUID | str]) -> list[JobRow]:

@@ -29,9 +29,11 @@ def complete_job(
     provider_cost: float | None,
     display_cost: float | None,
     task_id: str | None = None,
+    notify_source: str | None = None,
 ) -> bool:
     """Spec 5.4 step 4: pending/processing -> completed. False: another writer won, or the row
-    carries another upstream task than ``task_id`` (None: the result names no task).
+    carries another upstream task than ``task_id`` (None: the result names no task). With
+    ``notify_source``, a won write also sends ``notify_job_event``'s event (same statement).
 
     The spec writes the guard as ``status != 'cancelled'``; asserting the in-flight states is
     strictly narrower: it also refuses to complete a row that already completed (so a second
@@ -39,18 +41,19 @@ def complete_job(
     """
     r = conn.execute(
         sa.text(
-            """
+            f"""
             UPDATE jobs SET status = 'completed', output_data = CAST(:output AS jsonb),
               provider = :provider, provider_cost = :provider_cost, display_cost = :display_cost,
               progress = 100, error_message = NULL, completed_at = now(), updated_at = now(),
               reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
             WHERE id = :id AND status IN ('pending', 'processing')
               AND (CAST(:task AS text) IS NULL OR provider_task_id IS NULL OR provider_task_id = :task)
-            RETURNING id
+            RETURNING id, {_NOTIFY}
             """
         ),
         {
             "id": str(job_id),
+            "notify": _event(job_id, "completed", notify_source),
             "task": task_id,
             "output": _json(output_data),
             "provider": provider,
@@ -61,18 +64,25 @@ def complete_job(
     return r is not None
 
 
-def fail_job(conn: sa.Connection, job_id: uuid.UUID, error_message: str) -> bool:
-    """pending/processing -> failed. False: the row was already terminal (someone else won)."""
+def fail_job(
+    conn: sa.Connection, job_id: uuid.UUID, error_message: str, *, notify_source: str | None = None
+) -> bool:
+    """pending/processing -> failed. False: the row was already terminal (someone else won).
+    With ``notify_source``, a won write also sends ``notify_job_event``'s event (same statement)."""
     r = conn.execute(
         sa.text(
-            """
+            f"""
             UPDATE jobs SET status = 'failed', error_message = :err, completed_at = now(),
               updated_at = now(), reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
             WHERE id = :id AND status IN ('pending', 'processing')
-            RETURNING id
+            RETURNING id, {_NOTIFY}
             """
         ),
-        {"id": str(job_id), "err": redact_secrets(error_message)},
+        {
+            "id": str(job_id),
+            "err": redact_secrets(error_message),
+            "notify": _event(job_id, "failed", notify_source),
+        },
     ).first()
     return r is not None
 
@@ -157,9 +167,17 @@ def cancel_job(conn: sa.Connection, job_id: uuid.UUID) -> bool:
 def notify_job_event(conn: sa.Connection, job_id: uuid.UUID, status: str, source: str) -> None:
     """A completion event the app can LISTEN for (delivered only if the transaction commits)."""
     conn.execute(
-        sa.text("SELECT pg_notify('job_events', :payload)"),
-        {"payload": _json({"job_id": str(job_id), "status": status, "source": source})},
+        sa.text("SELECT pg_notify('job_events', :payload)"), {"payload": _event(job_id, status, source)}
     )
+
+
+def _event(job_id: uuid.UUID, status: str, source: str | None) -> str | None:
+    return None if source is None else _json({"job_id": str(job_id), "status": status, "source": source})
+
+
+# In a guarded write's RETURNING: evaluated only for the row it won, so the event goes out exactly
+# when a separate notify_job_event after a won write would have (and, like it, only on COMMIT).
+_NOTIFY = "CASE WHEN CAST(:notify AS text) IS NOT NULL THEN pg_notify('job_events', :notify) END AS notified"
 
 
 # ---------------------------------------------------------------------------------------------

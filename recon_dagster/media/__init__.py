@@ -33,7 +33,7 @@ _EXPORTS = {
     "build_s3_client": "s3",
     "shared_s3_client": "s3",
     "LocalMediaStore": "store",
-    "S3MediaStore": "store",
+    "S3MediaStore": "s3_store",
     "media_store_from_env": "store",
     "fetch_bytes": "transfer",
     "fetch_to_store": "transfer",

@@ -220,14 +220,13 @@ def finalize_job_with_media(
     started = time.monotonic()
     job_id = uuid.UUID(str(job_id))
 
-    # Phase 1: read.
+    # Phase 1: read (the row and its reservation in one statement).
     with engine.connect() as conn:
-        row = jobs_db.load_job(conn, job_id)
-        if row is None:
-            return FinalizeResult(False, "job not found")
-        if not row.inflight:
-            return FinalizeResult(False, f"already {row.status}")
-        reservation = credits.find_reserved_usage_log(conn, job_id)
+        row, reservation = jobs_db.load_job_and_reservation(conn, job_id)
+    if row is None:
+        return FinalizeResult(False, "job not found")
+    if not row.inflight:
+        return FinalizeResult(False, f"already {row.status}")
     if row.provider_task_id is not None and foreign_task(row.provider_task_id, result.task_id):
         _refuse_foreign(engine, row, row.provider_task_id, result, source)
     _require_usable(row, result, len(result.media))
@@ -261,6 +260,7 @@ def finalize_job_with_media(
                 if reservation and (amount := credits.valid_amount(reservation.amount)) is not None
                 else None
             ),
+            notify_source=source,  # the completion event, sent by the won write itself
         ):
             _settle_lost(engine, conn, store, row, result, source, out)
             out.duration_ms = _ms(started)
@@ -271,7 +271,6 @@ def finalize_job_with_media(
         primary = _primary(stored, watermark)
         if primary is not None:
             out.asset_created = create_asset(conn, row, primary, result.provider_kind)
-        jobs_db.notify_job_event(conn, job_id, "completed", source)
         if row.workflow_execution_id is not None and row.node_id is not None:
             out.workflow_reopened = reopen_sole_cause_workflow(conn, row.workflow_execution_id, row.node_id)
         out.character_updated = _character_ready(conn, job_id, stored, result)
@@ -471,10 +470,10 @@ def sweep_no_recovery(engine: sa.Engine, job_id: uuid.UUID | str) -> bool:
 
 def _fail_and_refund(conn: sa.Connection, job_id: uuid.UUID, error_message: str) -> Failed | None:
     """None when the guarded fail lost (the row was already terminal): nothing else happens."""
-    if not jobs_db.fail_job(conn, job_id, error_message):
+    # The failure event goes out with the won write (same statement, delivered at COMMIT).
+    if not jobs_db.fail_job(conn, job_id, error_message, notify_source="reconcile"):
         return None
     refund = credits.refund_reserved_credits_for_job(conn, job_id)
-    jobs_db.notify_job_event(conn, job_id, "failed", "reconcile")
     _character_failed(conn, job_id, error_message)
     crash_point("refund.in_settle")
     return Failed(refund)

@@ -9,12 +9,10 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
-from enum import StrEnum
 from typing import Protocol, TypeVar
 
 import sqlalchemy as sa
@@ -46,6 +44,15 @@ from recon_dagster.reconcile.finalize import (
     force_fail_and_refund,
     sweep_no_recovery,
 )
+from recon_dagster.reconcile.outcome import (  # noqa: F401  (re-exported: the runs import them here)
+    EventLog,
+    JobOutcome,
+    Polled,
+    Step,
+    Summary,
+    make_outcome,
+    outcomes_since,
+)
 from recon_dagster.reconcile.poison import clamp_impossible_waits
 
 log = logging.getLogger("recon_dagster.reconcile")
@@ -69,85 +76,6 @@ class ReconcileSettings:
     cadence: timedelta = RECONCILE_CADENCE
     lease_ttl: timedelta = timedelta(minutes=15)
     concurrency: int = 16
-
-
-@dataclass(frozen=True)
-class JobOutcome:
-    job_id: uuid.UUID
-    provider_kind: str | None
-    outcome: Outcome
-    attempt: int
-    detail: str
-    duration_ms: int
-
-
-@dataclass
-class Summary:
-    """The spec's per-tick log line, with real numbers (section 9)."""
-
-    scanned: int = 0
-    counts: Counter[str] = field(default_factory=Counter)
-    elapsed_ms: int = 0
-
-    def add(self, outcomes: Iterable[JobOutcome]) -> Summary:
-        for o in outcomes:
-            self.counts[o.outcome.value] += 1
-        return self
-
-    def add_counts(self, counts: Mapping[str, int]) -> Summary:
-        self.counts.update(counts)
-        return self
-
-    @property
-    def recovered(self) -> int:
-        return self.counts[Outcome.RECOVERED]
-
-    @property
-    def failed(self) -> int:
-        return self.counts[Outcome.FAILED] + self.counts[Outcome.SWEPT] + self.counts[Outcome.EXHAUSTED]
-
-    @property
-    def exhausted(self) -> int:
-        """Force-failed at the attempt cap (also part of ``failed``, the spec's tick line)."""
-        return self.counts[Outcome.EXHAUSTED]
-
-    @property
-    def still_running(self) -> int:
-        return self.counts[Outcome.STILL_RUNNING]
-
-    @property
-    def errors(self) -> int:
-        return self.counts[Outcome.ERROR]
-
-    def line(self) -> str:
-        extra = "".join(
-            f" {k}={self.counts[k]}" for k in (Outcome.LOST_RACE, Outcome.SKIPPED) if self.counts[k]
-        )
-        return (
-            f"[reconcile] scanned={self.scanned} recovered={self.recovered} failed={self.failed} "
-            f"stillRunning={self.still_running} errors={self.errors}{extra} ({self.elapsed_ms}ms)"
-        )
-
-
-class Step(StrEnum):
-    """What the act phase does with a polled job (the run graph has one op per step)."""
-
-    FINALIZE = "finalize"  # upstream succeeded: finalize_job_with_media
-    FAIL = "fail"  # upstream failed / lost the task / result expired: fail + refund
-    SWEEP = "sweep"  # sync kind, no task id, unknown kind: nothing to poll, fail + refund (5.6)
-    COUNT = "count"  # still running, or this attempt errored: count the attempt
-
-
-@dataclass(frozen=True)
-class Polled:
-    """The poll phase's hand-off: one claimed job, what upstream said, and the step it needs."""
-
-    row: JobRow
-    step: Step
-    reason: str
-    status: UpstreamStatus | None = None
-    outcome: Outcome = Outcome.STILL_RUNNING  # for COUNT: still_running or error
-    poll_ms: int = 0
 
 
 class Reconciler:
@@ -176,6 +104,8 @@ class Reconciler:
         self.media_policy = media_policy or MediaPolicy(headers_for=upstream.media_headers)
         self.on_outcome = on_outcome
         self.run_id = run_id
+        # Outcomes go to reconcile_events in groups; every phase below ends with ``flush``.
+        self.events = EventLog(engine, run_id)
 
     # -- claim: the lease is taken when the run starts ------------------------------------------
 
@@ -241,6 +171,7 @@ class Reconciler:
                 work.append(row)
         for o in settled:
             self._record(o, owner)
+        self.events.flush()
         return work, settled
 
     # -- poll: ask upstream, write nothing ------------------------------------------------------
@@ -250,7 +181,7 @@ class Reconciler:
         try:
             return self._map(self._poll_guarded, rows)
         finally:
-            self.breaker.flush()
+            self.flush()
 
     def _poll_guarded(self, row: JobRow) -> Polled:
         started = time.monotonic()
@@ -322,11 +253,14 @@ class Reconciler:
             for p in polled
             if p.row.id not in ours
         ]
-        for o in lost:
-            self._record(o, owner)
-        return lost + self._map(
-            lambda p: self._act_recorded(p, owner), [p for p in polled if p.row.id in ours]
-        )
+        try:
+            for o in lost:
+                self._record(o, owner)
+            return lost + self._map(
+                lambda p: self._act_recorded(p, owner), [p for p in polled if p.row.id in ours]
+            )
+        finally:
+            self.flush()
 
     def _act_recorded(self, p: Polled, owner: str) -> JobOutcome:
         started = time.monotonic() - p.poll_ms / 1000
@@ -405,7 +339,7 @@ class Reconciler:
         try:
             return self._reconcile_one(job_id, owner)
         finally:
-            self.breaker.flush()
+            self.flush()
 
     def _reconcile_one(self, job_id: uuid.UUID | str, owner: str) -> JobOutcome:
         started = time.monotonic()
@@ -532,7 +466,7 @@ class Reconciler:
         try:
             return self._map(lambda j: self._reconcile_one(j, owner), job_ids)
         finally:
-            self.breaker.flush()
+            self.flush()
 
     def _map(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
         if len(items) <= 1:
@@ -574,47 +508,19 @@ class Reconciler:
     def _outcome(
         self, job_id: uuid.UUID, kind: str | None, outcome: Outcome, attempt: int, detail: str, started: float
     ) -> JobOutcome:
-        # Every outcome detail (reconcile_events, Dagster logs and metadata) passes here.
-        detail = redact_secrets(detail)
-        return JobOutcome(job_id, kind, outcome, attempt, detail, int((time.monotonic() - started) * 1000))
+        return make_outcome(job_id, kind, outcome, attempt, detail, started)
 
     def _record(self, o: JobOutcome, owner: str) -> None:
-        try:
-            with self.engine.begin() as conn:
-                conn.execute(
-                    sa.text(
-                        """
-                        INSERT INTO reconcile_events
-                          (job_id, provider_kind, attempt, outcome, detail, run_key, run_id, duration_ms)
-                        VALUES (:j, :k, :a, :o, :d, :r, :run, :ms)
-                        """
-                    ),
-                    {
-                        "j": str(o.job_id),
-                        "k": o.provider_kind,
-                        "a": o.attempt,
-                        "o": o.outcome.value,
-                        "d": o.detail[:2000],
-                        "r": owner,
-                        "run": self.run_id,
-                        "ms": o.duration_ms,
-                    },
-                )
-        except Exception:  # the audit trail must never turn a reconciled job into a failed run
-            log.exception("could not record reconcile event for job %s", o.job_id)
+        self.events.add(o, owner)
         if self.on_outcome is not None:
             self.on_outcome(o)
 
-
-def outcomes_since(conn: sa.Connection, since_epoch: float) -> Counter[str]:
-    """Outcome counts recorded after ``since_epoch`` (the sensor's previous tick)."""
-    rows = conn.execute(
-        sa.text(
-            "SELECT outcome, count(*) AS n FROM reconcile_events WHERE created_at > to_timestamp(:t) GROUP BY outcome"
-        ),
-        {"t": since_epoch},
-    )
-    return Counter({r.outcome: int(r.n) for r in rows})
+    def flush(self) -> None:
+        """Write what the phase left buffered: poll answers and reconcile_events rows."""
+        try:
+            self.breaker.flush()
+        finally:
+            self.events.flush()
 
 
 def _ms(started: float) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import socket
 import subprocess
@@ -513,3 +514,12 @@ def test_plain_classes_never_show_secrets(moto_endpoint: str) -> None:
     for text in (repr(settings), str(settings), repr(writer), str(writer)):
         assert secret not in text
         assert "AKIDNEVERSHOWN" not in text
+
+
+def test_the_code_location_loads_without_dagster_aws_when_media_is_local():
+    # Every run worker imports the code location; dagster_aws (its components, boto3) was ~40% of
+    # that import. It is loaded only when the S3 store is configured or asked for by name.
+    env = {k: v for k, v in os.environ.items() if k != "RECON_S3_BUCKET"}
+    code = "import sys, recon_dagster.definitions; print('dagster_aws' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

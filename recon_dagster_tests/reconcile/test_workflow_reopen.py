@@ -12,7 +12,6 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from recon_dagster.db import jobs as jobs_db
 from recon_dagster.media.store import LocalMediaStore
 from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile import finalize as finalize_mod
@@ -115,14 +114,15 @@ def test_two_siblings_completing_at_once_reopen_the_workflow_exactly_once(
     other still processing in its own snapshot. The later one must still reopen."""
     wf, [(a, ra), (b, rb)] = _node_jobs(db, sandbox, 2)
     both_completed = threading.Barrier(2)
-    notify = jobs_db.notify_job_event
+    commit = finalize_mod.credits.commit_job_credits
 
-    def notify_then_wait(conn, job_id, event, source):  # noqa: ANN001, ANN202
-        notify(conn, job_id, event, source)
+    def commit_then_wait(conn, job_id, cost):  # noqa: ANN001, ANN202
+        committed = commit(conn, job_id, cost)
         with contextlib.suppress(threading.BrokenBarrierError):  # asserted below
             both_completed.wait(timeout=10)  # both rows completed, neither transaction committed
+        return committed
 
-    monkeypatch.setattr(finalize_mod.jobs_db, "notify_job_event", notify_then_wait)
+    monkeypatch.setattr(finalize_mod.credits, "commit_job_credits", commit_then_wait)
     results: dict[uuid.UUID, finalize_mod.FinalizeResult] = {}
 
     def run(job: uuid.UUID, result: ProviderResult) -> None:

@@ -62,8 +62,8 @@ UNSTARTED_RUNS_LOUD = 3
 
 # A small run (a few fresh stuck jobs, not a backlog: at most one round of polls at the default
 # RECON_RECONCILE_CONCURRENCY) is dequeued before the batch runs (Dagster's queued run coordinator
-# starts higher priorities first) and may use a provider run slot that batch runs may not
-# (dagster.yaml limits "<provider>/batch" one run below the provider), so another kind's backlog
+# starts higher priorities first) and may use the provider run slots that batch runs may not
+# (dagster.yaml limits "<provider>/batch" two runs below the provider), so another kind's backlog
 # never holds it until one of its long runs ends.
 SMALL_RUN_PRIORITY = 10
 SMALL_RUN_JOBS = 16
