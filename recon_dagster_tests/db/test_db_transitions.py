@@ -1,10 +1,10 @@
 """Guarded transitions and the worker-side writes (``db/transitions.py``) against a real PostgreSQL:
 each wins once, never over a terminal row, and never relabels a persisted task."""
+
 from __future__ import annotations
 
 import uuid
 from datetime import timedelta
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -16,35 +16,9 @@ from recon_dagster_tests.support.factories import job_row, make_job, make_user
 TTL = timedelta(minutes=10)
 
 
-def sql(bind: sa.Engine, statement: str, **params: Any) -> None:
-    """Put a row in a state the code under test cannot reach by itself (an expired lease, say)."""
-    with bind.begin() as conn:
-        conn.execute(
-            sa.text(statement), {k: str(v) if isinstance(v, uuid.UUID) else v for k, v in params.items()}
-        )
-
-
-def scan(bind: sa.Engine, limit: int = 500) -> list[jobs_db.JobRow]:
-    with bind.begin() as conn:
-        return jobs_db.scan_stale(conn, limit=limit)
-
-
-def scanned_ids(bind: sa.Engine, limit: int = 500) -> list[uuid.UUID]:
-    return [r.id for r in scan(bind, limit)]
-
-
 def claim(bind: sa.Engine, claims: list[Claim], owner: str, ttl: timedelta = TTL) -> list[Claim]:
     with bind.begin() as conn:
         return jobs_db.claim_jobs(conn, claims, owner, ttl)
-
-
-def expire_lease(bind: sa.Engine, job_id: uuid.UUID) -> None:
-    sql(
-        bind,
-        "UPDATE jobs SET reconcile_lease_expires_at = now() - interval '1 second' WHERE id = :id",
-        id=job_id,
-    )
-
 
 
 @pytest.fixture
