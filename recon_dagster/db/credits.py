@@ -220,7 +220,8 @@ def _flag_extra_reservations(
     )
 
 
-# valid_amount's test in SQL: numeric holds NaN, which PostgreSQL orders above every number.
+# valid_amount's test in SQL: numeric holds NaN, which PostgreSQL orders above every number, and
+# (unconstrained, as a host app's column may be) +Infinity, which is >= 0 but not money.
 _COMMIT_SOLE = sa.text(
     """
     WITH logs AS (
@@ -229,7 +230,8 @@ _COMMIT_SOLE = sa.text(
       ORDER BY created_at, id FOR UPDATE
     ), sole AS (
       SELECT id FROM logs
-      WHERE (SELECT count(*) FROM logs) = 1 AND amount <> 'NaN'::numeric AND amount >= 0
+      WHERE (SELECT count(*) FROM logs) = 1
+        AND amount <> 'NaN'::numeric AND amount >= 0 AND amount < 'Infinity'::numeric
     ), settled AS (
       UPDATE usage_logs u SET status = 'committed', settled_at = now(),
         provider_cost_usd = COALESCE(CAST(:cost AS numeric), provider_cost_usd)

@@ -457,3 +457,36 @@ def test_rule4_split_property_anomaly_only_when_the_metadata_really_disagrees(
         assert (to_sub, to_topup, usable) == (sub, topup, True)
     elif recorded_topup >= 0:
         assert (to_sub, to_topup, usable) == (D(0), amount, False)
+
+
+@pytest.mark.parametrize("amount", ["NaN", "Infinity"])
+def test_a_reservation_that_is_not_money_is_never_committed(db: sa.Engine, amount: str) -> None:
+    """The one-statement commit of a sole reservation applies valid_amount's rule in SQL: a stored
+    NaN (written before migration 138's guard), or +Infinity in a host app whose column is an
+    unconstrained numeric, stays reserved with an anomaly; nothing is committed."""
+    user = make_user(db, sub=100, topup=50)
+    job = make_job(db, user)
+    with db.connect() as conn:
+        tx = conn.begin()
+        try:  # the schema change and the row live in this transaction only, rolled back below
+            conn.exec_driver_sql("ALTER TABLE usage_logs DROP CONSTRAINT IF EXISTS usage_logs_amount_not_nan")
+            conn.exec_driver_sql("ALTER TABLE usage_logs ALTER COLUMN amount TYPE numeric")
+            conn.execute(
+                sa.text(
+                    "INSERT INTO usage_logs (job_id, user_id, status, amount, metadata) "
+                    "VALUES (:j, :u, 'reserved', CAST(:a AS numeric), '{\"from_sub\": \"0\", \"from_topup\": \"0\"}')"
+                ),
+                {"j": str(job), "u": str(user), "a": amount},
+            )
+
+            assert credits.commit_job_credits(conn, job, 0.01) is None
+
+            status = conn.execute(sa.text("SELECT status FROM usage_logs WHERE job_id = :j"), {"j": str(job)})
+            assert status.scalar_one() == "reserved"
+            reasons = conn.execute(
+                sa.text("SELECT reason FROM credit_anomalies WHERE job_id = :j"), {"j": str(job)}
+            ).scalars().all()
+            assert reasons == ["invalid_credit_amount"]
+        finally:
+            tx.rollback()
+    assert balances(db, user) == (D(100), D(50))
