@@ -146,7 +146,7 @@ def test_2_the_force_fail_at_the_cap_shows_a_failed_check(console: Console, outa
     console.shot("console-force-fail-check")
 
 
-def test_4_a_job_id_finds_its_batch_run_in_one_filter(console: Console, outage: dict):
+def test_3_a_job_id_finds_its_batch_run_in_one_filter(console: Console, outage: dict):
     job = outage["seeded"]["replicate"][7]
     key, value = job_tag(job)
     page = console.open(f"/runs?q%5B0%5D=tag%3A{key}%3D{value}", wait_text="reconcile_job")
@@ -156,7 +156,7 @@ def test_4_a_job_id_finds_its_batch_run_in_one_filter(console: Console, outage: 
     console.shot("console-runs-by-job")
 
 
-def test_5_stuck_jobs_lists_attempt_n_of_max(console: Console, outage: dict):
+def test_4_stuck_jobs_lists_attempt_n_of_max(console: Console, outage: dict):
     # Dagster 1.13: the asset's Overview tab lists the latest metadata; the table is behind
     # "[Show Markdown]".
     page = console.open("/assets/stuck_jobs", wait_text="near_cap")
@@ -186,7 +186,7 @@ def test_6_replicate_runs_carry_kind_and_provider_tags(console: Console):
     console.shot("console-runs-replicate")
 
 
-def test_3_the_catalog_lists_the_health_assets_and_the_outcome_series_plot_real_points(console: Console):
+def test_7_the_catalog_lists_the_health_assets_and_the_outcome_series_plot_real_points(console: Console):
     console.open("/assets", wait_text="provider_health")
     assert "stuck_jobs" in console.text() and "outcomes_by_provider" in console.text()
     console.shot("console-catalog")
@@ -199,7 +199,7 @@ def test_3_the_catalog_lists_the_health_assets_and_the_outcome_series_plot_real_
     console.shot("console-outcome-plots")
 
 
-def test_3_the_plot_check_fails_on_a_page_without_a_chart(console: Console):
+def test_8_the_plot_check_fails_on_a_page_without_a_chart(console: Console):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     # Dagster 1.13's ?view=plots page renders no chart. The check of old (any canvas or svg)
