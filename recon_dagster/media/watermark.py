@@ -16,8 +16,9 @@ too, since libvpx's VP9 encoder peaked at 165 MB on 720p where x264 stays under 
 from __future__ import annotations
 
 import io
+import math
 from fractions import Fraction
-from functools import cache
+from functools import cache, lru_cache
 from typing import TYPE_CHECKING, cast
 
 from PIL import Image, ImageDraw, ImageFont, ImageOps, UnidentifiedImageError
@@ -43,8 +44,14 @@ def watermark_image(data: bytes, text: str = "recon") -> tuple[bytes, str]:
     source_format = image.format or ""
     image = ImageOps.exif_transpose(image)
     has_alpha = image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info)
-    base = image.convert("RGBA")
-    marked = Image.alpha_composite(base, _overlay(base.size, text))
+    marked = image.convert("RGBA")
+    # Only the rows the overlay draws on change: composite there (the same pixels as compositing
+    # an overlay the size of the picture, transparent elsewhere, without allocating one).
+    first, end = _image_rows(marked.size, text)
+    box = (0, first, marked.width, end)
+    marked.paste(
+        Image.alpha_composite(marked.crop(box), _overlay_for(marked.size, text, first, end)), box[:2]
+    )
 
     out_format = source_format if source_format in _KEEP else "PNG"
     buffer = io.BytesIO()
@@ -83,26 +90,76 @@ def _band_box(size: tuple[int, int]) -> tuple[int, int, int, int]:
     return 0, top, width, top + band_height
 
 
-def _overlay(size: tuple[int, int], text: str) -> Image.Image:
+def _text_layout(size: tuple[int, int], text: str) -> tuple[ImageFont.FreeTypeFont, float, float, int, int]:
+    """Where the text goes: (font, x, y, first row, end row) in picture coordinates; the font
+    shrinks until the text fits the width with a margin."""
     width, _ = size
-    overlay = Image.new("RGBA", size, (0, 0, 0, 0))
-    draw = ImageDraw.Draw(overlay)
     _, top, _, bottom = _band_box(size)
     band_height = bottom - top
-    draw.rectangle([(0, top), (width, bottom)], fill=(0, 0, 0, _BAND_ALPHA))
-    if text:
-        font_size = max(8, int(band_height * 0.6))
+    measure = ImageDraw.Draw(Image.new("RGBA", (1, 1)))
+    font_size = max(8, int(band_height * 0.6))
+    font = ImageFont.load_default(size=font_size)
+    left, upper, right, lower = measure.textbbox((0, 0), text, font=font)
+    while right - left > width * 0.9 and font_size > 8:
+        font_size = max(8, int(font_size * 0.8))
         font = ImageFont.load_default(size=font_size)
-        left, upper, right, lower = draw.textbbox((0, 0), text, font=font)
-        # Shrink long text until it fits the width with a margin.
-        while right - left > width * 0.9 and font_size > 8:
-            font_size = max(8, int(font_size * 0.8))
-            font = ImageFont.load_default(size=font_size)
-            left, upper, right, lower = draw.textbbox((0, 0), text, font=font)
-        x = (width - (right - left)) / 2 - left
-        y = top + (band_height - (lower - upper)) / 2 - upper
-        draw.text((x, y), text, font=font, fill=(255, 255, 255, _TEXT_ALPHA))
+        left, upper, right, lower = measure.textbbox((0, 0), text, font=font)
+    x = (width - (right - left)) / 2 - left
+    y = top + (band_height - (lower - upper)) / 2 - upper
+    return font, x, y, math.floor(y + upper), math.floor(y + lower) + 1
+
+
+def _overlay_rows(size: tuple[int, int], text: str, first: int, end: int) -> Image.Image:
+    """Rows ``first`` to ``end`` (exclusive) of the overlay: transparent but for the dark band
+    and the text on it. Drawn at the offset of those rows, so the pixels equal the same rows of an
+    overlay the size of the whole picture, without allocating one."""
+    width, _ = size
+    _, top, _, bottom = _band_box(size)
+    overlay = Image.new("RGBA", (width, end - first), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(overlay)
+    draw.rectangle([(0, top - first), (width, bottom - first)], fill=(0, 0, 0, _BAND_ALPHA))
+    if text:
+        font, x, y, _, _ = _text_layout(size, text)
+        draw.text((x, y - first), text, font=font, fill=(255, 255, 255, _TEXT_ALPHA))
     return overlay
+
+
+def _image_rows(size: tuple[int, int], text: str) -> tuple[int, int]:
+    """The rows an image's overlay covers: the band (its rectangle includes its bottom row) and
+    the text, which on a picture a few rows high is taller than the band; two rows of margin for
+    anti-aliasing. They start at or above the text's origin row, so the text is drawn at the same
+    sub-pixel offset as on a whole-picture overlay (a negative origin would round the other way)."""
+    _, height = size
+    _, top, _, bottom = _band_box(size)
+    first, end = top, bottom + 1
+    if text:
+        _, _, y, text_first, text_end = _text_layout(size, text)
+        first, end = min(first, text_first, math.floor(max(y, 0))), max(end, text_end)
+    return max(0, first - 2), min(height, end + 2)
+
+
+# Overlays of pictures up to about 1080p are kept (a backlog repeats a few sizes, and drawing the
+# text was most of an image's watermark cost); larger ones are drawn each time, so the cache
+# stays small (at most 8 x 2 MB). Cached overlays are shared: callers only read them.
+_CACHED_OVERLAY_PIXELS = 500_000
+
+
+@lru_cache(maxsize=8)
+def _cached_overlay_rows(size: tuple[int, int], text: str, first: int, end: int) -> Image.Image:
+    return _overlay_rows(size, text, first, end)
+
+
+def _overlay_for(size: tuple[int, int], text: str, first: int, end: int) -> Image.Image:
+    if size[0] * (end - first) <= _CACHED_OVERLAY_PIXELS:
+        return _cached_overlay_rows(size, text, first, end)
+    return _overlay_rows(size, text, first, end)
+
+
+def _band(size: tuple[int, int], text: str) -> tuple[tuple[int, int, int, int], Image.Image]:
+    """A video's band: the rectangle it covers and the overlay's rows there (the text is clipped
+    to the band)."""
+    box = _band_box(size)
+    return box, _overlay_for(size, text, box[1], box[3])
 
 
 # --- video ---------------------------------------------------------------------------------------
@@ -180,7 +237,7 @@ def _reencode(
     out_video.width, out_video.height, out_video.pix_fmt = width, height, "yuv420p"
     out_video.time_base = out_video.codec_context.time_base = time_base
     out_audio = target.add_stream_from_template(audio) if audio is not None else None
-    box, band = _band((width, height), text)
+    mark = _FrameMarker(*_band((width, height), text), (width, height))
     step = max(1, round(1 / (rate * time_base)))  # one frame in time_base units, for frames without pts
     frames, pts = 0, -step
     for packet in source.demux(*(s for s in (video, audio) if s is not None)):
@@ -191,7 +248,7 @@ def _reencode(
             continue
         for frame in video.decode(packet):
             pts = frame.pts if frame.pts is not None else pts + step
-            marked = _mark_frame(frame, box, band, (width, height))
+            marked = mark(frame)
             marked.pts, marked.time_base = pts, time_base
             target.mux(out_video.encode(marked))
             frames += 1
@@ -199,21 +256,25 @@ def _reencode(
     return frames
 
 
-def _band(size: tuple[int, int], text: str) -> tuple[tuple[int, int, int, int], Image.Image]:
-    """The rectangle the band covers and the overlay cropped to it (drawn once per video)."""
-    box = _band_box(size)
-    return box, _overlay(size, text).crop(box)
+class _FrameMarker:
+    """Draws the band into each frame of one video: decoded frame -> RGB, band composited into
+    its rectangle, -> yuv420p for x264. The two pixel-format converters are kept for the whole
+    video (a converter made per frame, as ``VideoFrame.reformat`` does, cost more than the
+    conversion itself on small frames)."""
 
+    def __init__(self, box: tuple[int, int, int, int], band: Image.Image, size: tuple[int, int]) -> None:
+        from av.video.reformatter import VideoReformatter
 
-def _mark_frame(
-    frame: VideoFrame, box: tuple[int, int, int, int], band: Image.Image, size: tuple[int, int]
-) -> VideoFrame:
-    """The frame as RGB with the band composited into its region only, back as yuv420p."""
-    from av import VideoFrame
+        self.box, self.band, self.size = box, band, size
+        self._to_rgb = VideoReformatter()
+        self._to_yuv = VideoReformatter()
 
-    image = frame.to_image()
-    if image.size != size:  # an odd size evened, or a size change mid-stream
-        image = image.resize(size)
-    region = image.crop(box).convert("RGBA")
-    image.paste(Image.alpha_composite(region, band).convert("RGB"), box[:2])
-    return VideoFrame.from_image(image).reformat(format="yuv420p")
+    def __call__(self, frame: VideoFrame) -> VideoFrame:
+        from av import VideoFrame
+
+        image = self._to_rgb.reformat(frame, format="rgb24").to_image()
+        if image.size != self.size:  # an odd size evened, or a size change mid-stream
+            image = image.resize(self.size)
+        region = image.crop(self.box).convert("RGBA")
+        image.paste(Image.alpha_composite(region, self.band).convert("RGB"), self.box[:2])
+        return self._to_yuv.reformat(VideoFrame.from_image(image), format="yuv420p")

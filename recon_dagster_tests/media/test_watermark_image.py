@@ -77,3 +77,29 @@ def test_watermark_refuses_non_images(data: bytes) -> None:
     with pytest.raises(MediaNotImage, match="cannot watermark"):
         watermark_image(data)
     assert issubclass(MediaNotImage, MediaError)
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [
+        ((320, 240), "recon"),
+        ((1920, 1080), "a watermark text long enough to be shrunk to fit the width"),
+        ((50, 7), "recon"),  # text taller than the band, its origin above the band
+        ((3, 3), "a long text on a tiny picture"),
+        ((1, 1), "recon"),
+        ((640, 61), ""),
+    ],
+)
+def test_watermark_only_composites_the_rows_the_overlay_draws_on(size: tuple[int, int], text: str) -> None:
+    """The watermark composites only the rows its overlay draws on (the band and any text that
+    overflows it); the pixels are those of compositing a whole-picture overlay, tiny pictures
+    included (their text is not clipped to the band) (issue 21: a full-size overlay per image)."""
+    from PIL import Image
+
+    from recon_dagster.media.watermark import _overlay_rows
+
+    original = _image_bytes("PNG", size=size)
+    marked, _ = watermark_image(original, text)
+    base = Image.open(io.BytesIO(original)).convert("RGBA")
+    expected = Image.alpha_composite(base, _overlay_rows(size, text, 0, size[1])).convert("RGB")
+    assert Image.open(io.BytesIO(marked)).convert("RGB").tobytes() == expected.tobytes()
