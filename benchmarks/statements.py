@@ -18,11 +18,11 @@ import re
 import secrets
 import sys
 import tempfile
+import time
 from collections import Counter, defaultdict
 
 import sqlalchemy as sa
 from backlog import LIMIT_MODES, inflight, seed, verify
-from recon_dagster.reconcile.dispatch import plan_batches
 
 from recon_dagster.db.engine import (
     DATABASE_URL_ENV,
@@ -35,8 +35,10 @@ from recon_dagster.db.engine import (
 from recon_dagster.db.migrate import migrate
 from recon_dagster.media.store import LocalMediaStore
 from recon_dagster.providers import providers_from_env
+from recon_dagster.reconcile.batches import plan_batches
 from recon_dagster.reconcile.reconciler import Reconciler
-from recon_dagster_tests.support.harness import drop_database, ensure_database, sandbox_process
+from recon_dagster_tests.support.instance import drop_database, ensure_database
+from recon_dagster_tests.support.sandbox_process import sandbox_process
 
 _VERB = re.compile(
     r"^\s*(?:WITH\b.*?\)\s*)?(SELECT|UPDATE|INSERT|DELETE|SET|BEGIN|COMMIT|ROLLBACK)", re.S | re.I
@@ -94,15 +96,21 @@ def main(argv: list[str]) -> int:
 
             with engine.connect() as conn:
                 rows = jobs_db.scan_stale(conn, args.jobs * 2)
+            cpu: Counter[str] = Counter()
+
+            def timed(name: str, fn, *a):  # noqa: ANN001, ANN202 - CPU of this whole process, all threads
+                phase[0] = name
+                t0 = time.process_time()
+                try:
+                    return fn(*a)
+                finally:
+                    cpu[name] += time.process_time() - t0
+
             for batch in plan_batches(rows, batch_size=500, single_below=1):
-                phase[0] = "claim"
-                work, _ = rec.claim(list(batch.claims), batch.run_key)
-                phase[0] = "poll"
-                polled = rec.poll(work)
-                phase[0] = "act"
-                rec.act(polled, batch.run_key)
-            phase[0] = "sweep"
-            rec.sweep_stale("sweep:statements", limit=args.jobs)
+                work, _ = timed("claim", rec.claim, list(batch.claims), batch.run_key)
+                polled = timed("poll", rec.poll, work)
+                timed("act", rec.act, polled, batch.run_key)
+            timed("sweep", lambda: rec.sweep_stale("sweep:statements", limit=args.jobs))
             phase[0] = "done"
             left = inflight(engine, seeded.job_ids)
             problems = verify(engine, seeded)
@@ -114,10 +122,12 @@ def main(argv: list[str]) -> int:
             f"{n} jobs: {total / n:.2f} statements, {txs / n:.2f} transactions, {outs / n:.2f} pool checkouts per job "
             f"(left in flight {left})"
         )
+        print(f"  CPU of this process (all threads): {sum(cpu.values()) / n * 1000:.2f} ms/job")
         for k in ("claim", "poll", "act", "sweep"):
             p = phases[k]
             print(
-                f"  {k:6s} {p['statements'] / n:6.2f} statements/job, {p['transactions'] / n:5.2f} transactions/job"
+                f"  {k:6s} {p['statements'] / n:6.2f} statements/job, {p['transactions'] / n:5.2f} transactions/job, "
+                f"{cpu[k] / n * 1000:6.2f} ms CPU/job"
             )
         print("  by verb: " + ", ".join(f"{v} {c / n:.2f}" for v, c in counts.most_common()))
         print("  most frequent statements (per job):")
