@@ -90,7 +90,9 @@ def _band_box(size: tuple[int, int]) -> tuple[int, int, int, int]:
     return 0, top, width, top + band_height
 
 
-def _text_layout(size: tuple[int, int], text: str) -> tuple[ImageFont.FreeTypeFont, float, float, int, int]:
+def _text_layout(
+    size: tuple[int, int], text: str
+) -> tuple[ImageFont.FreeTypeFont | ImageFont.ImageFont, float, float, int, int]:
     """Where the text goes: (font, x, y, first row, end row) in picture coordinates; the font
     shrinks until the text fits the width with a margin."""
     width, _ = size
