@@ -64,6 +64,7 @@ from recon_dagster_tests.support.instance import DagsterHome, dagster_home, drop
 from recon_dagster_tests.support.sandbox_process import sandbox_process
 
 TARGET_JOBS_PER_MIN = 2000
+WATERMARK: dict[str, bool | None] = {"default": None, "on": True, "off": False}
 
 # The account budgets a run works under (--limits); "unbounded" still takes every token from the
 # shared buckets in PostgreSQL, so its cost is in the figure, but no budget ever binds.
@@ -102,9 +103,12 @@ def insert_jobs(
     kinds: list[str],
     task_ids: list[str | None],
     ages: list[float],
+    *,
+    watermark: bool | None = None,
 ) -> None:
     """Bulk-insert in-flight jobs (provider call started ``ages`` seconds ago), their users'
-    balances and their reserved credits, in one transaction."""
+    balances and their reserved credits, in one transaction. ``watermark`` is every row's
+    ``should_watermark`` (None, the host app's default, watermarks like true)."""
     per_user = Counter(user_of)
     with engine.begin() as conn:
         conn.execute(
@@ -126,10 +130,11 @@ def insert_jobs(
             sa.text(
                 """
                 INSERT INTO jobs (id, user_id, job_type, status, provider_kind, provider_task_id,
-                                  provider_call_started_at, created_at)
+                                  provider_call_started_at, created_at, should_watermark)
                 SELECT id, u, CASE WHEN k = 'replicate-training' THEN 'lora-training' ELSE 'image' END,
                        'processing', k, t,
-                       now() - make_interval(secs => a), now() - make_interval(secs => a + 5)
+                       now() - make_interval(secs => a), now() - make_interval(secs => a + 5),
+                       CAST(:watermark AS boolean)
                 FROM unnest(:ids, :users, :kinds, :tasks, :ages) AS s(id, u, k, t, a)
                 """
             ).bindparams(
@@ -139,7 +144,14 @@ def insert_jobs(
                 sa.bindparam("tasks", type_=pg.ARRAY(sa.Text)),
                 sa.bindparam("ages", type_=pg.ARRAY(sa.Float)),
             ),
-            {"ids": job_ids, "users": user_of, "kinds": kinds, "tasks": task_ids, "ages": ages},
+            {
+                "ids": job_ids,
+                "users": user_of,
+                "kinds": kinds,
+                "tasks": task_ids,
+                "ages": ages,
+                "watermark": watermark,
+            },
         )
         conn.execute(
             sa.text(
@@ -166,6 +178,7 @@ def seed(
     sync_share: float,
     media_bytes: int,
     rng: random.Random,
+    watermark: bool | None = None,
 ) -> Seeded:
     """Stale rows with reserved credits (bulk SQL) and their upstream tasks in the sandbox."""
     users = [str(uuid.uuid4()) for _ in range(max(1, min(100, count // 20)))]
@@ -198,7 +211,7 @@ def seed(
     started = time.monotonic()
     # Every row's provider call started well past its kind's threshold (the longest is 75 min).
     age_s = max(get_kind(k).stale_threshold.total_seconds() for k in set(kinds)) + 600
-    insert_jobs(engine, job_ids, user_of, kinds, task_ids, [age_s] * count)
+    insert_jobs(engine, job_ids, user_of, kinds, task_ids, [age_s] * count, watermark=watermark)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql("ANALYZE jobs")
         conn.exec_driver_sql("ANALYZE usage_logs")
@@ -463,7 +476,14 @@ def main() -> int:
     # The project default (RECON_BATCH_SIZE), so the figures describe what ships.
     parser.add_argument("--batch-size", type=int, default=ReconcileSettingsResource.from_config().batch_size)
     parser.add_argument("--concurrency", type=int, default=16, help="jobs worked at once inside a run")
-    parser.add_argument("--scan-limit", type=int, default=5000)
+    parser.add_argument(
+        "--watermark",
+        choices=("default", "on", "off"),
+        default="default",
+        help="the rows' should_watermark: default (NULL, which watermarks: every image and video "
+        "re-encoded), on, or off (media stored as it came: the reconciliation's own cost)",
+    )
+    parser.add_argument("--scan-limit", type=int, default=ReconcileSettingsResource.from_config().scan_limit)
     parser.add_argument("--sensor-interval", type=int, default=5, help="RECON_SENSOR_INTERVAL_S")
     parser.add_argument("--media-bytes", type=int, default=16 * 1024)
     parser.add_argument("--timeout", type=float, default=1200)
@@ -493,8 +513,8 @@ def main() -> int:
     print(
         f"database {redact(url)}; {args.jobs:,} jobs, latency {args.latency * 1000:g} ms, "
         f"{args.max_concurrent_runs} concurrent runs (<= {args.kind_run_limit or 'any'} per kind), "
-        f"batch {args.batch_size}, {args.concurrency} jobs at once per run, account limits {args.limits}, "
-        f"{os.cpu_count()} cores",
+        f"batch {args.batch_size}, scan {args.scan_limit}, {args.concurrency} jobs at once per run, "
+        f"account limits {args.limits}, watermark {args.watermark}, {os.cpu_count()} cores",
         flush=True,
     )
     media_dir = tempfile.mkdtemp(prefix="recon-bench-media-")
@@ -520,7 +540,7 @@ def main() -> int:
             log("phase 1: backlog")
             backlog = seed(
                 engine, sandbox, args.jobs, prefix="bl", fail_share=0.10, sync_share=0.05,
-                media_bytes=args.media_bytes, rng=rng,
+                media_bytes=args.media_bytes, rng=rng, watermark=WATERMARK[args.watermark],
             )  # fmt: skip
             batched = run_phase(
                 "batched",
@@ -537,7 +557,7 @@ def main() -> int:
                 log("phase 2: one run per job")
                 sample = seed(
                     engine, sandbox, args.sample, prefix="one", fail_share=0.0, sync_share=0.0,
-                    media_bytes=args.media_bytes, rng=rng,
+                    media_bytes=args.media_bytes, rng=rng, watermark=WATERMARK[args.watermark],
                 )  # fmt: skip
                 single = run_phase(
                     "one-per-job",
