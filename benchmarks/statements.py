@@ -22,7 +22,7 @@ import time
 from collections import Counter, defaultdict
 
 import sqlalchemy as sa
-from backlog import LIMIT_MODES, inflight, seed, verify
+from backlog import LIMIT_MODES, WATERMARK, inflight, seed, verify
 
 from recon_dagster.db.engine import (
     DATABASE_URL_ENV,
@@ -50,6 +50,7 @@ def main(argv: list[str]) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--jobs", type=int, default=400)
+    parser.add_argument("--watermark", choices=sorted(WATERMARK), default="default", help="as backlog.py's")
     parser.add_argument("--database-url", default=None)
     args = parser.parse_args(argv)
     server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url()
@@ -66,7 +67,7 @@ def main(argv: list[str]) -> int:
             os.environ.update(sandbox.env)
             seeded = seed(
                 engine, sandbox, args.jobs, prefix="st", fail_share=0.10, sync_share=0.05,
-                media_bytes=1024, rng=random.Random(1),
+                media_bytes=1024, rng=random.Random(1), watermark=WATERMARK[args.watermark],
             )  # fmt: skip
             counts: Counter[str] = Counter()
             phases: dict[str, Counter[str]] = defaultdict(Counter)
