@@ -100,7 +100,9 @@ def parse_account_limits(name: str, raw: str, default: AccountLimits) -> Account
 
 
 def _with_overrides(name: str, default: AccountLimits, fields: dict[str, Any]) -> AccountLimits:
-    budgets = {k: Budget(*v) if v is not None else None for k, v in fields.items() if k in ("reads", "creates")}
+    budgets = {
+        k: Budget(*v) if v is not None else None for k, v in fields.items() if k in ("reads", "creates")
+    }
     return replace(default, source=name, **{**fields, **budgets})
 
 
@@ -140,13 +142,22 @@ class RunShape:
     batch_cap: int | None
 
 
+# A batch run's polls should take about this long at its share of a binding read budget. Under
+# a binding budget CPU is not what limits the drain: short runs interleave (one run polls while
+# another stores media), so the budget is used all along, jobs settle from the first minute on,
+# and a crashed run strands fewer jobs. Where the budget does not bind, RECON_BATCH_SIZE rules
+# (fewer, longer runs: each run's worker costs seconds of CPU to start).
+BATCH_POLL_WINDOW_S = 60.0
+
+
 def run_shape(limits: AccountLimits, run_concurrency: int, lease_s: float) -> RunShape:
     """Run-queue numbers that follow the account budget.
 
     Runs of one provider together hold at most ``provider_runs * run_concurrency`` requests, which
-    must fit the account's slots (else runs start only to wait on the limiter); a run's batch
-    must finish within half its lease at its share of the read rate (one poll per job at least),
-    else the lease expires mid-run and another run takes the jobs over.
+    must fit the account's slots (else runs start only to wait on the limiter). A run's batch is
+    what it polls (one poll per job at least) at its share of the read rate within
+    ``BATCH_POLL_WINDOW_S``, and never more than within half its lease (else the lease expires
+    mid-run and another run takes the jobs over).
     """
     if run_concurrency < 1:
         raise ValueError("run_concurrency must be at least 1")
@@ -154,7 +165,7 @@ def run_shape(limits: AccountLimits, run_concurrency: int, lease_s: float) -> Ru
     cap = None
     if limits.reads is not None:
         rate, _ = limits.reads.bucket()
-        cap = max(1, math.floor(rate / runs * lease_s / 2))
+        cap = max(1, math.floor(rate / runs * min(BATCH_POLL_WINDOW_S, lease_s / 2)))
     return RunShape(runs, cap)
 
 
@@ -162,13 +173,15 @@ def run_shape(limits: AccountLimits, run_concurrency: int, lease_s: float) -> Ru
 POLLED_PROVIDERS = ("kie", "replicate", "elevenlabs")
 
 
-def batch_size_within_budgets(batch_size: int, run_concurrency: int, lease_s: float) -> int:
-    """``batch_size``, lowered where an account's read budget (from the environment) could not
-    poll a whole batch within half its lease (see ``run_shape``)."""
-    caps = [
-        run_shape(account_limits_from_env(p), run_concurrency, lease_s).batch_cap for p in POLLED_PROVIDERS
-    ]
-    return min([batch_size, *(c for c in caps if c is not None)])
+def batch_sizes_within_budgets(batch_size: int, run_concurrency: int, lease_s: float) -> dict[str, int]:
+    """Per polled provider: ``batch_size``, lowered where the account's read budget (from the
+    environment) binds (see ``run_shape``). A tight budget on one account leaves the others'
+    batches alone."""
+    sizes = {}
+    for provider in POLLED_PROVIDERS:
+        cap = run_shape(account_limits_from_env(provider), run_concurrency, lease_s).batch_cap
+        sizes[provider] = batch_size if cap is None else min(batch_size, cap)
+    return sizes
 
 
 MIGRATE_ENV = "RECON_LIMITS_MIGRATE"

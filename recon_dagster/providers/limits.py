@@ -40,6 +40,7 @@ import sqlalchemy as sa
 from recon_dagster.core.deadlines import stale_part_age_s
 from recon_dagster.db.engine import DatabaseUnavailable, get_engine
 from recon_dagster.providers.limit_config import (
+    BATCH_POLL_WINDOW_S,
     DEFAULT_LIMITS,
     LIMITS_MODE_ENV,
     MAX_CONCURRENCY,
@@ -55,7 +56,7 @@ from recon_dagster.providers.limit_config import (
     _as_budget,
     _describe_bucket,
     account_limits_from_env,
-    batch_size_within_budgets,
+    batch_sizes_within_budgets,
     budget_migration_requested,
     parse_account_limits,
     resource_limit_fields,
@@ -67,6 +68,7 @@ from recon_dagster.providers.status import ProviderHTTPError
 _DB_ERRORS = (sa.exc.SQLAlchemyError, DatabaseUnavailable)
 
 log = logging.getLogger("recon_dagster.providers.limits")
+
 
 class TokenWaitTooLong(ProviderHTTPError):
     """The account's next token comes after the request's deadline or the run's lease: the request
@@ -438,7 +440,8 @@ __all__ = [
     "TokenWaitTooLong",
     "account_limiter",
     "account_limits_from_env",
-    "batch_size_within_budgets",
+    "batch_sizes_within_budgets",
+    "BATCH_POLL_WINDOW_S",
     "budget_migration_requested",
     "chunk_size",
     "parse_account_limits",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -71,9 +71,16 @@ def run_key_for(provider_kind: str, claims: Sequence[Claim]) -> str:
     return f"{provider_kind}:batch:{hashlib.sha256(members.encode()).hexdigest()[:24]}"
 
 
-def plan_batches(rows: Sequence[JobRow], *, batch_size: int, single_below: int) -> list[Batch]:
+def plan_batches(
+    rows: Sequence[JobRow],
+    *,
+    batch_size: int,
+    single_below: int,
+    provider_batch_size: Mapping[str, int] | None = None,
+) -> list[Batch]:
     """Group stale rows of known kinds by kind; a kind with few due jobs gets one run per job
-    (each run tells one job's story in the UI), a backlog is packed into runs of ``batch_size``.
+    (each run tells one job's story in the UI), a backlog is packed into runs of ``batch_size``
+    (or its provider's size in ``provider_batch_size``, lowered where its read budget binds).
     Rows of unknown or missing kind are left to the sweep (they have no partition)."""
     by_kind: dict[str, list[JobRow]] = defaultdict(list)
     for row in rows:
@@ -82,7 +89,8 @@ def plan_batches(rows: Sequence[JobRow], *, batch_size: int, single_below: int) 
     batches: list[Batch] = []
     for kind in sorted(by_kind):
         kind_rows = by_kind[kind]
-        size = 1 if len(kind_rows) < single_below else max(1, batch_size)
+        packed = (provider_batch_size or {}).get(str(KINDS[kind].provider), batch_size)
+        size = 1 if len(kind_rows) < single_below else max(1, packed)
         for i in range(0, len(kind_rows), size):
             chunk = kind_rows[i : i + size]
             planned = tuple(Claim(r.id, next_attempt(r)) for r in chunk)

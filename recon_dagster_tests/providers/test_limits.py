@@ -24,6 +24,7 @@ from recon_dagster.core.kinds import KINDS, Provider
 from recon_dagster.defs.resources import ReconcileSettingsResource
 from recon_dagster.providers import KieResource, ProviderHTTPError
 from recon_dagster.providers.limits import (
+    BATCH_POLL_WINDOW_S,
     DEFAULT_LIMITS,
     TOKEN_GRACE_S,
     AccountLimiter,
@@ -31,7 +32,7 @@ from recon_dagster.providers.limits import (
     Budget,
     LimitsConfigError,
     account_limits_from_env,
-    batch_size_within_budgets,
+    batch_sizes_within_budgets,
     chunk_size,
     parse_account_limits,
     run_shape,
@@ -325,26 +326,60 @@ def test_dagster_yaml_run_limits_fit_the_account_budgets() -> None:
             # Two more runs than batch runs may take, for small runs only (the shared limiter keeps the slots).
             assert per_provider[str(provider)] == runs + 2, provider
         if shape.batch_cap is not None and async_kinds:
-            assert settings.batch_size <= shape.batch_cap, provider
+            # The batch the sensor packs polls within the poll window at its share of the reads.
+            size = batch_sizes_within_budgets(
+                settings.batch_size, settings.concurrency, settings.lease_seconds
+            )[str(provider)]
+            rate, _ = acct.reads.bucket() if acct.reads else (float("inf"), 0)
+            assert size / (rate / shape.provider_runs) <= min(BATCH_POLL_WINDOW_S, settings.lease_seconds / 2)
     assert total <= config["run_queue"]["max_concurrent_runs"]
 
 
-def test_run_shape_shrinks_batches_for_a_small_budget() -> None:
-    small = AccountLimits("x", reads=Budget(60, 60), concurrency=32)
-    shape = run_shape(small, run_concurrency=16, lease_s=900)
-    assert shape.provider_runs == 2
-    # 60/min read budget: each of 2 runs polls ~0.45/s, so ~200 jobs fit in half a 900 s lease.
-    assert 150 <= shape.batch_cap <= 250
+@pytest.mark.parametrize(
+    ("reads", "concurrency", "lease_s"),
+    [
+        (Budget(60, 60), 32, 900),
+        (Budget(600, 60), 48, 900),
+        (Budget(10, 1), 64, 900),
+        (Budget(600, 60), 48, 40),
+    ],
+)
+def test_a_batch_polls_within_the_poll_window_at_its_share_of_a_binding_budget(
+    reads: Budget, concurrency: int, lease_s: float
+) -> None:
+    """Under a binding read budget a batch run is short: its polls take at most the poll window
+    (and half the lease) at its share of the read rate, never less than one job."""
+    shape = run_shape(
+        AccountLimits("x", reads=reads, concurrency=concurrency), run_concurrency=16, lease_s=lease_s
+    )
+    rate, _ = reads.bucket()
+    share = rate / shape.provider_runs
+    window = min(BATCH_POLL_WINDOW_S, lease_s / 2)
+    assert shape.batch_cap is not None and shape.batch_cap >= 1
+    assert shape.batch_cap / share <= window
+    assert (shape.batch_cap + 1) / share > window or shape.batch_cap == 1  # and no smaller than that
     assert json.dumps(shape.__dict__)
 
 
-def test_sensor_batches_shrink_to_what_a_small_read_budget_polls_within_the_lease(monkeypatch) -> None:
-    assert batch_size_within_budgets(500, 16, 900) == 500  # the shipped defaults fit
+def test_sensor_batches_shrink_per_provider_where_its_read_budget_binds(monkeypatch) -> None:
+    unbounded = "reads=1000000/60,concurrency=none"
+    for provider in ("KIE", "REPLICATE", "ELEVENLABS", "ANTHROPIC"):
+        monkeypatch.setenv(f"RECON_LIMIT_{provider}", unbounded)
+    assert batch_sizes_within_budgets(2000, 16, 900) == {"kie": 2000, "replicate": 2000, "elevenlabs": 2000}
     monkeypatch.setenv("RECON_LIMIT_REPLICATE", "reads=60/60,concurrency=32")
     expected = run_shape(account_limits_from_env("replicate"), 16, 900).batch_cap
-    assert expected is not None and expected < 500
-    assert batch_size_within_budgets(500, 16, 900) == expected
-    assert batch_size_within_budgets(50, 16, 900) == 50
+    assert expected is not None and expected < 2000
+    # Only Replicate's batches shrink: a tight budget on one account leaves the others alone.
+    assert batch_sizes_within_budgets(2000, 16, 900) == {
+        "kie": 2000,
+        "replicate": expected,
+        "elevenlabs": 2000,
+    }
+    assert batch_sizes_within_budgets(5, 16, 900) == {
+        "kie": 5,
+        "replicate": min(5, expected),
+        "elevenlabs": 5,
+    }
 
 
 @pytest.mark.parametrize("kind", ["kie-lip-sync", "replicate-training", "elevenlabs-async"])

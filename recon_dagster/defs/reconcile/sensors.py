@@ -28,7 +28,7 @@ from recon_dagster.db.engine import DatabaseUnavailable
 from recon_dagster.defs.reconcile.jobs import reconcile_job
 from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
 from recon_dagster.defs.settings_check import shadow_modes
-from recon_dagster.providers.limits import batch_size_within_budgets
+from recon_dagster.providers.limits import batch_sizes_within_budgets
 from recon_dagster.reconcile.batches import Batch, plan_batches
 from recon_dagster.reconcile.reconciler import Summary, outcomes_since
 from recon_dagster.reconcile.shadow import scan_due
@@ -185,7 +185,9 @@ def stale_inflight_jobs_sensor(
     since = read_cursor(context.cursor)
     if since is None:
         if context.cursor:
-            context.log.warning(f"unreadable cursor {context.cursor!r}: outcomes are counted from this tick on")
+            context.log.warning(
+                f"unreadable cursor {context.cursor!r}: outcomes are counted from this tick on"
+            )
         since = now
     busy = jobs_in_active_runs(context.instance)
     # Jobs waiting in queued runs are stale and unleased, so the scan returns them too: look past
@@ -202,10 +204,15 @@ def stale_inflight_jobs_sensor(
         return dg.SkipReason(f"database unavailable, nothing scanned: {exc}")
 
     due = [r for r in rows if r.id not in busy][: reconcile_settings.scan_limit]
-    batch_size = batch_size_within_budgets(
+    batch_sizes = batch_sizes_within_budgets(
         reconcile_settings.batch_size, reconcile_settings.concurrency, reconcile_settings.lease_seconds
     )
-    batches = plan_batches(due, batch_size=batch_size, single_below=reconcile_settings.single_run_below)
+    batches = plan_batches(
+        due,
+        batch_size=reconcile_settings.batch_size,
+        single_below=reconcile_settings.single_run_below,
+        provider_batch_size=batch_sizes,
+    )
     planned = {c.job_id for b in batches for c in b.claims}
     unroutable = [r for r in due if r.id not in planned]
     for row in unroutable:
