@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-import uuid
-
 from recon_dagster.core.kinds import KINDS
 from recon_dagster.core.types import JobRow
 from recon_dagster.reconcile.batches import plan_batches
+from recon_dagster_tests.reconcile.test_decide import row
 
 
 def _rows(kind: str, n: int) -> list[JobRow]:
-    return [
-        JobRow(
-            id=uuid.uuid4(),
-            status="processing",
-            user_id=uuid.uuid4(),
-            job_type="image",
-            provider_kind=kind,
-            provider_task_id=f"t-{i}",
-            provider_call_started_at=None,
-            reconcile_attempts=0,
-            reconcile_last_error=None,
-            reconcile_lease_owner=None,
-            reconcile_lease_expires_at=None,
-            should_watermark=None,
-            is_public=None,
-            workflow_execution_id=None,
-            node_id=None,
-            progress=0,
-            created_at=None,
-            started_at=None,
-        )  # fmt: skip
-        for i in range(n)
-    ]
+    return [row(kind, f"t-{i}") for i in range(n)]
 
 
 def _sizes(batches, kind: str) -> list[int]:
