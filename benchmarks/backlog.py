@@ -478,7 +478,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16, help="jobs worked at once inside a run")
     parser.add_argument(
         "--watermark",
-        choices=("default", "on", "off"),
+        choices=tuple(WATERMARK),
         default="default",
         help="the rows' should_watermark: default (NULL, which watermarks: every image and video "
         "re-encoded), on, or off (media stored as it came: the reconciliation's own cost)",

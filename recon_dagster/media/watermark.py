@@ -90,11 +90,12 @@ def _band_box(size: tuple[int, int]) -> tuple[int, int, int, int]:
     return 0, top, width, top + band_height
 
 
-def _text_layout(
-    size: tuple[int, int], text: str
-) -> tuple[ImageFont.FreeTypeFont | ImageFont.ImageFont, float, float, int, int]:
-    """Where the text goes: (font, x, y, first row, end row) in picture coordinates; the font
-    shrinks until the text fits the width with a margin."""
+@lru_cache(maxsize=64)
+def _text_layout(size: tuple[int, int], text: str) -> tuple[int, float, float, int, int]:
+    """Where the text goes: (font size, x, y, first row, end row) in picture coordinates; the
+    font shrinks until the text fits the width with a margin. Kept per size and text: an image
+    asks for it twice (the rows to composite, then the overlay), and a backlog repeats a few
+    sizes. Numbers only: a FreeType font object is not shared between threads."""
     width, _ = size
     _, top, _, bottom = _band_box(size)
     band_height = bottom - top
@@ -108,7 +109,7 @@ def _text_layout(
         left, upper, right, lower = measure.textbbox((0, 0), text, font=font)
     x = (width - (right - left)) / 2 - left
     y = top + (band_height - (lower - upper)) / 2 - upper
-    return font, x, y, math.floor(y + upper), math.floor(y + lower) + 1
+    return font_size, x, y, math.floor(y + upper), math.floor(y + lower) + 1
 
 
 def _overlay_rows(size: tuple[int, int], text: str, first: int, end: int) -> Image.Image:
@@ -121,7 +122,8 @@ def _overlay_rows(size: tuple[int, int], text: str, first: int, end: int) -> Ima
     draw = ImageDraw.Draw(overlay)
     draw.rectangle([(0, top - first), (width, bottom - first)], fill=(0, 0, 0, _BAND_ALPHA))
     if text:
-        font, x, y, _, _ = _text_layout(size, text)
+        font_size, x, y, _, _ = _text_layout(size, text)
+        font = ImageFont.load_default(size=font_size)
         draw.text((x, y - first), text, font=font, fill=(255, 255, 255, _TEXT_ALPHA))
     return overlay
 
