@@ -51,6 +51,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--jobs", type=int, default=400)
     parser.add_argument("--watermark", choices=sorted(WATERMARK), default="default", help="as backlog.py's")
+    parser.add_argument("--media-bytes", type=int, default=16 * 1024, help="as backlog.py's (16 KiB)")
     parser.add_argument("--database-url", default=None)
     args = parser.parse_args(argv)
     server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url()
@@ -67,7 +68,7 @@ def main(argv: list[str]) -> int:
             os.environ.update(sandbox.env)
             seeded = seed(
                 engine, sandbox, args.jobs, prefix="st", fail_share=0.10, sync_share=0.05,
-                media_bytes=1024, rng=random.Random(1), watermark=WATERMARK[args.watermark],
+                media_bytes=args.media_bytes, rng=random.Random(1), watermark=WATERMARK[args.watermark],
             )  # fmt: skip
             counts: Counter[str] = Counter()
             phases: dict[str, Counter[str]] = defaultdict(Counter)

@@ -108,6 +108,39 @@ def test_a_per_job_error_line_is_a_warning_and_a_quiet_run_fails_no_check(db, in
     assert _failed_checks(instance) == []
 
 
+def test_a_sensor_run_is_not_re_tagged_with_the_job_tags_its_request_carried(
+    db, instance, media_dir, sandbox, monkeypatch
+):
+    """The sensor's request already carries one tag per job; re-adding them made Dagster re-write
+    each (one UPDATE per tag): a run adds only the job tags it lacks."""
+    jobs = [_stuck(db, sandbox, "kie-veo", job_type="video") for _ in range(4)]
+    added: list[dict[str, str]] = []
+    real_add = instance.add_run_tags
+
+    def spy(run_id: str, tags: dict[str, str]) -> None:
+        added.append(dict(tags))
+        real_add(run_id, tags)
+
+    monkeypatch.setattr(instance, "add_run_tags", spy)
+
+    report = tick(make_defs(media_dir, batch_size=2, single_run_below=1), instance)
+
+    assert report.runs == 2
+    assert not [t for t in added if any(k.startswith(".dagster/recon-job-") for k in t)]
+    for job in jobs:  # still found by its tag, from the request
+        assert len(_runs_of(instance, job)) == 1
+        assert job_row(db, job)["status"] == "completed"
+
+    # A run launched without them (Launchpad, backfill) adds its jobs' tags, once each.
+    late = _stuck(db, sandbox, "kie-veo", job_type="video")
+    added.clear()
+    res = make_defs(media_dir).resolve_job_def("reconcile_job").execute_in_process(
+        instance=instance, partition_key="kie-veo", raise_on_error=False
+    )
+    assert added == [dict([job_tag(late)])]
+    assert [r.run_id for r in _runs_of(instance, late)] == [res.run_id]
+
+
 def test_the_story_says_attempts_left_next_attempt_lease_and_the_runs_filter(
     db, instance, media_dir, sandbox
 ):
