@@ -16,6 +16,7 @@ import os
 import random
 import re
 import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -141,6 +142,7 @@ def main(argv: list[str]) -> int:
     finally:
         dispose_engines()
         drop_database(server_url, name)
+        shutil.rmtree(media_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
