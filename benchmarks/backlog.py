@@ -10,7 +10,7 @@ its credits reserved. Measures the time from the daemon's start until every row 
 packed into batched runs by the sensor.
 
 Phase 2 (one run per job): ``--sample`` succeeded async jobs with batching disabled
-(``RECON_BATCH_SIZE=1``, ``RECON_SINGLE_RUN_BELOW`` huge), i.e. one Dagster run per job.
+(``RECON_BATCH_SIZE=1``, ``RECON_SINGLE_RUN_BELOW`` above the sample), i.e. one Dagster run per job.
 
 Prints jobs/minute for both, their ratio, CPU seconds per reconciled job (the daemon and every
 process under it: code server and run workers, reaped ones included), and verifies that nothing
@@ -565,7 +565,7 @@ def main() -> int:
                     home,
                     sandbox,
                     sample,
-                    {**env, "RECON_BATCH_SIZE": "1", "RECON_SINGLE_RUN_BELOW": str(10**9)},
+                    {**env, "RECON_BATCH_SIZE": "1", "RECON_SINGLE_RUN_BELOW": str(args.sample + 1)},
                     timeout_s=args.timeout,
                 )
                 problems += [f"sample: {p}" for p in verify(engine, sample)]

@@ -102,3 +102,19 @@ def test_backlog_reconciled_through_grpc_code_server_daemon_and_webserver(
         for provider in ("kie", "replicate"):
             seen = sandbox.requests(provider, "read", window_s=2)
             assert seen["count"] >= 4 and seen["max_in_window"] <= budget, (provider, seen["max_in_window"])
+
+
+@pytest.mark.parametrize(
+    "bad", [{"RECON_SINGLE_RUN_BELOW": str(10**9)}, {"RECON_BATCH_SIZE": "0"}, {"RECON_SENSOR_INTERVAL_S": "soon"}]
+)
+def test_a_daemon_with_a_setting_its_code_server_would_refuse_is_not_started(
+    database_url: str, bad: dict[str, str]
+) -> None:
+    """The daemon itself starts with any setting, but its code server then fails to load the
+    definitions and no run ever starts: the harness refuses up front, naming the setting (a
+    benchmark's one-run-per-job phase waited out its whole timeout so)."""
+    from recon_dagster_tests.support.harness import HarnessError
+
+    refused = pytest.raises(HarnessError, match=f"not started: {next(iter(bad))} must be")
+    with dagster_home(database_url) as home, refused, daemon_process(home, bad):
+        pass

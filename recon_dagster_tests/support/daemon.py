@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from recon_dagster import config
 from recon_dagster_tests.support.harness import (
     HarnessError,
     process_tree,
@@ -73,7 +74,14 @@ def daemon_process(
     """
     log = Path(log_path) if log_path is not None else home.path / f"daemon-{secrets.token_hex(3)}.log"
     cmd = [venv_script("dagster-daemon"), "run", "-w", str(home.workspace_yaml)]
-    proc = spawn_logged(cmd, log, {**home.env(), **(env or {})}, home.path)
+    full_env = {**home.env(), **(env or {})}
+    # A setting out of range does not stop the daemon: its code server fails to load the
+    # definitions, and no run ever starts (a benchmark then waited out its whole timeout).
+    try:
+        config.validate({**os.environ, **full_env})
+    except ValueError as exc:
+        raise HarnessError(f"dagster-daemon not started: {exc}") from None
+    proc = spawn_logged(cmd, log, full_env, home.path)
     daemon = DaemonProcess(proc, home, log)
     try:
         time.sleep(0.2)
