@@ -9,7 +9,7 @@ import dagster as dg
 import pytest
 
 from recon_dagster.core.kinds import KINDS, MAX_ATTEMPTS
-from recon_dagster.core.runtags import job_tag, run_label
+from recon_dagster.core.runtags import JOB_TAG_PREFIX, job_tag, run_label
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
 from recon_dagster_tests.support.reconcile import make_defs, stale_job_with_task, tick
@@ -126,7 +126,7 @@ def test_a_sensor_run_is_not_re_tagged_with_the_job_tags_its_request_carried(
     report = tick(make_defs(media_dir, batch_size=2, single_run_below=1), instance)
 
     assert report.runs == 2
-    assert not [t for t in added if any(k.startswith(".dagster/recon-job-") for k in t)]
+    assert not [t for t in added if any(k.startswith(JOB_TAG_PREFIX) for k in t)]
     for job in jobs:  # still found by its tag, from the request
         assert len(_runs_of(instance, job)) == 1
         assert job_row(db, job)["status"] == "completed"

@@ -17,7 +17,7 @@ import yaml
 from recon_dagster.core.kinds import get_kind
 from recon_dagster_tests.support.daemon import daemon_process
 from recon_dagster_tests.support.factories import make_job, make_user, reserve
-from recon_dagster_tests.support.harness import wait_for
+from recon_dagster_tests.support.harness import HarnessError, wait_for
 from recon_dagster_tests.support.instance import dagster_home
 from recon_dagster_tests.support.reconcile import one
 from recon_dagster_tests.support.sandbox_process import sandbox_process
@@ -113,8 +113,6 @@ def test_a_daemon_with_a_setting_its_code_server_would_refuse_is_not_started(
     """The daemon itself starts with any setting, but its code server then fails to load the
     definitions and no run ever starts: the harness refuses up front, naming the setting (a
     benchmark's one-run-per-job phase waited out its whole timeout so)."""
-    from recon_dagster_tests.support.harness import HarnessError
-
     refused = pytest.raises(HarnessError, match=f"not started: {next(iter(bad))} must be")
     with dagster_home(database_url) as home, refused, daemon_process(home, bad):
         pass
