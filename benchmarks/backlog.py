@@ -248,6 +248,8 @@ def process_role(proc: psutil.Process) -> str:
         return "code server"
     if "spawn_main" in cmd or "execute_run" in cmd:
         return "run workers"
+    if "multiprocessing.forkserver" in cmd:  # PreforkRunLauncher: the forkserver and its forks
+        return "run workers"
     return "other"
 
 
@@ -490,6 +492,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the benchmark database")
     parser.add_argument(
+        "--run-launcher",
+        choices=("default", "prefork"),
+        default="default",
+        help="default: Dagster's (each run a fresh interpreter started by the code server); prefork: "
+        "recon_dagster.runlauncher.PreforkRunLauncher (each run forked from a preloaded forkserver)",
+    )
+    parser.add_argument(
         "--limits",
         choices=sorted(LIMIT_MODES),
         default="unbounded",
@@ -514,7 +523,8 @@ def main() -> int:
         f"database {redact(url)}; {args.jobs:,} jobs, latency {args.latency * 1000:g} ms, "
         f"{args.max_concurrent_runs} concurrent runs (<= {args.kind_run_limit or 'any'} per kind), "
         f"batch {args.batch_size}, scan {args.scan_limit}, {args.concurrency} jobs at once per run, "
-        f"account limits {args.limits}, watermark {args.watermark}, {os.cpu_count()} cores",
+        f"account limits {args.limits}, watermark {args.watermark}, {args.run_launcher} run launcher, "
+        f"{os.cpu_count()} cores",
         flush=True,
     )
     media_dir = tempfile.mkdtemp(prefix="recon-bench-media-")
@@ -529,11 +539,18 @@ def main() -> int:
             "RECON_RECONCILE_CONCURRENCY": str(args.concurrency),
             "RECON_SCAN_LIMIT": str(args.scan_limit),
             **LIMIT_MODES[args.limits],
+            # Bytecode as an installed package has it: with PYTHONDONTWRITEBYTECODE set (as on the
+            # project's machines) every run worker compiled this checkout's modules from source.
+            "PYTHONDONTWRITEBYTECODE": "",
+            "PYTHONPYCACHEPREFIX": os.path.join(media_dir, "pycache"),
         }
         with (
             sandbox_process(latency_s=args.latency) as sandbox,
             dagster_home(
-                url, max_concurrent_runs=args.max_concurrent_runs, kind_run_limit=args.kind_run_limit or None
+                url,
+                max_concurrent_runs=args.max_concurrent_runs,
+                kind_run_limit=args.kind_run_limit or None,
+                run_launcher=args.run_launcher,
             ) as home,
         ):
             env = {**base_env, **sandbox.env}

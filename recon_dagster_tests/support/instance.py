@@ -69,6 +69,7 @@ def _instance_yaml(
     submit_workers: int,
     monitoring_poll_s: int,
     provider_run_limits: Mapping[str, int] | None = None,
+    run_launcher: str = "default",
 ) -> str:
     limits = ""
     if kind_run_limit is not None:
@@ -97,8 +98,16 @@ def _instance_yaml(
         "sensors:\n  use_threads: true\n"
         f"  num_workers: {sensor_workers}\n  num_submit_workers: {submit_workers}\n"
         "schedules:\n  use_threads: true\n  num_workers: 1\n"
-        "telemetry:\n  enabled: false\n"
+        "telemetry:\n  enabled: false\n" + RUN_LAUNCHERS[run_launcher]
     )
+
+
+# The instance's run launcher: Dagster's default (runs started by the code server), or the
+# project's PreforkRunLauncher (runs forked from a preloaded forkserver beside the daemon).
+RUN_LAUNCHERS = {
+    "default": "",
+    "prefork": "run_launcher:\n  module: recon_dagster.runlauncher\n  class: PreforkRunLauncher\n",
+}
 
 
 def _workspace_yaml(module: str, location: str) -> str:
@@ -139,6 +148,7 @@ def dagster_home(
     location: str = "recon_dagster",
     keep_storage: bool = False,
     provider_run_limits: Mapping[str, int] | None = None,
+    run_launcher: str = "default",
 ) -> Iterator[DagsterHome]:
     """A temp ``DAGSTER_HOME`` whose storage is ``<db>_dagster`` on the same PostgreSQL.
 
@@ -164,6 +174,7 @@ def dagster_home(
                 submit_workers=submit_workers,
                 monitoring_poll_s=monitoring_poll_s,
                 provider_run_limits=provider_run_limits,
+                run_launcher=run_launcher,
             )
         )
         home.workspace_yaml.write_text(_workspace_yaml(module, location))
@@ -177,4 +188,4 @@ def dagster_home(
                 drop_database(database_url, name)
 
 
-__all__ = ["DagsterHome", "dagster_home", "drop_database", "ensure_database"]
+__all__ = ["RUN_LAUNCHERS", "DagsterHome", "dagster_home", "drop_database", "ensure_database"]
