@@ -23,7 +23,7 @@ Configured in ``dagster.yaml``::
       module: recon_dagster.runlauncher
       class: PreforkRunLauncher
       config:
-        preload_modules: [dagster, dagster_postgres, sqlalchemy, psycopg, httpx, pydantic]
+        preload_modules: [dagster, dagster_postgres, sqlalchemy, psycopg, httpx, pydantic]  # e.g.
 """
 
 from __future__ import annotations
@@ -54,12 +54,17 @@ DEFAULT_PRELOAD = (
     "dagster._cli.api",
     "dagster._core.execution.api",
     "dagster._daemon",
+    "dagster._core.storage.local_compute_log_manager",
     "dagster_postgres",
+    "psycopg2",
     "sqlalchemy",
     "sqlalchemy.dialects.postgresql",
     "psycopg",
     "httpx",
+    "httpcore",  # httpx imports it at its first request, not with httpx
     "pydantic",
+    "tenacity",
+    "upath",  # Dagster's compute log manager, at a run's first step
 )
 
 
