@@ -494,9 +494,10 @@ def main() -> int:
     parser.add_argument(
         "--run-launcher",
         choices=("default", "prefork"),
-        default="default",
-        help="default: Dagster's (each run a fresh interpreter started by the code server); prefork: "
-        "recon_dagster.runlauncher.PreforkRunLauncher (each run forked from a preloaded forkserver)",
+        default="prefork",
+        help="prefork (what dagster.yaml ships): recon_dagster.runlauncher.PreforkRunLauncher, each run "
+        "forked from a preloaded forkserver; default: Dagster's, each run a fresh interpreter started "
+        "by the code server",
     )
     parser.add_argument(
         "--limits",

@@ -65,7 +65,9 @@ def test_backlog_reconciled_through_grpc_code_server_daemon_and_webserver(
             return left == 0
 
         with (
-            dagster_home(database_url, max_concurrent_runs=4) as home,
+            # Dagster's own launcher: runs started by the code server, as on a host without the
+            # project's PreforkRunLauncher (the other daemon tests run that one, as dagster.yaml ships).
+            dagster_home(database_url, max_concurrent_runs=4, run_launcher="default") as home,
             code_server_process(home, env) as server,
             daemon_process(home, env) as daemon,
             webserver_process(home, env) as web,

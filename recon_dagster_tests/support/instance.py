@@ -69,7 +69,7 @@ def _instance_yaml(
     submit_workers: int,
     monitoring_poll_s: int,
     provider_run_limits: Mapping[str, int] | None = None,
-    run_launcher: str = "default",
+    run_launcher: str = "prefork",
 ) -> str:
     limits = ""
     if kind_run_limit is not None:
@@ -148,7 +148,7 @@ def dagster_home(
     location: str = "recon_dagster",
     keep_storage: bool = False,
     provider_run_limits: Mapping[str, int] | None = None,
-    run_launcher: str = "default",
+    run_launcher: str = "prefork",
 ) -> Iterator[DagsterHome]:
     """A temp ``DAGSTER_HOME`` whose storage is ``<db>_dagster`` on the same PostgreSQL.
 
