@@ -97,6 +97,11 @@ def _worker_alive(identity: str) -> bool | None:
     return _start_ticks(int(pid)) == ticks
 
 
+def _environment(executable: str) -> str:
+    """The folder of a Python executable (``.venv/bin``): one folder, one environment."""
+    return os.path.dirname(os.path.abspath(executable))
+
+
 def _run_worker(serialized_instance_ref: str, run_id: str) -> None:
     """The forked run worker: ``dagster api execute_run`` without starting an interpreter."""
     from dagster._cli.api import _execute_run_command_body
@@ -147,10 +152,13 @@ class PreforkRunLauncher(DefaultRunLauncher):
     # -- launching ----------------------------------------------------------------------------
 
     def _forkable(self, run: dg.DagsterRun) -> bool:
+        """Whether the run's code location runs on this process's Python environment. Compared by
+        the interpreter's folder, symlinks kept: every venv's python links to the same base
+        interpreter, so resolved paths would take another venv's code location for this one."""
         origin = run.job_code_origin
         return (
             origin is not None
-            and os.path.realpath(origin.executable_path) == os.path.realpath(sys.executable)
+            and _environment(origin.executable_path) == _environment(sys.executable)
             and "forkserver" in multiprocessing.get_all_start_methods()
         )
 

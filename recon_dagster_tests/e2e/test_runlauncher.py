@@ -221,3 +221,28 @@ def test_the_shipped_dagster_yaml_launches_runs_with_it() -> None:
     assert (launcher["module"], launcher["class"]) == ("recon_dagster.runlauncher", "PreforkRunLauncher")
     configured = launcher.get("config") or {}
     assert set(configured) <= set(PreforkRunLauncher.config_type())
+
+
+def _run_from(executable: str) -> dg.DagsterRun:
+    from dagster._core.code_pointer import ModuleCodePointer
+    from dagster._core.origin import JobPythonOrigin, RepositoryPythonOrigin
+
+    repository = RepositoryPythonOrigin(
+        executable_path=executable, code_pointer=ModuleCodePointer("recon_dagster.definitions", "defs", None)
+    )
+    return dg.DagsterRun(
+        job_name="reconcile_job", job_code_origin=JobPythonOrigin("reconcile_job", repository)
+    )
+
+
+def test_only_runs_of_this_python_environment_are_forked(tmp_path: Path) -> None:
+    launcher = PreforkRunLauncher()
+    here = Path(sys.executable)
+    assert launcher._forkable(_run_from(str(here)))  # noqa: SLF001
+    assert launcher._forkable(_run_from(str(here.parent / "python3.11")))  # noqa: SLF001 - same venv, other name
+    # Another venv whose python links to the very same interpreter is another environment.
+    other = tmp_path / "other-venv" / "bin"
+    other.mkdir(parents=True)
+    (other / "python").symlink_to(os.path.realpath(sys.executable))
+    assert not launcher._forkable(_run_from(str(other / "python")))  # noqa: SLF001
+    assert not launcher._forkable(dg.DagsterRun(job_name="reconcile_job"))  # noqa: SLF001 - no origin
