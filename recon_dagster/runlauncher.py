@@ -12,8 +12,9 @@ location from the run's origin (this project's own modules are imported fresh by
 changed code location is never run stale) and executes. Only third-party packages are preloaded;
 upgrading them means restarting the daemon, as it already does.
 
-Runs it cannot fork are launched the default way, through the code server: a code location whose
-``executable_path`` is another Python, or a platform without ``forkserver``. Termination and the
+Runs it cannot fork are launched the default way, through the code server: a code server the
+workspace names (``grpc_server``: it may run in another container or on another host), a code
+location on another Python environment, or a platform without ``forkserver``. Termination and the
 run monitor's worker-health check go by the process identity each forked worker records on its
 run (host, pid, start time), so they work from the webserver too, on the same host.
 
@@ -152,12 +153,27 @@ class PreforkRunLauncher(DefaultRunLauncher):
     # -- launching ----------------------------------------------------------------------------
 
     def _forkable(self, run: dg.DagsterRun) -> bool:
-        """Whether the run's code location runs on this process's Python environment. Compared by
-        the interpreter's folder, symlinks kept: every venv's python links to the same base
-        interpreter, so resolved paths would take another venv's code location for this one."""
-        origin = run.job_code_origin
+        """Whether the run's code location is one this process's workspace starts itself, on this
+        process's Python environment.
+
+        A ``grpc_server`` of the workspace is a code server someone else runs, maybe in another
+        container or on another host whose interpreter path looks the same: its runs stay with it.
+        Environments are compared by the interpreter's folder, symlinks kept: every venv's python
+        links to the same base interpreter, so resolved paths would take another venv for this one.
+        """
+        from dagster._core.remote_origin import (
+            InProcessCodeLocationOrigin,
+            ManagedGrpcPythonEnvCodeLocationOrigin,
+        )
+
+        origin, remote = run.job_code_origin, run.remote_job_origin
         return (
             origin is not None
+            and remote is not None
+            and isinstance(
+                remote.repository_origin.code_location_origin,
+                ManagedGrpcPythonEnvCodeLocationOrigin | InProcessCodeLocationOrigin,
+            )
             and _environment(origin.executable_path) == _environment(sys.executable)
             and "forkserver" in multiprocessing.get_all_start_methods()
         )

@@ -15,6 +15,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
+from dagster._core.storage.tags import GRPC_INFO_TAG
 
 from recon_dagster.core.kinds import get_kind
 from recon_dagster.runlauncher import DEFAULT_PRELOAD, WORKER_TAG, PreforkRunLauncher, worker_identity
@@ -102,7 +103,7 @@ def test_runs_are_forked_from_the_preloaded_forkserver_and_reconcile_their_jobs(
                     ]
                     assert started == [f"Started process for run (pid: {pid})."], started
                     # A fork of the daemon's forkserver, not a process of the code server.
-                    assert "dagster/grpc_info" not in run.tags
+                    assert GRPC_INFO_TAG not in run.tags
     statuses = one(
         db,
         "SELECT string_agg(status, ',' ORDER BY status) FROM jobs WHERE id = ANY(CAST(:ids AS uuid[]))",
@@ -223,15 +224,34 @@ def test_the_shipped_dagster_yaml_launches_runs_with_it() -> None:
     assert set(configured) <= set(PreforkRunLauncher.config_type())
 
 
-def _run_from(executable: str) -> dg.DagsterRun:
+def _run_from(executable: str, served_by: str = "workspace") -> dg.DagsterRun:
     from dagster._core.code_pointer import ModuleCodePointer
     from dagster._core.origin import JobPythonOrigin, RepositoryPythonOrigin
+    from dagster._core.remote_origin import (
+        GrpcServerCodeLocationOrigin,
+        ManagedGrpcPythonEnvCodeLocationOrigin,
+        RemoteJobOrigin,
+        RemoteRepositoryOrigin,
+    )
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
     repository = RepositoryPythonOrigin(
         executable_path=executable, code_pointer=ModuleCodePointer("recon_dagster.definitions", "defs", None)
     )
+    location = (
+        ManagedGrpcPythonEnvCodeLocationOrigin(
+            LoadableTargetOrigin(executable_path=executable, module_name="recon_dagster.definitions"),
+            "recon_dagster",
+        )
+        if served_by == "workspace"
+        else GrpcServerCodeLocationOrigin(host="localhost", port=4000, location_name="recon_dagster")
+    )
     return dg.DagsterRun(
-        job_name="reconcile_job", job_code_origin=JobPythonOrigin("reconcile_job", repository)
+        job_name="reconcile_job",
+        job_code_origin=JobPythonOrigin("reconcile_job", repository),
+        remote_job_origin=RemoteJobOrigin(
+            RemoteRepositoryOrigin(location, "__repository__"), "reconcile_job"
+        ),
     )
 
 
@@ -246,3 +266,5 @@ def test_only_runs_of_this_python_environment_are_forked(tmp_path: Path) -> None
     (other / "python").symlink_to(os.path.realpath(sys.executable))
     assert not launcher._forkable(_run_from(str(other / "python")))  # noqa: SLF001
     assert not launcher._forkable(dg.DagsterRun(job_name="reconcile_job"))  # noqa: SLF001 - no origin
+    # A code server the workspace names (grpc_server) may be another container with the same path.
+    assert not launcher._forkable(_run_from(str(here), served_by="grpc_server"))  # noqa: SLF001

@@ -13,8 +13,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
+from dagster._core.storage.tags import GRPC_INFO_TAG
 
 from recon_dagster.core.kinds import get_kind
+from recon_dagster.runlauncher import WORKER_TAG
 from recon_dagster_tests.support.daemon import daemon_process
 from recon_dagster_tests.support.factories import make_job, make_user, reserve
 from recon_dagster_tests.support.harness import HarnessError, wait_for
@@ -65,9 +67,9 @@ def test_backlog_reconciled_through_grpc_code_server_daemon_and_webserver(
             return left == 0
 
         with (
-            # Dagster's own launcher: runs started by the code server, as on a host without the
-            # project's PreforkRunLauncher (the other daemon tests run that one, as dagster.yaml ships).
-            dagster_home(database_url, max_concurrent_runs=4, run_launcher="default") as home,
+            # The launcher dagster.yaml ships (PreforkRunLauncher): a code server the workspace
+            # names may live elsewhere, so its runs are started by that server, not forked here.
+            dagster_home(database_url, max_concurrent_runs=4) as home,
             code_server_process(home, env) as server,
             daemon_process(home, env) as daemon,
             webserver_process(home, env) as web,
@@ -94,6 +96,7 @@ def test_backlog_reconciled_through_grpc_code_server_daemon_and_webserver(
             # Launched from the code server's gRPC origin, never loaded by the daemon itself.
             origin = run.remote_job_origin.repository_origin.code_location_origin
             assert type(origin).__name__ == "GrpcServerCodeLocationOrigin" and origin.port == server.port
+            assert GRPC_INFO_TAG in run.tags and WORKER_TAG not in run.tags, run.tags.keys()
             assert run.tags["recon/provider"] in ("kie", "replicate")
         statuses = one(
             db,
@@ -107,7 +110,8 @@ def test_backlog_reconciled_through_grpc_code_server_daemon_and_webserver(
 
 
 @pytest.mark.parametrize(
-    "bad", [{"RECON_SINGLE_RUN_BELOW": str(10**9)}, {"RECON_BATCH_SIZE": "0"}, {"RECON_SENSOR_INTERVAL_S": "soon"}]
+    "bad",
+    [{"RECON_SINGLE_RUN_BELOW": str(10**9)}, {"RECON_BATCH_SIZE": "0"}, {"RECON_SENSOR_INTERVAL_S": "soon"}],
 )
 def test_a_daemon_with_a_setting_its_code_server_would_refuse_is_not_started(
     database_url: str, bad: dict[str, str]
