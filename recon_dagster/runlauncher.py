@@ -90,12 +90,17 @@ def _start_ticks(pid: int) -> str | None:
     return fields[19]
 
 
+def worker_pid(identity: str) -> int:
+    """The pid of a recorded worker identity (``host:pid:start-ticks``)."""
+    return int(identity.rsplit(":", 2)[1])
+
+
 def _worker_alive(identity: str) -> bool | None:
     """True/False for a worker of this host; None when it ran elsewhere (cannot be told here)."""
-    host, pid, ticks = identity.rsplit(":", 2)
+    host, _pid, ticks = identity.rsplit(":", 2)
     if host != socket.gethostname():
         return None
-    return _start_ticks(int(pid)) == ticks
+    return _start_ticks(worker_pid(identity)) == ticks
 
 
 def _environment(executable: str) -> str:
@@ -132,6 +137,7 @@ class PreforkRunLauncher(DefaultRunLauncher):
         self._lock = threading.Lock()
         self._workers: dict[str, Any] = {}  # run id -> multiprocessing Process (this process's launches)
         self._context: Any = None
+        self._instance_ref = ""  # this instance's ref, serialized once for every worker
 
     @classmethod
     def config_type(cls) -> dict:
@@ -182,6 +188,7 @@ class PreforkRunLauncher(DefaultRunLauncher):
         if self._context is None:
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(self._preload)
+            self._instance_ref = dg.serialize_value(self._instance.get_ref())
             self._context = context
         return self._context
 
@@ -194,7 +201,7 @@ class PreforkRunLauncher(DefaultRunLauncher):
             self._reap()
             worker = self._forkserver().Process(
                 target=_run_worker,
-                args=(dg.serialize_value(self._instance.get_ref()), run.run_id),
+                args=(self._instance_ref, run.run_id),
                 name=f"dagster-run-{run.run_id}",
             )
             worker.start()
@@ -230,7 +237,7 @@ class PreforkRunLauncher(DefaultRunLauncher):
         if not alive:
             self._instance.report_run_canceled(run, f"run worker {identity} was no longer running")
             return True
-        os.kill(int(identity.rsplit(":", 2)[1]), signal.SIGTERM)
+        os.kill(worker_pid(identity), signal.SIGTERM)
         return True
 
     @property
@@ -261,4 +268,4 @@ class PreforkRunLauncher(DefaultRunLauncher):
         super().join(max(1, int(deadline - time.monotonic())))
 
 
-__all__ = ["DEFAULT_PRELOAD", "WORKER_TAG", "PreforkRunLauncher", "worker_identity"]
+__all__ = ["DEFAULT_PRELOAD", "WORKER_TAG", "PreforkRunLauncher", "worker_identity", "worker_pid"]

@@ -18,7 +18,13 @@ import yaml
 from dagster._core.storage.tags import GRPC_INFO_TAG
 
 from recon_dagster.core.kinds import get_kind
-from recon_dagster.runlauncher import DEFAULT_PRELOAD, WORKER_TAG, PreforkRunLauncher, worker_identity
+from recon_dagster.runlauncher import (
+    DEFAULT_PRELOAD,
+    WORKER_TAG,
+    PreforkRunLauncher,
+    worker_identity,
+    worker_pid,
+)
 from recon_dagster_tests.support.daemon import daemon_process
 from recon_dagster_tests.support.factories import make_job, make_user, reserve
 from recon_dagster_tests.support.harness import wait_for
@@ -138,7 +144,7 @@ def test_a_killed_forked_worker_fails_its_run_and_a_terminated_one_is_canceled(
             killed, terminated = wait_for(
                 polling, timeout_s=180, what="two polling runs", logs=daemon.log_tail
             )
-            os.kill(int(killed.tags[WORKER_TAG].rsplit(":", 2)[1]), signal.SIGKILL)
+            os.kill(worker_pid(killed.tags[WORKER_TAG]), signal.SIGKILL)
             # What the webserver's Terminate button does: the instance's launcher, in another process.
             assert inst.run_launcher.terminate(terminated.run_id) is True
 
