@@ -7,6 +7,7 @@ import logging
 
 import dagster as dg
 import pytest
+import sqlalchemy as sa
 
 from recon_dagster.core.kinds import KINDS, MAX_ATTEMPTS
 from recon_dagster.core.runtags import JOB_TAG_PREFIX, job_tag, run_label
@@ -134,8 +135,10 @@ def test_a_sensor_run_is_not_re_tagged_with_the_job_tags_its_request_carried(
     # A run launched without them (Launchpad, backfill) adds its jobs' tags, once each.
     late = _stuck(db, sandbox, "kie-veo", job_type="video")
     added.clear()
-    res = make_defs(media_dir).resolve_job_def("reconcile_job").execute_in_process(
-        instance=instance, partition_key="kie-veo", raise_on_error=False
+    res = (
+        make_defs(media_dir)
+        .resolve_job_def("reconcile_job")
+        .execute_in_process(instance=instance, partition_key="kie-veo", raise_on_error=False)
     )
     assert added == [dict([job_tag(late)])]
     assert [r.run_id for r in _runs_of(instance, late)] == [res.run_id]
@@ -190,6 +193,61 @@ def test_provider_health_turns_red_for_the_failing_provider_from_the_runs_that_p
     ]
     assert "kie" in passed
     assert instance.get_latest_materialization_event(dg.AssetKey("provider_health")) is not None
+
+
+def _latest_health_checks(instance: dg.DagsterInstance) -> dict[str, bool | None]:
+    """What the console shows per provider check: its latest evaluation if Dagster counts it as one
+    of provider_health's latest materialization (the UI's ``executionForLatestMaterialization``,
+    decided by Dagster's own ``targets_latest_materialization``), else None: "Not evaluated"."""
+    import asyncio
+
+    from dagster._core.definitions.asset_checks.asset_check_spec import AssetCheckKey
+    from dagster._core.loader import LoadingContextForTest
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecord
+
+    from recon_dagster.core.kinds import Provider
+
+    async def shown(key: AssetCheckKey) -> bool | None:
+        ctx = LoadingContextForTest(instance)
+        record = await AssetCheckExecutionRecord.gen(ctx, key)
+        if (
+            record is None
+            or record.evaluation is None
+            or not await record.targets_latest_materialization(ctx)
+        ):
+            return None
+        return record.evaluation.passed
+
+    return {
+        p.value: asyncio.run(shown(AssetCheckKey(dg.AssetKey("provider_health"), p.value))) for p in Provider
+    }
+
+
+def test_a_run_of_one_provider_leaves_every_providers_health_check_evaluated(
+    db, instance, media_dir, sandbox
+):
+    """Every provider_health materialization carries every provider's check: the console shows a
+    check's result for the latest materialization only, so a KIE run that evaluated only kie would
+    turn Replicate's red check into "Not evaluated" in the middle of its outage."""
+    for _ in range(6):
+        _stuck(db, sandbox, "replicate-prediction", Scenario(polls_before_done=0, server_error_first=1000))
+    tick(make_defs(media_dir, batch_size=10, single_run_below=2), instance)
+    assert _latest_health_checks(instance)["replicate"] is False
+
+    _stuck(db, sandbox, "kie-standard")
+    with db.begin() as conn:  # only the KIE job is due now: the next run is KIE's alone
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET reconcile_next_at = now() + interval '1 hour' "
+                "WHERE provider_kind = 'replicate-prediction'"
+            )
+        )
+    tick(make_defs(media_dir, batch_size=10, single_run_below=2), instance)
+
+    shown = _latest_health_checks(instance)
+    assert shown["replicate"] is False, shown
+    assert shown["kie"] is True, shown
+    assert None not in shown.values(), shown
 
 
 def test_provider_health_is_materialized_at_startup_once(db, instance, media_dir):
@@ -294,7 +352,8 @@ def _row_tags(tags: dict[str, str]) -> set[str]:
     return {
         k
         for k in tags
-        if not k.startswith(".dagster/") and (not k.startswith("dagster/") or k in ("dagster/partition", "dagster/backfill"))
+        if not k.startswith(".dagster/")
+        and (not k.startswith("dagster/") or k in ("dagster/partition", "dagster/backfill"))
     }
 
 
@@ -308,7 +367,12 @@ def test_a_reconcile_runs_row_shows_only_what_the_run_queue_limits_by(db, instan
     tick(make_defs(media_dir, single_run_below=2), instance)
 
     runs = {r.tags["recon/provider_kind"]: r for r in instance.get_runs()}
-    limited = {x["key"] for x in yaml.safe_load((project_root() / "dagster.yaml").read_text())["run_queue"]["tag_concurrency_limits"]}
+    limited = {
+        x["key"]
+        for x in yaml.safe_load((project_root() / "dagster.yaml").read_text())["run_queue"][
+            "tag_concurrency_limits"
+        ]
+    }
     for kind, jobs in (("kie-standard", [single]), ("replicate-prediction", batch)):
         run = runs[kind]
         shown = _row_tags(run.tags) - {"recon/trigger"}  # reconcile --once marks its runs
@@ -330,10 +394,14 @@ def test_the_outcome_assets_say_every_reconcile_run_writes_them_and_nothing_auto
         assert node.metadata["written_by"] == "reconcile_job, sync_sweep_job"
         assert node.kinds == {"postgres"} and node.group_name == "reconciliation"
         # The Automation section shows this label instead of "No automations found" ...
-        assert node.automation_condition.get_label() == "written by every reconcile_job and sync_sweep_job run"
+        assert (
+            node.automation_condition.get_label() == "written by every reconcile_job and sync_sweep_job run"
+        )
     # ... and it is only a label: Dagster evaluates conditions of executable assets only, so no
     # automation sensor exists to request a run of these.
     assert not any(isinstance(s, dg.AutomationConditionSensorDefinition) for s in repo.sensor_defs)
     assert {s.name for s in repo.sensor_defs} == {
-        "stale_inflight_jobs_sensor", "reconcile_run_failure_alert", "provider_health_at_startup"
+        "stale_inflight_jobs_sensor",
+        "reconcile_run_failure_alert",
+        "provider_health_at_startup",
     }

@@ -65,9 +65,11 @@ def _metadata(rates: dict[str, tuple[int, int]]) -> dict:
 def report_health(
     context: dg.OpExecutionContext, database: DatabaseResource, kinds: Iterable[str | None]
 ) -> None:
-    """From a reconcile run: refresh provider_health and the checks of the providers it polled."""
-    providers = {str(KINDS[k].provider) for k in kinds if k in KINDS}
-    if not providers:
+    """From a reconcile run that polled a provider: refresh provider_health and every provider's
+    check. Every one, not only the polled ones: the console shows a check's result only for the
+    asset's latest materialization, so a KIE run evaluating kie alone would turn a Replicate
+    outage's red check into "Not evaluated"."""
+    if not any(k in KINDS for k in kinds):
         return
     try:
         with database.get_engine().connect() as conn:
@@ -76,9 +78,9 @@ def report_health(
         context.log.warning(f"provider health could not be read: {exc}")
         return
     context.log_event(dg.AssetMaterialization(asset_key=HEALTH, metadata=_metadata(rates)))
-    for p in sorted(providers):
+    for p in Provider:
         # log_event takes a check evaluation at runtime (Dagster's own annotation lags behind it).
-        context.log_event(_evaluation(p, *rates.get(p, (0, 0))))  # type: ignore[arg-type]
+        context.log_event(_evaluation(p.value, *rates.get(p.value, (0, 0))))  # type: ignore[arg-type]
 
 
 @dg.multi_asset(
