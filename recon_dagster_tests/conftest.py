@@ -42,6 +42,19 @@ APP_TABLES = (
 )
 
 
+# Workers for ``-n auto`` (pyproject's addopts). Most of a pass is spent waiting on daemons, runs
+# and browsers, so two workers halve it on two cores (25 -> 13.5 min). More would put several
+# daemon and browser tests on the same cores at once, where their deadlines are measured.
+MAX_AUTO_WORKERS = 2
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    configured = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").strip()
+    if configured:
+        return int(configured)
+    return max(1, min(MAX_AUTO_WORKERS, os.cpu_count() or 1))
+
+
 def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
