@@ -284,31 +284,21 @@ def load_job(conn: sa.Connection, job_id: uuid.UUID | str) -> JobRow | None:
     return _row(r) if r else None
 
 
-def load_job_and_reservation(
-    conn: sa.Connection, job_id: uuid.UUID | str
-) -> tuple[JobRow | None, credits.UsageLog | None]:
-    """The row and its oldest ``reserved`` usage log (``credits.find_reserved_usage_log``'s) in
-    one statement: finalize's read, once per job."""
-    r = (
-        conn.execute(
-            sa.text(
-                f"""
-                SELECT j.*, u.id AS ul_id, u.job_id AS ul_job_id, u.user_id AS ul_user_id,
-                       u.status AS ul_status, u.amount AS ul_amount, u.metadata AS ul_metadata
-                FROM (SELECT {_ROW_COLUMNS} FROM jobs WHERE id = :id) j
-                LEFT JOIN LATERAL (
-                  SELECT id, job_id, user_id, status, amount, metadata FROM usage_logs
-                  WHERE job_id = j.id AND status = 'reserved' ORDER BY created_at LIMIT 1
-                ) u ON true
-                """
-            ),
-            {"id": str(job_id)},
-        )
-        .mappings()
-        .first()
-    )
-    if r is None:
-        return None, None
+def _with_reservation_sql(where: str) -> str:
+    """Job rows matching ``where`` joined to each one's oldest ``reserved`` usage log
+    (``credits.find_reserved_usage_log``'s), ``ul_``-prefixed."""
+    return f"""
+        SELECT j.*, u.id AS ul_id, u.job_id AS ul_job_id, u.user_id AS ul_user_id,
+               u.status AS ul_status, u.amount AS ul_amount, u.metadata AS ul_metadata
+        FROM (SELECT {_ROW_COLUMNS} FROM jobs WHERE {where}) j
+        LEFT JOIN LATERAL (
+          SELECT id, job_id, user_id, status, amount, metadata FROM usage_logs
+          WHERE job_id = j.id AND status = 'reserved' ORDER BY created_at LIMIT 1
+        ) u ON true
+        """
+
+
+def _row_and_reservation(r: sa.RowMapping) -> tuple[JobRow, credits.UsageLog | None]:
     reservation = (
         None
         if r["ul_id"] is None
@@ -322,6 +312,36 @@ def load_job_and_reservation(
         )
     )
     return _row(r), reservation
+
+
+def load_job_and_reservation(
+    conn: sa.Connection, job_id: uuid.UUID | str
+) -> tuple[JobRow | None, credits.UsageLog | None]:
+    """The row and its oldest ``reserved`` usage log in one statement: finalize's read."""
+    r = conn.execute(sa.text(_with_reservation_sql("id = :id")), {"id": str(job_id)}).mappings().first()
+    if r is None:
+        return None, None
+    return _row_and_reservation(r)
+
+
+def load_jobs_and_reservations(
+    conn: sa.Connection, job_ids: Iterable[uuid.UUID | str]
+) -> dict[uuid.UUID, tuple[JobRow, credits.UsageLog | None]]:
+    """``load_job_and_reservation`` for many jobs in one statement (a missing id is left out)."""
+    ids = [str(j) for j in job_ids]
+    if not ids:
+        return {}
+    rows = conn.execute(
+        sa.text(_with_reservation_sql("id = ANY(:ids)")).bindparams(
+            sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))
+        ),
+        {"ids": ids},
+    ).mappings()
+    out: dict[uuid.UUID, tuple[JobRow, credits.UsageLog | None]] = {}
+    for r in rows:
+        row, reservation = _row_and_reservation(r)
+        out[row.id] = (row, reservation)
+    return out
 
 
 def load_jobs(conn: sa.Connection, job_ids: Iterable[uuid.UUID | str]) -> list[JobRow]:

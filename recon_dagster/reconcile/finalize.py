@@ -205,6 +205,7 @@ def finalize_job_with_media(
     *,
     source: str,
     policy: MediaPolicy | None = None,
+    snapshot: tuple[jobs_db.JobRow, credits.UsageLog | None] | None = None,
 ) -> FinalizeResult:
     """The one success path shared by workers, webhooks and reconciliation (spec 5.4).
 
@@ -215,14 +216,24 @@ def finalize_job_with_media(
     the same way: a success is charged only with the media it promised, stored. A result from
     another task than the row's raises ``ForeignTaskResult`` (an ``UnusableResult``) before any
     download, or at the settle if the row was given its task meanwhile.
+
+    ``snapshot``: the row and its reservation as the caller read them (the reconciler reads a
+    whole batch's in one statement when it renews its lease before acting), so phase 1 reads
+    nothing. Safe because phase 1 decides nothing final: the settle is the same guarded
+    compare-and-set either way, and a row another writer finished since the snapshot loses
+    there (``ok=False``, this attempt's media discarded) instead of before the download.
     """
     policy = policy or MediaPolicy()
     started = time.monotonic()
     job_id = uuid.UUID(str(job_id))
 
-    # Phase 1: read (the row and its reservation in one statement).
-    with engine.connect() as conn:
-        row, reservation = jobs_db.load_job_and_reservation(conn, job_id)
+    # Phase 1: read (the row and its reservation in one statement), unless the caller did.
+    row: jobs_db.JobRow | None
+    if snapshot is not None and snapshot[0].id == job_id:
+        row, reservation = snapshot
+    else:
+        with engine.connect() as conn:
+            row, reservation = jobs_db.load_job_and_reservation(conn, job_id)
     if row is None:
         return FinalizeResult(False, "job not found")
     if not row.inflight:

@@ -57,6 +57,9 @@ from recon_dagster.reconcile.poison import clamp_impossible_waits
 
 log = logging.getLogger("recon_dagster.reconcile")
 
+# A job's row and its reservation, read for finalize when the act step renewed its lease.
+Snapshot = tuple[JobRow, credits.UsageLog | None]
+
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
@@ -241,6 +244,10 @@ class Reconciler:
         started = time.monotonic()
         with self.engine.begin() as conn:
             ours = renew_leases(conn, [p.row.id for p in polled], owner, self.settings.lease_ttl)
+            # Finalize's read for the whole batch in one statement, under the renewed lease.
+            snapshots = jobs_db.load_jobs_and_reservations(
+                conn, [p.row.id for p in polled if p.step is Step.FINALIZE and p.row.id in ours]
+            )
         lost = [
             self._outcome(
                 p.row.id,
@@ -257,15 +264,16 @@ class Reconciler:
             for o in lost:
                 self._record(o, owner)
             return lost + self._map(
-                lambda p: self._act_recorded(p, owner), [p for p in polled if p.row.id in ours]
+                lambda p: self._act_recorded(p, owner, snapshots.get(p.row.id)),
+                [p for p in polled if p.row.id in ours],
             )
         finally:
             self.flush()
 
-    def _act_recorded(self, p: Polled, owner: str) -> JobOutcome:
+    def _act_recorded(self, p: Polled, owner: str, snapshot: Snapshot | None = None) -> JobOutcome:
         started = time.monotonic() - p.poll_ms / 1000
         try:
-            outcome = self._act_one(p, owner, started)
+            outcome = self._act_one(p, owner, started, snapshot)
         except Exception as exc:  # one bad job never takes the batch down
             log.exception("reconcile of job %s failed unexpectedly", p.row.id)
             outcome = self._attempt_failed(
@@ -274,7 +282,7 @@ class Reconciler:
         self._record(outcome, owner)
         return outcome
 
-    def _act_one(self, p: Polled, owner: str, started: float) -> JobOutcome:
+    def _act_one(self, p: Polled, owner: str, started: float, snapshot: Snapshot | None = None) -> JobOutcome:
         row = p.row
         attempt = row.reconcile_attempts + 1
         if p.step is Step.SWEEP:
@@ -314,6 +322,7 @@ class Reconciler:
                 ProviderResult.from_status(p.status),
                 source="reconcile",
                 policy=self.media_policy,
+                snapshot=snapshot,
             )
         except Exception as exc:
             # An expired signed URL or a refused host: never complete without the media.

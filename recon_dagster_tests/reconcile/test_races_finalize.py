@@ -118,3 +118,81 @@ def test_finalize_never_completes_a_failed_row(db, sandbox, media_dir):
 
     assert res.ok is False
     assert job_row(db, job)["status"] == "failed"
+
+
+# --- the act step's batch read (issue 21) ------------------------------------------------------
+
+
+def _claimed_and_polled(db, sandbox, n: int, media_dir: str, store=None):  # noqa: ANN001, ANN202
+    from recon_dagster.reconcile.batches import next_attempt
+    from recon_dagster.reconcile.reconciler import Reconciler
+
+    jobs = [_finished_job(db, sandbox) for _ in range(n)]
+    rec = Reconciler(
+        db, providers_from_env(), store or LocalMediaStore(base_dir=media_dir), media_policy=_policy()
+    )
+    with db.connect() as conn:
+        rows = jobs_db.load_jobs(conn, [j for _, j, _ in jobs])
+    work, _ = rec.claim([jobs_db.Claim(r.id, next_attempt(r)) for r in rows], "run:batch-read")
+    return jobs, rec, rec.poll(work)
+
+
+def test_the_act_step_reads_its_finalize_rows_in_one_statement_per_batch(db, sandbox, media_dir):
+    """Finalize's read (row + reservation) is taken for the whole batch with the lease renewal,
+    not once per job: statements per reconciled job drop by one, whatever the batch size."""
+    from recon_dagster_tests.support.reconcile import statements_like
+
+    jobs, rec, polled = _claimed_and_polled(db, sandbox, 6, media_dir)
+    with statements_like(db, "LEFT JOIN LATERAL") as reads:
+        outcomes = rec.act(polled, "run:batch-read")
+
+    assert [o.outcome.value for o in outcomes] == ["recovered"] * 6
+    assert len(reads) == 1, reads
+    for user, job, _ in jobs:
+        assert job_row(db, job)["status"] == "completed"
+        assert usage_status(db, job) == "committed"
+        assert balances(db, user) == (Decimal(90), Decimal(0))
+
+
+class _WorkerFinishesFirst:
+    """A store whose upload lets the app's worker finalize the same job first: the row the act
+    step read for it is stale by the time its settle runs."""
+
+    def __init__(self, inner: LocalMediaStore, engine: sa.Engine, results: dict) -> None:  # noqa: ANN001
+        self.inner, self.engine, self.results = inner, engine, results
+        self.won: list[bool] = []
+
+    def put_stream(self, key: str, chunks: Iterable[bytes], content_type: str) -> StoredObject:
+        obj = self.inner.put_stream(key, chunks, content_type)
+        job = next(j for j in self.results if str(j) in key)
+        res = finalize_job_with_media(
+            self.engine, self.inner, job, self.results[job], source="worker", policy=_policy()
+        )
+        self.won.append(res.ok)
+        return obj
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.inner, name)
+
+
+def test_a_job_another_writer_finishes_after_the_batch_read_is_settled_once(db, sandbox, media_dir):
+    """The batch read decides nothing final: a row the worker completed after it loses the
+    guarded settle, so its credits are committed once, one asset, and the media the winner
+    references (the same task's key) stays."""
+    inner = LocalMediaStore(base_dir=media_dir)
+    store = _WorkerFinishesFirst(inner, db, {})
+    jobs, rec, polled = _claimed_and_polled(db, sandbox, 3, media_dir, store=store)
+    store.results.update({job: result for _, job, result in jobs})
+
+    outcomes = rec.act(polled, "run:batch-read")
+
+    assert store.won == [True, True, True]  # the worker won every one
+    assert sorted(o.outcome.value for o in outcomes) == ["lost_race"] * 3
+    for user, job, _ in jobs:
+        row = job_row(db, job)
+        assert row["status"] == "completed" and row["output_data"]["finalized_by"] == "worker"
+        assert usage_status(db, job) == "committed"
+        assert count(db, "assets", job) == 1
+        assert balances(db, user) == (Decimal(90), Decimal(0))
+        key = row["output_data"]["media"][0]["key"]
+        assert inner.exists(key)
