@@ -105,7 +105,7 @@ def test_the_wheel_requires_no_test_tools_at_run_time(dists: tuple[Path, Path]) 
              for r in requires}  # fmt: skip
     assert extra["dagster"] == "" and extra["sqlalchemy"] == ""
     assert extra["mutmut"] == "mutation"
-    for tool in ("pytest", "pytest-timeout", "hypothesis", "moto", "playwright"):
+    for tool in ("pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "moto", "playwright"):
         assert extra[tool] == "dev", tool
 
 
