@@ -284,6 +284,10 @@ def load_job(conn: sa.Connection, job_id: uuid.UUID | str) -> JobRow | None:
     return _row(r) if r else None
 
 
+# A job's row and its oldest ``reserved`` usage log (None: nothing reserved), as finalize reads them.
+RowAndReservation = tuple[JobRow, credits.UsageLog | None]
+
+
 def _with_reservation_sql(where: str) -> str:
     """Job rows matching ``where`` joined to each one's oldest ``reserved`` usage log
     (``credits.find_reserved_usage_log``'s), ``ul_``-prefixed."""
@@ -298,7 +302,7 @@ def _with_reservation_sql(where: str) -> str:
         """
 
 
-def _row_and_reservation(r: sa.RowMapping) -> tuple[JobRow, credits.UsageLog | None]:
+def _row_and_reservation(r: sa.RowMapping) -> RowAndReservation:
     reservation = (
         None
         if r["ul_id"] is None
@@ -326,7 +330,7 @@ def load_job_and_reservation(
 
 def load_jobs_and_reservations(
     conn: sa.Connection, job_ids: Iterable[uuid.UUID | str]
-) -> dict[uuid.UUID, tuple[JobRow, credits.UsageLog | None]]:
+) -> dict[uuid.UUID, RowAndReservation]:
     """``load_job_and_reservation`` for many jobs in one statement (a missing id is left out)."""
     ids = [str(j) for j in job_ids]
     if not ids:
@@ -337,11 +341,8 @@ def load_jobs_and_reservations(
         ),
         {"ids": ids},
     ).mappings()
-    out: dict[uuid.UUID, tuple[JobRow, credits.UsageLog | None]] = {}
-    for r in rows:
-        row, reservation = _row_and_reservation(r)
-        out[row.id] = (row, reservation)
-    return out
+    loaded = [_row_and_reservation(r) for r in rows]
+    return {row.id: (row, reservation) for row, reservation in loaded}
 
 
 def load_jobs(conn: sa.Connection, job_ids: Iterable[uuid.UUID | str]) -> list[JobRow]:

@@ -205,7 +205,7 @@ def finalize_job_with_media(
     *,
     source: str,
     policy: MediaPolicy | None = None,
-    snapshot: tuple[jobs_db.JobRow, credits.UsageLog | None] | None = None,
+    snapshot: jobs_db.RowAndReservation | None = None,
 ) -> FinalizeResult:
     """The one success path shared by workers, webhooks and reconciliation (spec 5.4).
 

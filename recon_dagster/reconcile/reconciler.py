@@ -57,9 +57,6 @@ from recon_dagster.reconcile.poison import clamp_impossible_waits
 
 log = logging.getLogger("recon_dagster.reconcile")
 
-# A job's row and its reservation, read for finalize when the act step renewed its lease.
-Snapshot = tuple[JobRow, credits.UsageLog | None]
-
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
@@ -270,7 +267,9 @@ class Reconciler:
         finally:
             self.flush()
 
-    def _act_recorded(self, p: Polled, owner: str, snapshot: Snapshot | None = None) -> JobOutcome:
+    def _act_recorded(
+        self, p: Polled, owner: str, snapshot: jobs_db.RowAndReservation | None = None
+    ) -> JobOutcome:
         started = time.monotonic() - p.poll_ms / 1000
         try:
             outcome = self._act_one(p, owner, started, snapshot)
@@ -282,7 +281,9 @@ class Reconciler:
         self._record(outcome, owner)
         return outcome
 
-    def _act_one(self, p: Polled, owner: str, started: float, snapshot: Snapshot | None = None) -> JobOutcome:
+    def _act_one(
+        self, p: Polled, owner: str, started: float, snapshot: jobs_db.RowAndReservation | None = None
+    ) -> JobOutcome:
         row = p.row
         attempt = row.reconcile_attempts + 1
         if p.step is Step.SWEEP:
