@@ -52,6 +52,7 @@ from recon_dagster.config import (  # noqa: F401  (parse_allowed_hosts re-export
 )
 from recon_dagster.core.crashpoints import crash_point
 from recon_dagster.core.deadlines import exchange_deadline, guard_transports, sized_deadline_s
+from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.media.errors import (
     MediaExpired,
     MediaFetchError,
@@ -286,7 +287,9 @@ def open_media_stream(
     deadline = None if deadline_s is None else started + deadline_s
     own_client = client is None
     # Our own client's sockets end by the deadline even while headers drip (``guard_transports``).
-    http = client or guard_transports(httpx.Client(trust_env=False, follow_redirects=False))
+    http = client or guard_transports(
+        httpx.Client(trust_env=False, follow_redirects=False, verify=shared_tls_context(trust_env=False))
+    )
     response: httpx.Response | None = None
     try:
         with exchange_deadline(deadline, started):

@@ -31,6 +31,7 @@ from recon_dagster.core.deadlines import (
     guard_transports,
 )
 from recon_dagster.core.redaction import redact_secrets
+from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.providers.limits import AccountLimits, account_limiter
 from recon_dagster.providers.status import AmbiguousCreateError, ProviderHTTPError, ProviderProtocolError
 
@@ -288,6 +289,7 @@ class ProviderHttp:
                 max_connections=s.limits.max_concurrency, max_keepalive_connections=s.limits.max_concurrency
             ),
             follow_redirects=False,
+            verify=shared_tls_context(),  # the CA bundle loaded once per process, not per client
         )
         # Headers dripped a line at a time reset every per-read timeout: bound the socket itself.
         guard_transports(self.client)
