@@ -12,6 +12,7 @@ plus the pool checkouts. Dagster's own storage is not in these figures: it has i
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
 import random
 import re
@@ -37,7 +38,7 @@ from recon_dagster.db.migrate import migrate
 from recon_dagster.media.store import LocalMediaStore
 from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile.batches import plan_batches
-from recon_dagster.reconcile.reconciler import Reconciler
+from recon_dagster.reconcile.reconciler import Reconciler, ReconcileSettings
 from recon_dagster_tests.support.instance import drop_database, ensure_database
 from recon_dagster_tests.support.sandbox_process import sandbox_process
 
@@ -54,6 +55,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--watermark", choices=sorted(WATERMARK), default="default", help="as backlog.py's")
     parser.add_argument("--media-bytes", type=int, default=16 * 1024, help="as backlog.py's (16 KiB)")
     parser.add_argument("--database-url", default=None)
+    parser.add_argument(
+        "--concurrency", type=int, default=16, help="jobs worked at once (threads), as a run's"
+    )
+    parser.add_argument(
+        "--profile",
+        default=None,
+        help="write a cProfile of the phases here (shares are exact with --concurrency 1)",
+    )
     args = parser.parse_args(argv)
     server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url()
     name = f"recon_bench_{secrets.token_hex(4)}"
@@ -93,8 +102,13 @@ def main(argv: list[str]) -> int:
                 phases[phase[0]]["checkouts"] += 1
 
             rec = Reconciler(
-                engine, providers_from_env(), LocalMediaStore(base_dir=media_dir), run_id="statements"
+                engine,
+                providers_from_env(),
+                LocalMediaStore(base_dir=media_dir),
+                run_id="statements",
+                settings=ReconcileSettings(concurrency=args.concurrency),
             )
+            profiler = cProfile.Profile(time.process_time) if args.profile else None  # CPU, not wall
             from recon_dagster.db import jobs as jobs_db
 
             with engine.connect() as conn:
@@ -104,9 +118,13 @@ def main(argv: list[str]) -> int:
             def timed(name: str, fn, *a):  # noqa: ANN001, ANN202 - CPU of this whole process, all threads
                 phase[0] = name
                 t0 = time.process_time()
+                if profiler is not None:
+                    profiler.enable()
                 try:
                     return fn(*a)
                 finally:
+                    if profiler is not None:
+                        profiler.disable()
                     cpu[name] += time.process_time() - t0
 
             for batch in plan_batches(rows, batch_size=500, single_below=1):
@@ -115,6 +133,8 @@ def main(argv: list[str]) -> int:
                 timed("act", rec.act, polled, batch.run_key)
             timed("sweep", lambda: rec.sweep_stale("sweep:statements", limit=args.jobs))
             phase[0] = "done"
+            if profiler is not None:
+                profiler.dump_stats(args.profile)
             left = inflight(engine, seeded.job_ids)
             problems = verify(engine, seeded)
         n = args.jobs

@@ -479,7 +479,7 @@ class Reconciler:
             self.flush()
 
     def _map(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
-        if len(items) <= 1:
+        if len(items) <= 1 or self.settings.concurrency <= 1:  # no thread for one job at a time
             return [fn(i) for i in items]
         with ThreadPoolExecutor(
             max_workers=min(self.settings.concurrency, len(items)), thread_name_prefix="reconcile"
