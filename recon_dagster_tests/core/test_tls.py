@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import ipaddress
 import ssl
 import threading
@@ -13,13 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from recon_dagster.core import tls
 from recon_dagster.providers.http import HttpSettings, ProviderHttp
 from recon_dagster.reconcile import finalize
+from recon_dagster_tests.support.certs import self_signed
 
 
 class _Hello(BaseHTTPRequestHandler):
@@ -38,30 +35,8 @@ class _Hello(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def https_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """An HTTPS server on loopback whose certificate (for 127.0.0.1) no public bundle trusts."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "recon test CA")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    folder = tmp_path_factory.mktemp("tls")
-    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+    cert_path, key_path = self_signed(
+        tmp_path_factory.mktemp("tls"), "recon test CA", [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
     )
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
