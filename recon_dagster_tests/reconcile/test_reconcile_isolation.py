@@ -8,8 +8,10 @@ any balance change of one user (as a ``numeric(14,4)`` overflow on a refund does
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -186,3 +188,32 @@ def test_sweep_stale_returns_every_outcome_when_one_sweep_raises(db, media_dir, 
     assert {o.job_id: o.outcome for o in outcomes} == {bad: Outcome.ERROR, good: Outcome.SWEPT}
     assert job_row(db, bad)["reconcile_attempts"] == MAX_ATTEMPTS
     assert _anomalies(db, bad) == ["reconcile_settle_error"]
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_batch_is_worked_on_the_calling_thread_only_at_concurrency_one(db, media_dir, sandbox, concurrency):
+    jobs = [
+        _job(db, sandbox, "kie-standard", Scenario(outcome="fail", polls_before_done=0))[1],
+        _job(db, sandbox, "kie-standard", Scenario(outcome="run_forever"))[1],
+        _job(db, sandbox, "kie-standard", Scenario(outcome="run_forever"))[1],
+    ]
+    threads: list[threading.Thread] = []
+    settings = ReconcileSettings(cadence=timedelta(seconds=0), concurrency=concurrency)
+    rec = Reconciler(
+        db,
+        providers_from_env(),
+        LocalMediaStore(base_dir=media_dir),
+        settings=settings,
+        on_outcome=lambda _o: threads.append(threading.current_thread()),
+    )
+    owner = f"threads-{concurrency}"
+    claimed = _claim(db, jobs, owner)
+    outcomes = rec.reconcile_many(claimed, owner)
+
+    # Every job keeps its outcome, in the batch's order, whichever threads worked it.
+    assert sorted(claimed) == sorted(jobs)
+    assert [o.job_id for o in outcomes] == claimed
+    by_job = {o.job_id: o.outcome for o in outcomes}
+    assert [by_job[j] for j in jobs] == [Outcome.FAILED, Outcome.STILL_RUNNING, Outcome.STILL_RUNNING]
+    on_caller = [t is threading.main_thread() for t in threads]
+    assert on_caller == [concurrency == 1] * len(jobs)
