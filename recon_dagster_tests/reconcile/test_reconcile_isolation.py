@@ -81,8 +81,6 @@ def _job(db, sandbox, kind, scenario, *, attempts=0, task=True, poisoned=False):
 
 
 def _reconciler(db: sa.Engine, media_dir: str) -> Reconciler:
-    from datetime import timedelta
-
     settings = ReconcileSettings(cadence=timedelta(seconds=0), concurrency=4)
     return Reconciler(db, providers_from_env(), LocalMediaStore(base_dir=media_dir), settings=settings)
 
