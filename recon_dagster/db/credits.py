@@ -17,6 +17,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from recon_dagster.db.sqltext import sql
+
 
 class InsufficientCredits(Exception):
     pass
@@ -67,7 +69,7 @@ def reserve_credits_for_job(
     """
     amount = ledger_amount(amount)
     bal = conn.execute(
-        sa.text("SELECT subscription_credits, topup_credits FROM user_credits WHERE user_id = :u FOR UPDATE"),
+        sql("SELECT subscription_credits, topup_credits FROM user_credits WHERE user_id = :u FOR UPDATE"),
         {"u": str(user_id)},
     ).first()
     if bal is None or bal.subscription_credits + bal.topup_credits < amount:
@@ -93,7 +95,7 @@ def record_reservation(
     if from_sub + from_topup != amount:
         raise ValueError(f"split {from_sub} + {from_topup} does not add up to {amount}")
     conn.execute(
-        sa.text(
+        sql(
             """
             UPDATE user_credits SET subscription_credits = subscription_credits - :s,
               topup_credits = topup_credits - :t, updated_at = now()
@@ -103,7 +105,7 @@ def record_reservation(
         {"u": str(user_id), "s": from_sub, "t": from_topup},
     )
     row = conn.execute(
-        sa.text(
+        sql(
             """
             INSERT INTO usage_logs (job_id, user_id, status, amount, metadata)
             VALUES (:j, :u, 'reserved', :a, CAST(:m AS jsonb)) RETURNING id
@@ -123,7 +125,7 @@ def record_reservation(
 def find_reserved_usage_log(conn: sa.Connection, job_id: uuid.UUID) -> UsageLog | None:
     """D7: the reservation is found by job id, never through a column on jobs."""
     r = conn.execute(
-        sa.text(
+        sql(
             """
             SELECT id, job_id, user_id, status, amount, metadata FROM usage_logs
             WHERE job_id = :j AND status = 'reserved' ORDER BY created_at LIMIT 1
@@ -156,7 +158,7 @@ def _reserved_logs(conn: sa.Connection, job_id: uuid.UUID) -> list[sa.Row[Any]]:
     then sees them settled and skips them)."""
     return list(
         conn.execute(
-            sa.text(
+            sql(
                 """
                 SELECT id, user_id, amount, metadata FROM usage_logs
                 WHERE job_id = :j AND status = 'reserved'
@@ -171,7 +173,7 @@ def _reserved_logs(conn: sa.Connection, job_id: uuid.UUID) -> list[sa.Row[Any]]:
 def _settle(conn: sa.Connection, usage_log_id: uuid.UUID, status: str, cost: Decimal | None = None) -> bool:
     """Compare-and-set one usage log from ``reserved`` to ``status``."""
     r = conn.execute(
-        sa.text(
+        sql(
             """
             UPDATE usage_logs SET status = :s, settled_at = now(),
               provider_cost_usd = COALESCE(CAST(:cost AS numeric), provider_cost_usd)
@@ -222,7 +224,7 @@ def _flag_extra_reservations(
 
 # valid_amount's test in SQL: numeric holds NaN, which PostgreSQL orders above every number, and
 # (unconstrained, as a host app's column may be) +Infinity, which is >= 0 but not money.
-_COMMIT_SOLE = sa.text(
+_COMMIT_SOLE = sql(
     """
     WITH logs AS (
       SELECT id, user_id, amount, metadata, created_at FROM usage_logs
@@ -319,7 +321,7 @@ def _refund_log(conn: sa.Connection, job_id: uuid.UUID, r: sa.Row[Any]) -> Refun
             details={"metadata": r.metadata, "refunded_to": "topup"},
         )
     conn.execute(
-        sa.text(
+        sql(
             """
             INSERT INTO user_credits (user_id, subscription_credits, topup_credits)
             VALUES (:u, :s, :t)
@@ -338,7 +340,7 @@ def _balances_usable(conn: sa.Connection, job_id: uuid.UUID, user_id: uuid.UUID)
     """False (and a credit anomaly) when the user's balance already holds a NaN: adding to it
     would keep it NaN, and the ledger's NaN guard refuses that write, so nothing moves."""
     bal = conn.execute(
-        sa.text("SELECT subscription_credits, topup_credits FROM user_credits WHERE user_id = :u FOR UPDATE"),
+        sql("SELECT subscription_credits, topup_credits FROM user_credits WHERE user_id = :u FOR UPDATE"),
         {"u": str(user_id)},
     ).first()
     if bal is None or all(valid_amount(v) is not None for v in bal):
@@ -402,7 +404,7 @@ def log_credit_anomaly(
 ) -> bool:
     """One anomaly per (job, reason): a repeated report is a no-op. True if newly logged."""
     r = conn.execute(
-        sa.text(
+        sql(
             """
             INSERT INTO credit_anomalies (job_id, user_id, reason, amount, details)
             VALUES (:j, :u, :r, :a, CAST(:d AS jsonb))

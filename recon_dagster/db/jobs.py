@@ -22,6 +22,7 @@ from sqlalchemy.dialects import postgresql as pg
 from recon_dagster.core.kinds import KINDS, LEGACY_STALE_THRESHOLD, NON_PROVIDER_JOB_TYPES, precall_budget
 from recon_dagster.core.types import INFLIGHT_STATUSES, TERMINAL_STATUSES, JobRow  # noqa: F401  (re-exported)
 from recon_dagster.db import credits
+from recon_dagster.db.sqltext import sql
 from recon_dagster.db.timestamps import (  # noqa: F401  (re-exported: callers read timestamps through these)
     INT4_MAX,
     _finite,
@@ -242,8 +243,8 @@ def scan_stale(conn: sa.Connection, limit: int = 500, *, precall: timedelta | No
     # The planner prices each kind's walk as if it read the whole index, which crosses
     # jit_above_cost: compiling took 1.1 s for a 0.1 s scan of a 50,000-row backlog. Off for this
     # transaction only.
-    conn.execute(sa.text("SET LOCAL jit = off"))
-    rows = conn.execute(sa.text(stale_scan_sql(precall)), {"limit": limit}).mappings()
+    conn.execute(sql("SET LOCAL jit = off"))
+    rows = conn.execute(sql(stale_scan_sql(precall)), {"limit": limit}).mappings()
     return [_row(r) for r in rows]
 
 
@@ -251,14 +252,14 @@ def scan_sweepable(
     conn: sa.Connection, limit: int = 500, *, precall: timedelta | None = None
 ) -> list[JobRow]:
     """Due rows with nothing to poll (sync, task-less, legacy, unknown kind), oldest first, bounded."""
-    rows = conn.execute(sa.text(sweep_scan_sql(precall)), {"limit": limit}).mappings()
+    rows = conn.execute(sql(sweep_scan_sql(precall)), {"limit": limit}).mappings()
     return [_row(r) for r in rows]
 
 
 def inflight_counts(conn: sa.Connection, *, precall: timedelta | None = None) -> list[dict[str, Any]]:
     """Per kind: rows in flight, rows past threshold (the pre-call budget for rows that have not
     reached their provider call), rows leased by a reconcile run."""
-    sql = f"""
+    counts_sql = f"""
     SELECT COALESCE(provider_kind, '(none)') AS provider_kind,
            count(*) AS inflight,
            count(*) FILTER (
@@ -272,12 +273,12 @@ def inflight_counts(conn: sa.Connection, *, precall: timedelta | None = None) ->
     WHERE status IN ('pending', 'processing')
     GROUP BY 1 ORDER BY 1
     """
-    return [dict(r) for r in conn.execute(sa.text(sql)).mappings()]
+    return [dict(r) for r in conn.execute(sql(counts_sql)).mappings()]
 
 
 def load_job(conn: sa.Connection, job_id: uuid.UUID | str) -> JobRow | None:
     r = (
-        conn.execute(sa.text(f"SELECT {_ROW_COLUMNS} FROM jobs WHERE id = :id"), {"id": str(job_id)})
+        conn.execute(sql(f"SELECT {_ROW_COLUMNS} FROM jobs WHERE id = :id"), {"id": str(job_id)})
         .mappings()
         .first()
     )
@@ -322,7 +323,7 @@ def load_job_and_reservation(
     conn: sa.Connection, job_id: uuid.UUID | str
 ) -> tuple[JobRow | None, credits.UsageLog | None]:
     """The row and its oldest ``reserved`` usage log in one statement: finalize's read."""
-    r = conn.execute(sa.text(_with_reservation_sql("id = :id")), {"id": str(job_id)}).mappings().first()
+    r = conn.execute(sql(_with_reservation_sql("id = :id")), {"id": str(job_id)}).mappings().first()
     if r is None:
         return None, None
     return _row_and_reservation(r)
@@ -336,9 +337,7 @@ def load_jobs_and_reservations(
     if not ids:
         return {}
     rows = conn.execute(
-        sa.text(_with_reservation_sql("id = ANY(:ids)")).bindparams(
-            sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))
-        ),
+        sql(_with_reservation_sql("id = ANY(:ids)")).bindparams(sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))),
         {"ids": ids},
     ).mappings()
     loaded = [_row_and_reservation(r) for r in rows]
@@ -348,7 +347,7 @@ def load_jobs_and_reservations(
 def load_jobs(conn: sa.Connection, job_ids: Iterable[uuid.UUID | str]) -> list[JobRow]:
     ids = [str(j) for j in job_ids]
     rows = conn.execute(
-        sa.text(f"SELECT {_ROW_COLUMNS} FROM jobs WHERE id = ANY(:ids)").bindparams(
+        sql(f"SELECT {_ROW_COLUMNS} FROM jobs WHERE id = ANY(:ids)").bindparams(
             sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))
         ),
         {"ids": ids},
@@ -394,7 +393,7 @@ def claim_jobs(
     # Rows are locked in id order and a row another claimer holds right now is skipped, not
     # waited for: two claimers meeting on overlapping jobs in different orders (the sensor's
     # batches, the sweep) never deadlock, and the skipped job is simply theirs.
-    stmt = sa.text(
+    stmt = sql(
         """
         WITH wanted AS (
           SELECT * FROM unnest(:ids, :attempts) AS c(id, attempts)
@@ -449,7 +448,7 @@ def renew_lease(conn: sa.Connection, job_id: uuid.UUID, owner: str, ttl: timedel
     """Re-assert our lease right before working a job; None means we no longer own it."""
     r = (
         conn.execute(
-            sa.text(
+            sql(
                 f"""
             UPDATE jobs SET reconcile_lease_expires_at = now() + make_interval(secs => :ttl_s)
             WHERE id = :id AND reconcile_lease_owner = :owner
@@ -467,7 +466,7 @@ def renew_lease(conn: sa.Connection, job_id: uuid.UUID, owner: str, ttl: timedel
 
 def release_lease(conn: sa.Connection, job_id: uuid.UUID, owner: str) -> bool:
     r = conn.execute(
-        sa.text(
+        sql(
             """
             UPDATE jobs SET reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
             WHERE id = :id AND reconcile_lease_owner = :owner RETURNING id

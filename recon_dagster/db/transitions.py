@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from recon_dagster.core.redaction import redact_secrets
+from recon_dagster.db.sqltext import sql
 from recon_dagster.db.timestamps import INT4_MAX
 
 
@@ -40,7 +41,7 @@ def complete_job(
     finalize gets zero rows, as the spec's race test demands) or that failed and was refunded.
     """
     r = conn.execute(
-        sa.text(
+        sql(
             f"""
             UPDATE jobs SET status = 'completed', output_data = CAST(:output AS jsonb),
               provider = :provider, provider_cost = :provider_cost, display_cost = :display_cost,
@@ -70,7 +71,7 @@ def fail_job(
     """pending/processing -> failed. False: the row was already terminal (someone else won).
     With ``notify_source``, a won write also sends ``notify_job_event``'s event (same statement)."""
     r = conn.execute(
-        sa.text(
+        sql(
             f"""
             UPDATE jobs SET status = 'failed', error_message = :err, completed_at = now(),
               updated_at = now(), reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
@@ -107,7 +108,7 @@ def bump_attempts(
     (or that maximum), so the caller finds it exhausted.
     """
     r = conn.execute(
-        sa.text(
+        sql(
             """
             UPDATE jobs SET reconcile_attempts = CASE
                 WHEN reconcile_attempts < 0 THEN LEAST(COALESCE(CAST(:cap AS integer), :int_max), :int_max)
@@ -139,7 +140,7 @@ def bump_attempts(
 
 def set_progress(conn: sa.Connection, job_id: uuid.UUID, progress: int) -> bool:
     r = conn.execute(
-        sa.text(
+        sql(
             """
             UPDATE jobs SET progress = GREATEST(progress, :p), updated_at = now()
             WHERE id = :id AND status IN ('pending', 'processing') RETURNING id
@@ -153,7 +154,7 @@ def set_progress(conn: sa.Connection, job_id: uuid.UUID, progress: int) -> bool:
 def cancel_job(conn: sa.Connection, job_id: uuid.UUID) -> bool:
     """A user cancel, as the app does it: only an in-flight row can be cancelled."""
     r = conn.execute(
-        sa.text(
+        sql(
             """
             UPDATE jobs SET status = 'cancelled', completed_at = now(), updated_at = now()
             WHERE id = :id AND status IN ('pending', 'processing') RETURNING id
@@ -166,9 +167,7 @@ def cancel_job(conn: sa.Connection, job_id: uuid.UUID) -> bool:
 
 def notify_job_event(conn: sa.Connection, job_id: uuid.UUID, status: str, source: str) -> None:
     """A completion event the app can LISTEN for (delivered only if the transaction commits)."""
-    conn.execute(
-        sa.text("SELECT pg_notify('job_events', :payload)"), {"payload": _event(job_id, status, source)}
-    )
+    conn.execute(sql("SELECT pg_notify('job_events', :payload)"), {"payload": _event(job_id, status, source)})
 
 
 def _event(job_id: uuid.UUID, status: str, source: str | None) -> str | None:
@@ -200,7 +199,7 @@ def record_task_created(conn: sa.Connection, job_id: uuid.UUID, kind: str, task_
     if not isinstance(task_id, str) or not task_id.strip():
         raise ValueError(f"provider task id must be a non-empty string, got {task_id!r}")
     r = conn.execute(
-        sa.text(
+        sql(
             """
             UPDATE jobs SET
               provider_kind = CASE WHEN provider_task_id IS NULL OR provider_task_id = :task_id
@@ -222,7 +221,7 @@ def mark_provider_call_start(conn: sa.Connection, job_id: uuid.UUID, kind: str) 
 
     Writes only while the row is in flight; False when no in-flight row has this id."""
     r = conn.execute(
-        sa.text(
+        sql(
             """
             UPDATE jobs SET provider_kind = :kind, provider_call_started_at = now(),
               updated_at = now()

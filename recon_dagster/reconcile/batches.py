@@ -24,6 +24,7 @@ from sqlalchemy.dialects import postgresql as pg
 from recon_dagster.core.kinds import KINDS
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim, JobRow
+from recon_dagster.db.sqltext import sql
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ def renew_leases(
     if not job_ids:
         return set()
     rows = conn.execute(
-        sa.text(
+        sql(
             """
             UPDATE jobs SET reconcile_lease_expires_at = now() + make_interval(secs => :ttl_s)
             WHERE id = ANY(:ids) AND reconcile_lease_owner = :owner

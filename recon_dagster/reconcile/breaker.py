@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from recon_dagster.core.kinds import get_kind
+from recon_dagster.db.sqltext import sql
 from recon_dagster.providers.status import (
     ProviderHTTPError,
     ProviderProtocolError,
@@ -106,7 +107,7 @@ def record_answers(
     older than the window."""
     kinds = sorted(counts, key=str)
     conn.execute(
-        sa.text(
+        sql(
             "INSERT INTO provider_poll_answers (provider, provider_kind, not_found) "
             "SELECT :p, k.kind, :nf FROM unnest(CAST(:kinds AS text[]), CAST(:ns AS int[])) AS k(kind, n), "
             "generate_series(1, k.n)"
@@ -114,7 +115,7 @@ def record_answers(
         {"p": provider, "nf": not_found, "kinds": kinds, "ns": [counts[k] for k in kinds]},
     )
     conn.execute(
-        sa.text(
+        sql(
             """
             DELETE FROM provider_poll_answers WHERE id IN (
               SELECT id FROM provider_poll_answers
@@ -133,7 +134,7 @@ def window_counts(
     them; ``(provider, None)`` holds the provider's totals (every kind, and rows from before
     migration 142, which have no kind)."""
     rows = conn.execute(
-        sa.text(
+        sql(
             """
             SELECT provider, provider_kind, GROUPING(provider_kind) = 1 AS total,
                    count(*) FILTER (WHERE not_found) AS nf, count(*) AS n

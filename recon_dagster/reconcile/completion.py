@@ -8,6 +8,7 @@ import uuid
 import sqlalchemy as sa
 
 from recon_dagster.db import jobs as jobs_db
+from recon_dagster.db.sqltext import sql
 from recon_dagster.media.base import StoredObject
 
 
@@ -24,12 +25,12 @@ def reopen_sole_cause_workflow(conn: sa.Connection, workflow_execution_id: uuid.
     params = {"id": str(workflow_execution_id), "node": node_id}
     sole_cause = "status = 'failed' AND failed_nodes = jsonb_build_array(CAST(:node AS text))"
     locked = conn.execute(
-        sa.text(f"SELECT id FROM workflow_executions WHERE id = :id AND {sole_cause} FOR UPDATE"), params
+        sql(f"SELECT id FROM workflow_executions WHERE id = :id AND {sole_cause} FOR UPDATE"), params
     ).first()
     if locked is None:
         return False
     r = conn.execute(
-        sa.text(
+        sql(
             f"""
             UPDATE workflow_executions w
             SET status = 'completed', failed_nodes = '[]'::jsonb, error_message = NULL, updated_at = now()
@@ -52,7 +53,7 @@ def create_asset(conn: sa.Connection, row: jobs_db.JobRow, obj: StoredObject, pr
     # died before writing is_public = false must not get it published. Otherwise is_public NULL
     # means the crash-before-creditGuard window: free-tier baseline, public (9.1).
     r = conn.execute(
-        sa.text(
+        sql(
             """
             INSERT INTO assets (user_id, job_id, asset_type, storage_key, url, is_public, metadata)
             SELECT :u, :j, :t, :k, :url,

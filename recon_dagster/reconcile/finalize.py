@@ -37,6 +37,7 @@ from recon_dagster.core.deadlines import media_deadline_s, media_min_bytes_per_s
 from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
+from recon_dagster.db.sqltext import sql
 from recon_dagster.media.base import media_folder
 from recon_dagster.media.content import promised_kind
 from recon_dagster.media.errors import MediaNotImage, MediaNotVideo, MediaUnusable
@@ -403,7 +404,7 @@ def media_to_discard(stored_keys: list[str], winner_status: str | None, winner_r
 def _winner(conn: sa.Connection, job_id: uuid.UUID) -> tuple[str | None, str, str | None]:
     """The row's final status, the text of everything that may reference its media, and its task."""
     r = conn.execute(
-        sa.text(
+        sql(
             """
             SELECT j.status, j.provider_task_id, coalesce(j.output_data::text, '') || ' ' || coalesce(
               (SELECT string_agg(concat_ws(' ', a.storage_key, a.url), ' ') FROM assets a WHERE a.job_id = j.id),
@@ -499,7 +500,7 @@ def _character_ready(
         return False
     weights = next((o.url for o in stored), None) or _weights_url(result)
     r = conn.execute(
-        sa.text(
+        sql(
             """
             UPDATE characters SET training_status = 'ready', lora_weights_url = :w,
               error_message = NULL, updated_at = now()
@@ -514,7 +515,7 @@ def _character_ready(
 
 def _character_failed(conn: sa.Connection, job_id: uuid.UUID, error_message: str) -> None:
     conn.execute(
-        sa.text(
+        sql(
             """
             UPDATE characters SET training_status = 'failed', error_message = :e, updated_at = now()
             WHERE training_job_id = :j AND training_status IN ('pending', 'training')

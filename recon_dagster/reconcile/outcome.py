@@ -19,6 +19,7 @@ from sqlalchemy.dialects import postgresql as pg
 
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.types import JobRow
+from recon_dagster.db.sqltext import sql
 from recon_dagster.providers.status import UpstreamStatus
 from recon_dagster.reconcile.decide import Outcome
 
@@ -115,7 +116,7 @@ class Polled:
 def outcomes_since(conn: sa.Connection, since_epoch: float) -> Counter[str]:
     """Outcome counts recorded after ``since_epoch`` (the sensor's previous tick)."""
     rows = conn.execute(
-        sa.text(
+        sql(
             "SELECT outcome, count(*) AS n FROM reconcile_events WHERE created_at > to_timestamp(:t) GROUP BY outcome"
         ),
         {"t": since_epoch},
@@ -125,7 +126,7 @@ def outcomes_since(conn: sa.Connection, since_epoch: float) -> Counter[str]:
 
 # Rows carry their own age: a row written a moment after its outcome keeps the outcome's time
 # (and the order of outcomes), as when each was written on its own.
-_INSERT_EVENTS = sa.text(
+_INSERT_EVENTS = sql(
     """
     INSERT INTO reconcile_events
       (job_id, provider_kind, attempt, outcome, detail, run_key, run_id, duration_ms, created_at)
