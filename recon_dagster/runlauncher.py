@@ -29,7 +29,6 @@ Configured in ``dagster.yaml``::
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import os
 import signal
@@ -44,8 +43,6 @@ from typing import Any
 import dagster as dg
 from dagster._core.launcher import CheckRunHealthResult, DefaultRunLauncher, LaunchRunContext, WorkerStatus
 from dagster._serdes import ConfigurableClassData
-
-log = logging.getLogger("recon_dagster.runlauncher")
 
 # Recorded by the forked worker on its run before the run starts: "<host>:<pid>:<start ticks>".
 # Hidden (Dagster's "." prefix): it is bookkeeping, not something to filter runs by.
@@ -111,28 +108,6 @@ def _environment(executable: str) -> str:
     return os.path.dirname(os.path.abspath(executable))
 
 
-# A run worker's Dagster storage keeps its connections for the run (``pool_storage_connections``).
-STORAGE_POOL_OVERFLOW = 4  # beyond the one kept: outcome lines are logged from the reconcile threads
-STORAGE_POOL_RECYCLE_S = 3600
-
-
-def pool_storage_connections(instance: dg.DagsterInstance) -> None:
-    """Let this run worker's run, event-log and schedule storage keep their connections.
-
-    dagster-postgres opens a new connection for every statement outside the webserver (NullPool):
-    a 700-job run opened ~100 (every event it writes, every read of its run), at ~1 ms of the
-    worker's CPU each plus a new server backend for every one. This is the pooling the webserver
-    gets (``DagsterInstance.optimize_for_webserver``): one connection kept per storage, a few
-    more while threads write at once. No statement timeout is set (0 leaves the server's).
-    Storage that pools nothing (SQLite, an in-memory instance) ignores it."""
-    try:
-        instance.optimize_for_webserver(
-            statement_timeout=0, pool_recycle=STORAGE_POOL_RECYCLE_S, max_overflow=STORAGE_POOL_OVERFLOW
-        )
-    except Exception as exc:  # noqa: BLE001 - an optimisation: the run goes on with Dagster's default
-        log.warning("run worker storage keeps Dagster's per-statement connections: %s", exc)
-
-
 def _run_worker(serialized_instance_ref: str, run_id: str) -> None:
     """The forked run worker: ``dagster api execute_run`` without starting an interpreter."""
     from dagster._cli.api import _execute_run_command_body
@@ -144,7 +119,6 @@ def _run_worker(serialized_instance_ref: str, run_id: str) -> None:
     with capture_interrupts():
         ref = deserialize_value(serialized_instance_ref, InstanceRef)
         with dg.DagsterInstance.from_ref(ref) as instance:
-            pool_storage_connections(instance)
             identity = worker_identity(os.getpid())
             if identity:
                 instance.add_run_tags(run_id, {WORKER_TAG: identity})
