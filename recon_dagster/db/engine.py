@@ -13,6 +13,7 @@ import time
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection
 
 from recon_dagster import config
 from recon_dagster.core.paths import project_root  # noqa: F401  (re-exported)
@@ -200,7 +201,9 @@ def _create_engine(url: str) -> sa.Engine:
         record.info[_RETURNED_AT] = time.monotonic()
 
     @sa.event.listens_for(engine, "checkout")
-    def _ping_if_idle(dbapi_connection: object, record: sa.pool.ConnectionPoolEntry, _proxy: object) -> None:
+    def _ping_if_idle(
+        dbapi_connection: DBAPIConnection, record: sa.pool.ConnectionPoolEntry, _proxy: object
+    ) -> None:
         """Ping a connection that sat in the pool, not one returned a moment ago.
 
         ``pool_pre_ping`` pings at every checkout: a round trip per transaction, ~1.2 per
