@@ -125,8 +125,13 @@ def test_two_processes_share_one_budget_and_the_sandbox_never_sees_more(
         f"budget {budget}/{window:g}s: shared max {shared['max_in_window']} ({shared['count']} in all), per-process max {local['max_in_window']}"
     )
     assert shared["max_in_window"] <= budget, shared["max_in_window"]
-    # The budget was used, not merely undershot: most of it, over the 7 s.
-    assert shared["count"] >= 0.8 * budget / window * 7
+    # The budget was used, not merely undershot: most of it over the 7 s, or most of what the
+    # same two processes sent under per-process limits when the machine cannot send the budget
+    # at all (a slow 2-core machine sent 549 of the 560 the bound asked for at 200 per 2 s).
+    assert shared["count"] >= 0.8 * min(budget / window * 7, local["count"]), (
+        shared["count"],
+        local["count"],
+    )
     # Per-process limits (each process a whole budget) are what overshoots.
     assert local["max_in_window"] > budget * 1.5, local["max_in_window"]
 
