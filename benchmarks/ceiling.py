@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
-from backlog import Seeded, connections, inflight, insert_jobs, log, verify
+from backlog import Seeded, compile_project, connections, inflight, insert_jobs, log, verify
 
 from recon_dagster.core.kinds import KINDS, get_kind
 from recon_dagster.db.engine import (
@@ -201,6 +201,7 @@ def main(argv: list[str]) -> int:
     try:
         engine = get_engine(url)
         migrate(engine)
+        compile_project()
         with (
             sandbox_process(latency_s=args.latency) as sandbox,
             dagster_home(

@@ -29,7 +29,7 @@ from typing import Any
 
 import sqlalchemy as sa
 import yaml
-from backlog import Seeded, inflight, insert_jobs, log, verify
+from backlog import Seeded, compile_project, inflight, insert_jobs, log, verify
 
 from recon_dagster.core.kinds import get_kind
 from recon_dagster.db.engine import (
@@ -136,6 +136,7 @@ def main(argv: list[str]) -> int:
     try:
         engine = get_engine(url)
         migrate(engine)
+        compile_project()
         with sandbox_process(latency_s=args.latency) as sandbox, dagster_home(url) as home:
             queue = shipped_run_queue(home.dagster_yaml)
             print(
