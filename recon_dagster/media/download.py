@@ -52,6 +52,7 @@ from recon_dagster.config import (  # noqa: F401  (parse_allowed_hosts re-export
 )
 from recon_dagster.core.crashpoints import crash_point
 from recon_dagster.core.deadlines import exchange_deadline, guard_transports, sized_deadline_s
+from recon_dagster.core.httpsend import send_direct
 from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.media.errors import (
     MediaExpired,
@@ -341,7 +342,7 @@ def _open(
             "GET", hop.connect_url, headers=request_headers, timeout=timeout_s, extensions=extensions
         )
         try:
-            response = http.send(request, stream=True, follow_redirects=False)
+            response = send_direct(http, request)
         except httpx.HTTPError as exc:
             raise MediaFetchError(hop.url, f"request failed: {_describe(exc)}") from None
         status = response.status_code

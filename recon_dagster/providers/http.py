@@ -30,6 +30,7 @@ from recon_dagster.core.deadlines import (
     exchange_deadline,
     guard_transports,
 )
+from recon_dagster.core.httpsend import send_direct
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.providers.limits import AccountLimits, account_limiter
@@ -445,7 +446,7 @@ class ProviderHttp:
     def _read_capped(
         self, method: str, path: str, label: str, deadline: float | None, request: httpx.Request, cap: int
     ) -> httpx.Response:
-        response = self.client.send(request, stream=True)
+        response = send_direct(self.client, request)
         try:
             chunks: list[bytes] = []
             size = 0
