@@ -313,8 +313,8 @@ _DECLARED: tuple[Setting, ...] = (
     # database
     _s("RECON_DATABASE_URL", "database", "PostgreSQL URL", None, "The app's PostgreSQL (`postgresql://`, `postgres://` or `postgresql+psycopg://`; used through psycopg 3). Read at run time, never put in run config. Under pytest: the server on which each session creates its own database.", "db/engine.py, cli", parse=_text, bounds="postgresql / postgres / postgresql+psycopg(2) scheme", shown_default="embedded server"),
     _s("RECON_EMBEDDED_PGDATA", "database", "path", None, "Data folder of the embedded PostgreSQL. Every process using it shares one server, which stops when the last of them exits.", "db/embedded.py", parse=_text, shown_default="`<repo>/.recon/pgdata`"),
-    _knob_setting("RECON_DB_POOL_SIZE", int, 10, 1, 1000, "Connections a process keeps open (each Dagster run worker is a process: keep runs x (pool + overflow) under the server's `max_connections`).", "db/engine.py", "database"),
-    _knob_setting("RECON_DB_MAX_OVERFLOW", int, 0, 0, 1000, "Connections a process may open beyond `RECON_DB_POOL_SIZE`, each closed again as soon as it is returned.", "db/engine.py", "database"),
+    _knob_setting("RECON_DB_POOL_SIZE", int, 5, 1, 1000, "Connection pool per process (each Dagster run worker is a process: keep runs x pool under the server's `max_connections`).", "db/engine.py", "database"),
+    _knob_setting("RECON_DB_MAX_OVERFLOW", int, 5, 0, 1000, "Connections a process's pool may open beyond `RECON_DB_POOL_SIZE`.", "db/engine.py", "database"),
     # reconcile
     _knob_setting("RECON_MAX_ATTEMPTS", int, 18, 1, 1000, "Reconcile attempts before force-fail + refund + anomaly.", "defs/resources.py, operator/status.py, cli/demo.py"),
     _knob_setting("RECON_RECONCILE_CADENCE_S", float, 300, 0, _WEEK_S, "Minimum spacing of attempts on one job in seconds (18 x 5 min ~= 90 min).", "defs/resources.py, cli/demo.py"),

@@ -189,10 +189,7 @@ def _create_engine(url: str) -> sa.Engine:
         pool_pre_ping=False,  # pinged only after PING_AFTER_IDLE_S idle: _ping_if_idle below
         # Every Dagster run worker is a process with its own pool, all on one server: keep each
         # pool small (a run's threads hold a connection only for short transactions) so ten
-        # concurrent runs stay inside max_connections = 100. The cap is all pool, no overflow: an
-        # overflow connection is closed the moment it is returned, and a run's 16 threads kept
-        # opening them (33-91 new connections per 700 jobs with 5 + 5, each a connect here and a
-        # new backend on the server); 10 + 0 opens at most 10, for the same peak.
+        # concurrent runs stay well inside max_connections = 100.
         pool_size=config.get("RECON_DB_POOL_SIZE"),
         max_overflow=config.get("RECON_DB_MAX_OVERFLOW"),
         pool_timeout=30,
