@@ -461,7 +461,7 @@ def compile_project() -> None:
     tree would otherwise compile the checkout from source at each import. An earlier fix pointed
     ``PYTHONPYCACHEPREFIX`` at a fresh folder instead: Python then ignores every ``__pycache__``,
     so the daemon, the code servers and the first run workers compiled Dagster, SQLAlchemy and the
-    rest from source too, about a tenth of the tree's CPU in a py-spy profile (2026-12-03).
+    rest from source too: 8% of the tree's py-spy samples (2026-12-03).
     """
     import compileall
 

@@ -10,10 +10,10 @@ project's 2-core machine with a transport that answers at once: 193-221 us per r
 The two clients that use this have none of those extras: no ``auth``, no ``event_hooks``, no
 redirect followed by httpx (a provider API answers without one; the media download follows
 redirects itself, re-checking each hop against its SSRF policy), and nothing reads their cookie
-jar. A client given auth or hooks is refused with an error, never sent past them. What ``send`` does that still matters
-is kept: a closed client refuses to send, the transport is the one the client routes this URL to
-(its mounts included, so a proxy or a test transport still applies), and the response knows its
-request. ``test_httpsend`` pins the answers against ``Client.send``'s and the private routing
+jar. A client given auth or hooks is refused with an error, never sent past them. What ``send``
+does that still matters is kept: a closed client refuses to send, the transport is the one the
+client routes this URL to (its mounts included, so a proxy or a test transport still applies), and
+the response knows its request. ``test_httpsend`` pins the answers against ``Client.send``'s and the private routing
 method it relies on, so an httpx upgrade that changes it fails a test.
 """
 
