@@ -13,8 +13,8 @@ redirects itself, re-checking each hop against its SSRF policy), and nothing rea
 jar. A client given auth or hooks is refused with an error, never sent past them. What ``send``
 does that still matters is kept: a closed client refuses to send, the transport is the one the
 client routes this URL to (its mounts included, so a proxy or a test transport still applies), and
-the response knows its request. ``test_httpsend`` pins the answers against ``Client.send``'s and the private routing
-method it relies on, so an httpx upgrade that changes it fails a test.
+the response knows its request. ``test_httpsend`` pins the answers against ``Client.send``'s and
+the private routing method it relies on, so an httpx upgrade that changes it fails a test.
 """
 
 from __future__ import annotations
