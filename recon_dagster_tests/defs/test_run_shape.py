@@ -374,7 +374,7 @@ def test_a_run_launched_without_job_ids_works_its_partitions_due_jobs(db, instan
     assert event.run_key == f"run:{result.run_id}" and event.attempt == 1
 
 
-def test_unknown_job_ids_in_the_run_config_are_a_clear_error(db, instance, media_dir):
+def test_unknown_job_ids_in_the_run_config_are_a_clear_error(db, instance, media_dir, sandbox):
     defs = make_defs(media_dir)
     result = defs.resolve_job_def("reconcile_job").execute_in_process(
         instance=instance,
@@ -465,3 +465,35 @@ def test_the_sweep_records_its_outcomes_too(db, instance, media_dir, sandbox):
     [m] = _materializations(instance, "reconcile_outcomes")
     assert m.partition == kind
     assert (m.metadata["swept"].value, m.metadata["credits_refunded"].value) == (1, 30.0)
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        ({"job_ids": "not-a-list", "attempts": [1]}, "job_ids must be a list, got str"),
+        ({"job_ids": [17], "attempts": [1]}, "job_ids[0] is 17"),
+        ({"job_ids": [str(uuid.uuid4())], "attempts": ["1"]}, "attempts[0] is '1'"),
+        ({"job_ids": [str(uuid.uuid4())], "attempts": [-1]}, "attempts[0] is -1"),
+        ({"job_ids": [str(uuid.uuid4())], "attempts": [True]}, "attempts[0] is True"),
+    ],
+)
+def test_a_malformed_batch_config_fails_the_run_naming_the_field(db, instance, media_dir, sandbox, config, named):
+    """The batch lists are typed ``Any`` for Dagster (it would walk them element by element on
+    every resolve of the run's config); the op's config checks them instead, before any claim."""
+    _, job, _ = _stuck(db, sandbox, "kie-standard", Scenario(polls_before_done=0))
+    defs = make_defs(media_dir)
+    result = defs.resolve_job_def("reconcile_job").execute_in_process(
+        instance=instance,
+        partition_key="kie-standard",
+        run_config={"ops": {"claim_and_poll": {"config": config}}},
+        raise_on_error=False,
+    )
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    error, messages = failure.step_failure_data.error, []
+    while error is not None:
+        messages.append(error.message)
+        error = error.cause
+    assert any(named in m for m in messages), messages
+    row = job_row(db, job)
+    assert row["status"] == "processing" and row["reconcile_attempts"] == 0

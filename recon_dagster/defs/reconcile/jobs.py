@@ -8,11 +8,12 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
+import pydantic
 
 from recon_dagster.core.kinds import KINDS
 from recon_dagster.core.runtags import ROLE_TAG, RUN_KEY_TAG, job_tags, kind_tags
@@ -37,13 +38,42 @@ from recon_dagster.reconcile.shadow import make_reconciler
 HANDOFF_IO = "handoff_io_manager"
 
 
+def _list_of(items: Any, what: str, ok: Callable[[Any], bool]) -> list | None:
+    """``items`` as a list whose every element passes ``ok``; a ``ValueError`` naming the first
+    element that does not (the run fails at its first op with that line, nothing claimed)."""
+    if items is None:
+        return None
+    if not isinstance(items, list):
+        raise ValueError(f"{what} must be a list, got {type(items).__name__}")
+    for i, item in enumerate(items):
+        if not ok(item):
+            raise ValueError(f"{what}[{i}] is {item!r}")
+    return items
+
+
 class ReconcileBatchConfig(dg.Config):
     """The jobs the sensor planned for this run and the attempt each makes (same order). Without
-    job ids (Launchpad, a partition backfill) the run works its partition's due jobs itself."""
+    job ids (Launchpad, a partition backfill) the run works its partition's due jobs itself.
 
-    job_ids: list[str] | None = None
-    attempts: list[int] | None = None
+    ``job_ids`` and ``attempts`` are typed ``Any`` for Dagster and checked here instead. Dagster
+    walks a typed list element by element each time it resolves a run's config, and it does so
+    several times per run (the code server's plan, the worker's plan and its context): ~80 ms
+    each time for a 2,000-job batch, 2.7% of a reconcile run's CPU. The config keeps its shape
+    (two lists), so queued runs and the Launchpad read as before."""
+
+    job_ids: Any = None  # list[str]: job ids (uuids, parsed when the run claims them)
+    attempts: Any = None  # list[int]: the attempt each job makes, same order as job_ids
     lease_owner: str | None = None  # default: the run key
+
+    @pydantic.field_validator("job_ids", mode="before")
+    @classmethod
+    def _job_ids_are_strings(cls, value: Any) -> list | None:
+        return _list_of(value, "job_ids", lambda item: isinstance(item, str))
+
+    @pydantic.field_validator("attempts", mode="before")
+    @classmethod
+    def _attempts_are_counts(cls, value: Any) -> list | None:
+        return _list_of(value, "attempts", lambda item: type(item) is int and item >= 0)
 
 
 class _OutcomeLog:
