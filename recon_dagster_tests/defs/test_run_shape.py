@@ -473,7 +473,7 @@ def test_the_sweep_records_its_outcomes_too(db, instance, media_dir, sandbox):
         ({"job_ids": "not-a-list", "attempts": [1]}, "job_ids must be a list, got str"),
         ({"job_ids": [17], "attempts": [1]}, "job_ids[0] is 17"),
         ({"job_ids": [str(uuid.uuid4())], "attempts": ["1"]}, "attempts[0] is '1'"),
-        ({"job_ids": [str(uuid.uuid4())], "attempts": [-1]}, "attempts[0] is -1"),
+        ({"job_ids": [str(uuid.uuid4())], "attempts": [1.5]}, "attempts[0] is 1.5"),
         ({"job_ids": [str(uuid.uuid4())], "attempts": [True]}, "attempts[0] is True"),
     ],
 )
