@@ -224,11 +224,17 @@ def _flag_extra_reservations(
 
 # valid_amount's test in SQL: numeric holds NaN, which PostgreSQL orders above every number, and
 # (unconstrained, as a host app's column may be) +Infinity, which is >= 0 but not money.
-_COMMIT_SOLE = sql(
-    """
-    WITH logs AS (
+def sole_commit_ctes(gate: str = "") -> str:
+    """The common case of a commit as three ``WITH`` entries (``logs``, ``sole``, ``settled``):
+    the job's (``:j``) reserved logs locked oldest first, as ``_reserved_logs`` does, and, when
+    there is exactly one and its amount is a real money value, that one committed at ``:cost``.
+
+    ``gate``: a further condition on ``logs`` (``AND ...``), for a statement that commits only
+    when its own earlier part won (see ``reconcile.completion.settle_completion``)."""
+    return f"""
+    logs AS (
       SELECT id, user_id, amount, metadata, created_at FROM usage_logs
-      WHERE job_id = :j AND status = 'reserved'
+      WHERE job_id = :j AND status = 'reserved'{gate}
       ORDER BY created_at, id FOR UPDATE
     ), sole AS (
       SELECT id FROM logs
@@ -239,12 +245,23 @@ _COMMIT_SOLE = sql(
         provider_cost_usd = COALESCE(CAST(:cost AS numeric), provider_cost_usd)
       FROM sole WHERE u.id = sole.id AND u.status = 'reserved'
       RETURNING u.id
-    )
-    SELECT logs.id, logs.user_id, logs.amount, logs.metadata,
+    )"""
+
+
+# The locked logs as commit_locked takes them: oldest first, each with whether it was committed.
+LOCKED_LOGS = """
+    SELECT logs.id, logs.user_id, logs.amount, logs.metadata, logs.created_at,
            EXISTS (SELECT 1 FROM settled WHERE settled.id = logs.id) AS committed
-    FROM logs ORDER BY logs.created_at, logs.id
-    """
-)
+    FROM logs"""
+
+_COMMIT_SOLE = sql(f"WITH {sole_commit_ctes()} {LOCKED_LOGS} ORDER BY logs.created_at, logs.id")
+
+
+def commit_cost(provider_cost_usd: float | Decimal | None) -> Decimal | None:
+    """The provider's cost as the commit records it (``:cost``); None for none or an unusable
+    figure (not worth refusing the commit over)."""
+    cost = None if provider_cost_usd is None else Decimal(str(provider_cost_usd))
+    return cost if cost is None or cost.is_finite() else None
 
 
 def commit_job_credits(
@@ -257,13 +274,17 @@ def commit_job_credits(
     is not a finite non-negative number is never settled (``invalid_credit_amount`` anomaly).
     Returns the committed usage log id, or None when nothing was reserved any more.
     """
-    cost = None if provider_cost_usd is None else Decimal(str(provider_cost_usd))
-    if cost is not None and not cost.is_finite():
-        cost = None  # an unusable cost figure is not worth refusing the commit over
-    # The common case in one statement: the job's reserved logs locked (as _reserved_logs does)
-    # and, when there is exactly one and its amount is a real money value, that one committed.
-    # Anything else (several logs, a bad amount) goes the general way below on the locked rows.
+    cost = commit_cost(provider_cost_usd)
     locked = list(conn.execute(_COMMIT_SOLE, {"j": str(job_id), "cost": cost}).all())
+    return commit_locked(conn, job_id, cost, locked)
+
+
+def commit_locked(
+    conn: sa.Connection, job_id: uuid.UUID, cost: Decimal | None, locked: list[sa.Row[Any]]
+) -> uuid.UUID | None:
+    """The rest of a commit once ``sole_commit_ctes`` ran: ``locked`` are its ``LOCKED_LOGS``.
+    One log committed there is the common case; anything else (several logs, a bad amount) goes
+    the general way here, on the rows the statement locked."""
     if len(locked) == 1 and locked[0].committed:
         return uuid.UUID(str(locked[0].id))
     logs = _usable(conn, job_id, locked)

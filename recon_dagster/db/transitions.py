@@ -20,6 +20,38 @@ from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.db.sqltext import sql
 from recon_dagster.db.timestamps import INT4_MAX
 
+# The guarded completion without its RETURNING: complete_job's statement, and the first part of
+# the settle statement of reconcile.completion.settle_completion. Parameters: complete_params.
+COMPLETE_UPDATE = """
+    UPDATE jobs SET status = 'completed', output_data = CAST(:output AS jsonb),
+      provider = :provider, provider_cost = :provider_cost, display_cost = :display_cost,
+      progress = 100, error_message = NULL, completed_at = now(), updated_at = now(),
+      reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
+    WHERE id = :id AND status IN ('pending', 'processing')
+      AND (CAST(:task AS text) IS NULL OR provider_task_id IS NULL OR provider_task_id = :task)"""
+
+
+def complete_params(
+    job_id: uuid.UUID,
+    *,
+    output_data: dict[str, Any],
+    provider: str | None,
+    provider_cost: float | None,
+    display_cost: float | None,
+    task_id: str | None = None,
+    notify_source: str | None = None,
+) -> dict[str, Any]:
+    """``COMPLETE_UPDATE``'s parameters, with ``:notify`` for ``NOTIFY_RETURNING``."""
+    return {
+        "id": str(job_id),
+        "notify": _event(job_id, "completed", notify_source),
+        "task": task_id,
+        "output": _json(output_data),
+        "provider": provider,
+        "provider_cost": provider_cost,
+        "display_cost": display_cost,
+    }
+
 
 def complete_job(
     conn: sa.Connection,
@@ -40,29 +72,16 @@ def complete_job(
     strictly narrower: it also refuses to complete a row that already completed (so a second
     finalize gets zero rows, as the spec's race test demands) or that failed and was refunded.
     """
-    r = conn.execute(
-        sql(
-            f"""
-            UPDATE jobs SET status = 'completed', output_data = CAST(:output AS jsonb),
-              provider = :provider, provider_cost = :provider_cost, display_cost = :display_cost,
-              progress = 100, error_message = NULL, completed_at = now(), updated_at = now(),
-              reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
-            WHERE id = :id AND status IN ('pending', 'processing')
-              AND (CAST(:task AS text) IS NULL OR provider_task_id IS NULL OR provider_task_id = :task)
-            RETURNING id, {_NOTIFY}
-            """
-        ),
-        {
-            "id": str(job_id),
-            "notify": _event(job_id, "completed", notify_source),
-            "task": task_id,
-            "output": _json(output_data),
-            "provider": provider,
-            "provider_cost": provider_cost,
-            "display_cost": display_cost,
-        },
-    ).first()
-    return r is not None
+    params = complete_params(
+        job_id,
+        output_data=output_data,
+        provider=provider,
+        provider_cost=provider_cost,
+        display_cost=display_cost,
+        task_id=task_id,
+        notify_source=notify_source,
+    )
+    return conn.execute(sql(f"{COMPLETE_UPDATE} RETURNING id, {NOTIFY_RETURNING}"), params).first() is not None
 
 
 def fail_job(
@@ -76,7 +95,7 @@ def fail_job(
             UPDATE jobs SET status = 'failed', error_message = :err, completed_at = now(),
               updated_at = now(), reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
             WHERE id = :id AND status IN ('pending', 'processing')
-            RETURNING id, {_NOTIFY}
+            RETURNING id, {NOTIFY_RETURNING}
             """
         ),
         {
@@ -176,7 +195,7 @@ def _event(job_id: uuid.UUID, status: str, source: str | None) -> str | None:
 
 # In a guarded write's RETURNING: evaluated only for the row it won, so the event goes out exactly
 # when a separate notify_job_event after a won write would have (and, like it, only on COMMIT).
-_NOTIFY = "CASE WHEN CAST(:notify AS text) IS NOT NULL THEN pg_notify('job_events', :notify) END AS notified"
+NOTIFY_RETURNING = "CASE WHEN CAST(:notify AS text) IS NOT NULL THEN pg_notify('job_events', :notify) END AS notified"
 
 
 # ---------------------------------------------------------------------------------------------

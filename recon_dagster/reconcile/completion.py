@@ -1,14 +1,19 @@
-"""What a won completion writes besides the job row, inside ``finalize_job_with_media``'s settle
-transaction: the asset (and who may see it) and the reopen of a workflow the job's node failed."""
+"""What a won completion writes, inside ``finalize_job_with_media``'s settle transaction: the job
+row, its credits and its asset in one statement (``settle_completion``), and the reopen of a
+workflow the job's node failed."""
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 
+from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.sqltext import sql
+from recon_dagster.db.transitions import COMPLETE_UPDATE, NOTIFY_RETURNING, complete_params
 from recon_dagster.media.base import StoredObject
 
 
@@ -46,35 +51,106 @@ def reopen_sole_cause_workflow(conn: sa.Connection, workflow_execution_id: uuid.
     return r is not None
 
 
+# An MCP-origin job (its workflow execution names an mcp_client, the column the app's worker gates
+# on; NULL and '' name no client) stays private whatever is_public holds: a worker that died before
+# writing is_public = false must not get it published. Otherwise is_public NULL means the
+# crash-before-creditGuard window: free-tier baseline, public (9.1). A repeat is a no-op.
+def _asset_insert(gate: str = "") -> str:
+    return f"""
+    INSERT INTO assets (user_id, job_id, asset_type, storage_key, url, is_public, metadata)
+    SELECT :u, :j, :t, :k, :url,
+      CASE WHEN EXISTS (
+             SELECT 1 FROM workflow_executions w
+             WHERE w.id = CAST(:wf AS uuid) AND w.mcp_client <> '')
+           THEN false
+           ELSE COALESCE(CAST(:p AS boolean), true) END,
+      CAST(:m AS jsonb)
+    {gate}
+    ON CONFLICT (job_id) DO NOTHING RETURNING id"""
+
+
+def _asset_params(row: jobs_db.JobRow, obj: StoredObject | None, provider_kind: str) -> dict[str, Any]:
+    return {
+        "u": str(row.user_id),
+        "j": str(row.id),
+        "t": row.job_type,
+        "k": None if obj is None else obj.key,
+        "url": None if obj is None else obj.url,
+        "wf": None if row.workflow_execution_id is None else str(row.workflow_execution_id),
+        "p": row.is_public,
+        "m": None
+        if obj is None
+        else jobs_db._json({"provider_kind": provider_kind, "size": obj.size, "sha256": obj.sha256}),
+    }
+
+
 def create_asset(conn: sa.Connection, row: jobs_db.JobRow, obj: StoredObject, provider_kind: str) -> bool:
     """The job's asset row (one per job: a repeat is a no-op); True if this call created it."""
-    # An MCP-origin job (its workflow execution names an mcp_client, the column the app's worker
-    # gates on; NULL and '' name no client) stays private whatever is_public holds: a worker that
-    # died before writing is_public = false must not get it published. Otherwise is_public NULL
-    # means the crash-before-creditGuard window: free-tier baseline, public (9.1).
-    r = conn.execute(
-        sql(
-            """
-            INSERT INTO assets (user_id, job_id, asset_type, storage_key, url, is_public, metadata)
-            SELECT :u, :j, :t, :k, :url,
-              CASE WHEN EXISTS (
-                     SELECT 1 FROM workflow_executions w
-                     WHERE w.id = CAST(:wf AS uuid) AND w.mcp_client <> '')
-                   THEN false
-                   ELSE COALESCE(CAST(:p AS boolean), true) END,
-              CAST(:m AS jsonb)
-            ON CONFLICT (job_id) DO NOTHING RETURNING id
-            """
+    return conn.execute(sql(_asset_insert()), _asset_params(row, obj, provider_kind)).first() is not None
+
+
+# One statement for the three writes every won completion makes: the guarded completion (``done``,
+# complete_job's UPDATE), the credit commit's common case (credits.sole_commit_ctes) and the asset,
+# both gated on ``done`` having won. A data-modifying WITH entry runs once, before anything that
+# reads it, so the gates see the completion's outcome. Lock order is complete_job's followed by
+# commit_job_credits': the job row first, then its usage logs. One row per locked usage log (one
+# row of NULLs when none is locked), each carrying ``won`` and ``assets``.
+_SETTLE = f"""
+    WITH done AS ({COMPLETE_UPDATE} RETURNING id, {NOTIFY_RETURNING}),
+    {credits.sole_commit_ctes(" AND EXISTS (SELECT 1 FROM done)")},
+    asset AS ({_asset_insert("WHERE CAST(:k AS text) IS NOT NULL AND EXISTS (SELECT 1 FROM done)")})
+    SELECT (SELECT count(*) FROM done) AS won, (SELECT count(*) FROM asset) AS assets, locked.*
+    FROM (SELECT 1) AS one
+    LEFT JOIN ({credits.LOCKED_LOGS}) AS locked ON true
+    ORDER BY locked.created_at, locked.id"""
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What ``settle_completion`` wrote: ``won`` False means nothing at all."""
+
+    won: bool
+    usage_log_id: uuid.UUID | None = None  # the committed reservation
+    asset_created: bool = False
+
+
+def settle_completion(
+    conn: sa.Connection,
+    row: jobs_db.JobRow,
+    *,
+    output_data: dict[str, Any],
+    provider: str | None,
+    provider_cost: float | None,
+    display_cost: float | None,
+    task_id: str | None,
+    notify_source: str | None,
+    asset: StoredObject | None,
+    provider_kind: str,
+) -> Settled:
+    """``complete_job``, then (only if it won) ``commit_job_credits`` and ``create_asset`` (when
+    ``asset`` is given), in the caller's transaction: the same writes under the same guards, sent
+    as one statement instead of three. The commit's uncommon cases (several reservations, an
+    amount that is not money) go on in ``credits.commit_locked`` on the rows the statement locked.
+    """
+    params = {
+        **complete_params(
+            row.id,
+            output_data=output_data,
+            provider=provider,
+            provider_cost=provider_cost,
+            display_cost=display_cost,
+            task_id=task_id,
+            notify_source=notify_source,
         ),
-        {
-            "u": str(row.user_id),
-            "j": str(row.id),
-            "t": row.job_type,
-            "k": obj.key,
-            "url": obj.url,
-            "wf": None if row.workflow_execution_id is None else str(row.workflow_execution_id),
-            "p": row.is_public,
-            "m": jobs_db._json({"provider_kind": provider_kind, "size": obj.size, "sha256": obj.sha256}),
-        },
-    ).first()
-    return r is not None
+        **_asset_params(row, asset, provider_kind),
+        "cost": credits.commit_cost(provider_cost),
+    }
+    rows = conn.execute(sql(_SETTLE), params).all()
+    if not rows[0].won:
+        return Settled(False)
+    locked = [r for r in rows if r.id is not None]
+    return Settled(
+        True,
+        usage_log_id=credits.commit_locked(conn, row.id, params["cost"], locked),
+        asset_created=rows[0].assets > 0,
+    )

@@ -12,7 +12,8 @@ Phases, Stripe-idempotency style:
    task's result never lands on an object the winner references.
 3. *settle* (one transaction): the guarded completion, the credit commit, the asset row, the
    completion event, the sole-cause workflow reopen and the LoRA character update. If the guarded
-   completion finds zero rows, nothing else in the transaction happens: ``ok=False``.
+   completion finds zero rows, nothing else in the transaction happens: ``ok=False``. The first
+   four go to the database as one statement (``settle_completion``).
 
 The spec lists steps 4-8 as separate writes; here they commit together, so a crash between the
 completion and the credit commit cannot leave a completed job with credits reserved forever.
@@ -44,7 +45,7 @@ from recon_dagster.media.errors import MediaNotImage, MediaNotVideo, MediaUnusab
 from recon_dagster.media.store import MediaStore, StoredObject, guess_ext, media_key
 from recon_dagster.media.transfer import fetch_media_to_store
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
-from recon_dagster.reconcile.completion import create_asset, reopen_sole_cause_workflow
+from recon_dagster.reconcile.completion import reopen_sole_cause_workflow, settle_completion
 from recon_dagster.reconcile.decide import promised_media, unusable_result
 
 log = logging.getLogger("recon_dagster.finalize")
@@ -257,12 +258,12 @@ def finalize_job_with_media(
     _require_usable(row, result, len(stored))
     crash_point("finalize.after_upload")
 
-    # Phase 3: settle.
+    # Phase 3: settle: the completion, the credit commit and the asset in one statement.
     out = FinalizeResult(False, "", stored=stored)
     with engine.begin() as conn:
-        if not jobs_db.complete_job(
+        settled = settle_completion(
             conn,
-            job_id,
+            row,
             task_id=result.task_id,
             output_data=_output_data(result, stored, source, task=_task_of(row, result)),
             provider=result.provider,
@@ -275,16 +276,17 @@ def finalize_job_with_media(
                 else None
             ),
             notify_source=source,  # the completion event, sent by the won write itself
-        ):
+            asset=_primary(stored, watermark),
+            provider_kind=result.provider_kind,
+        )
+        if not settled.won:
             _settle_lost(engine, conn, store, row, result, source, out)
             out.duration_ms = _ms(started)
             return out
         out.ok = True
         out.reason = "completed"
-        out.credits_committed = credits.commit_job_credits(conn, job_id, result.cost_usd) is not None
-        primary = _primary(stored, watermark)
-        if primary is not None:
-            out.asset_created = create_asset(conn, row, primary, result.provider_kind)
+        out.credits_committed = settled.usage_log_id is not None
+        out.asset_created = settled.asset_created
         if row.workflow_execution_id is not None and row.node_id is not None:
             out.workflow_reopened = reopen_sole_cause_workflow(conn, row.workflow_execution_id, row.node_id)
         out.character_updated = _character_ready(conn, job_id, stored, result)

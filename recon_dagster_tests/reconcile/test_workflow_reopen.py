@@ -114,15 +114,15 @@ def test_two_siblings_completing_at_once_reopen_the_workflow_exactly_once(
     other still processing in its own snapshot. The later one must still reopen."""
     wf, [(a, ra), (b, rb)] = _node_jobs(db, sandbox, 2)
     both_completed = threading.Barrier(2)
-    commit = finalize_mod.credits.commit_job_credits
+    settle = finalize_mod.settle_completion
 
-    def commit_then_wait(conn, job_id, cost):  # noqa: ANN001, ANN202
-        committed = commit(conn, job_id, cost)
+    def settle_then_wait(conn, row, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        settled = settle(conn, row, **kwargs)
         with contextlib.suppress(threading.BrokenBarrierError):  # asserted below
             both_completed.wait(timeout=10)  # both rows completed, neither transaction committed
-        return committed
+        return settled
 
-    monkeypatch.setattr(finalize_mod.credits, "commit_job_credits", commit_then_wait)
+    monkeypatch.setattr(finalize_mod, "settle_completion", settle_then_wait)
     results: dict[uuid.UUID, finalize_mod.FinalizeResult] = {}
 
     def run(job: uuid.UUID, result: ProviderResult) -> None:
