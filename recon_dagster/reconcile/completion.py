@@ -91,8 +91,8 @@ def create_asset(conn: sa.Connection, row: jobs_db.JobRow, obj: StoredObject, pr
 
 # One statement for the three writes every won completion makes: the guarded completion (``done``,
 # complete_job's UPDATE), the credit commit's common case (credits.sole_commit_ctes) and the asset,
-# both gated on ``done`` having won. A data-modifying WITH entry runs once, before anything that
-# reads it, so the gates see the completion's outcome. Lock order is complete_job's followed by
+# both gated on ``done`` having won. PostgreSQL runs a data-modifying WITH entry exactly once and to
+# completion, and the gates read its RETURNING rows, so they see whether it won. Lock order is complete_job's followed by
 # commit_job_credits': the job row first, then its usage logs. One row per locked usage log (one
 # row of NULLs when none is locked), each carrying ``won`` and ``assets``.
 _SETTLE = f"""
