@@ -18,8 +18,8 @@ together) plus the settle transaction end before another run may take the job ov
 Per-read timeouts are not enough either: a host that sends its headers one line a second resets
 them with every line, and httpx reads headers inside one call. So every socket read and write of
 an exchange run under ``exchange_deadline`` is cut to what is left of the overall deadline (see
-``guard_transports``); past it the read fails, httpcore closes the connection, and the error says
-how long the exchange waited.
+``guard_transports`` for httpx's own transport, ``left_of_exchange`` inside ``core.http11``'s);
+past it the read fails, the connection is closed, and the error says how long the exchange waited.
 """
 
 from __future__ import annotations
@@ -122,6 +122,12 @@ def _left(timeout: float | None, error: type[Exception]) -> float | None:
     return left if timeout is None else min(timeout, left)
 
 
+def left_of_exchange(timeout: float | None, error: type[Exception]) -> float | None:
+    """``timeout`` cut to what is left of this thread's ``exchange_deadline`` (None: no limit);
+    raises ``error`` naming the deadline once it has passed. For a transport's own socket I/O."""
+    return _left(timeout, error)
+
+
 class _DeadlineStream(httpcore.NetworkStream):
     """A network stream whose every read and write ends by the exchange's overall deadline."""
 
@@ -203,6 +209,8 @@ def guard_transports(client: httpx.Client) -> httpx.Client:
     """
     transports = [client._transport, *(t for t in client._mounts.values() if t is not None)]
     for transport in transports:
+        if getattr(transport, "bounds_exchanges", False):
+            continue  # cuts its own socket I/O to the deadline (core.http11)
         pool = getattr(transport, "_pool", None)
         backend = getattr(pool, "_network_backend", None)
         if backend is None:

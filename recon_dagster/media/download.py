@@ -51,7 +51,8 @@ from recon_dagster.config import (  # noqa: F401  (parse_allowed_hosts re-export
     parse_allowed_hosts,
 )
 from recon_dagster.core.crashpoints import crash_point
-from recon_dagster.core.deadlines import exchange_deadline, guard_transports, sized_deadline_s
+from recon_dagster.core.deadlines import exchange_deadline, sized_deadline_s
+from recon_dagster.core.http11 import Http11Transport
 from recon_dagster.core.httpsend import send_direct
 from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.media.errors import (
@@ -287,9 +288,11 @@ def open_media_stream(
     started = time.monotonic()
     deadline = None if deadline_s is None else started + deadline_s
     own_client = client is None
-    # Our own client's sockets end by the deadline even while headers drip (``guard_transports``).
-    http = client or guard_transports(
-        httpx.Client(trust_env=False, follow_redirects=False, verify=shared_tls_context(trust_env=False))
+    # Our own client's sockets end by the deadline even while headers drip (``Http11Transport``).
+    http = client or httpx.Client(
+        trust_env=False,
+        follow_redirects=False,
+        transport=Http11Transport(ssl_context=shared_tls_context(trust_env=False), max_idle=0),
     )
     response: httpx.Response | None = None
     try:

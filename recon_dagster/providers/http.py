@@ -30,6 +30,7 @@ from recon_dagster.core.deadlines import (
     exchange_deadline,
     guard_transports,
 )
+from recon_dagster.core.http11 import Http11Transport
 from recon_dagster.core.httpsend import send_direct
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.tls import shared_tls_context
@@ -286,11 +287,12 @@ class ProviderHttp:
                 write=s.write_timeout_s,
                 pool=s.pool_timeout_s,
             ),
-            limits=httpx.Limits(
-                max_connections=s.limits.max_concurrency, max_keepalive_connections=s.limits.max_concurrency
-            ),
             follow_redirects=False,
-            verify=shared_tls_context(),  # the CA bundle loaded once per process, not per client
+            # The CA bundle loaded once per process, not per client. Connections are not capped
+            # here: the limiter's semaphore (max_concurrency) admits the requests in flight.
+            transport=Http11Transport(
+                ssl_context=shared_tls_context(), max_idle=s.limits.max_concurrency
+            ),
         )
         # Headers dripped a line at a time reset every per-read timeout: bound the socket itself.
         guard_transports(self.client)

@@ -35,6 +35,7 @@ import sqlalchemy as sa
 
 from recon_dagster.core.crashpoints import crash_point
 from recon_dagster.core.deadlines import media_deadline_s, media_min_bytes_per_s
+from recon_dagster.core.http11 import Http11Transport
 from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
@@ -71,8 +72,7 @@ def shared_media_client() -> httpx.Client:
             client = httpx.Client(
                 trust_env=False,
                 follow_redirects=False,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
-                verify=shared_tls_context(trust_env=False),
+                transport=Http11Transport(ssl_context=shared_tls_context(trust_env=False), max_idle=0),
             )
             _media_client = (os.getpid(), client)
         return _media_client[1]
