@@ -50,16 +50,14 @@ from typing import Any
 import httpx
 
 from recon_dagster.core.deadlines import left_of_exchange
+from recon_dagster.core.tls import shared_tls_context
 
 _DEFAULT_PORTS = {b"http": 80, b"https": 443}
 _CHUNK = 64 * 1024
+_SHORT_BODY = "peer closed connection without sending complete message body"
+# A pool's key: scheme, address, port and the TLS name (None: the address's own).
+_Key = tuple[bytes, str, int, str | None]
 _ILLEGAL_IN_HEADER = re.compile(rb"[\r\n\0]")
-
-
-def _default_context() -> ssl.SSLContext:
-    from recon_dagster.core.tls import shared_tls_context
-
-    return shared_tls_context()
 
 
 class _Reader(io.RawIOBase):
@@ -95,7 +93,7 @@ class _AnswerSocket:
 class _Connection:
     __slots__ = ("sock", "key", "idle_since")
 
-    def __init__(self, sock: socket.socket, key: tuple[bytes, str, int, str | None]) -> None:
+    def __init__(self, sock: socket.socket, key: _Key) -> None:
         self.sock = sock
         self.key = key
         self.idle_since = 0.0
@@ -152,7 +150,7 @@ def _map_read_error(exc: BaseException) -> httpx.TransportError:
     if isinstance(exc, http.client.RemoteDisconnected):
         return httpx.RemoteProtocolError("Server disconnected without sending a response.")
     if isinstance(exc, http.client.IncompleteRead):
-        return httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+        return httpx.RemoteProtocolError(_SHORT_BODY)
     if isinstance(exc, (http.client.HTTPException, ValueError)):
         return httpx.RemoteProtocolError(f"malformed answer: {type(exc).__name__}: {exc}"[:300])
     return httpx.ReadError(f"{type(exc).__name__}: {exc}"[:300])
@@ -180,9 +178,7 @@ class _AnswerStream(httpx.SyncByteStream):
             if not chunk:
                 # read1 ends quietly when the peer closes before Content-Length was reached.
                 if answer.length:
-                    raise httpx.RemoteProtocolError(
-                        "peer closed connection without sending complete message body"
-                    )
+                    raise httpx.RemoteProtocolError(_SHORT_BODY)
                 self._complete = True
                 return
             yield chunk
@@ -216,7 +212,7 @@ class Http11Transport(httpx.BaseTransport):
         self._ssl_context = ssl_context
         self._max_idle = max_idle
         self._expiry_s = keepalive_expiry_s
-        self._idle: dict[tuple[bytes, str, int, str | None], list[_Connection]] = {}
+        self._idle: dict[_Key, list[_Connection]] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -226,7 +222,7 @@ class Http11Transport(httpx.BaseTransport):
         with self._lock:
             return sum(len(conns) for conns in self._idle.values())
 
-    def _checkout(self, key: tuple[bytes, str, int, str | None]) -> _Connection | None:
+    def _checkout(self, key: _Key) -> _Connection | None:
         if not self._max_idle:
             return None
         now = time.monotonic()
@@ -271,7 +267,7 @@ class Http11Transport(httpx.BaseTransport):
         with _socket_errors(httpx.ConnectTimeout, httpx.ConnectError, on_error=sock.close):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if scheme == b"https":
-                context = self._ssl_context or _default_context()
+                context = self._ssl_context or shared_tls_context()
                 sock.settimeout(left_of_exchange(connect_timeout, httpx.ConnectTimeout))
                 sock = context.wrap_socket(sock, server_hostname=sni or host)
         return sock

@@ -186,6 +186,18 @@ def check_url(
     )
 
 
+def new_media_client() -> httpx.Client:
+    """A client for media downloads under this policy: no proxy from the environment, redirects
+    left to ``_open`` (each hop re-checked), a connection per request (one opened to a pinned
+    address must never carry another host's request), every socket wait cut to the exchange's
+    deadline (``Http11Transport``), the process's shared TLS context."""
+    return httpx.Client(
+        trust_env=False,
+        follow_redirects=False,
+        transport=Http11Transport(ssl_context=shared_tls_context(trust_env=False), max_idle=0),
+    )
+
+
 def _same_origin(a: httpx.URL, b: httpx.URL) -> bool:
     return (a.scheme, a.host, a.port or _DEFAULT_PORTS.get(a.scheme)) == (
         b.scheme,
@@ -288,12 +300,7 @@ def open_media_stream(
     started = time.monotonic()
     deadline = None if deadline_s is None else started + deadline_s
     own_client = client is None
-    # Our own client's sockets end by the deadline even while headers drip (``Http11Transport``).
-    http = client or httpx.Client(
-        trust_env=False,
-        follow_redirects=False,
-        transport=Http11Transport(ssl_context=shared_tls_context(trust_env=False), max_idle=0),
-    )
+    http = client or new_media_client()
     response: httpx.Response | None = None
     try:
         with exchange_deadline(deadline, started):

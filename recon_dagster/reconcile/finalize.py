@@ -35,13 +35,12 @@ import sqlalchemy as sa
 
 from recon_dagster.core.crashpoints import crash_point
 from recon_dagster.core.deadlines import media_deadline_s, media_min_bytes_per_s
-from recon_dagster.core.http11 import Http11Transport
-from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.sqltext import sql
 from recon_dagster.media.base import media_folder
 from recon_dagster.media.content import promised_kind
+from recon_dagster.media.download import new_media_client
 from recon_dagster.media.errors import MediaNotImage, MediaNotVideo, MediaUnusable
 from recon_dagster.media.store import MediaStore, StoredObject, guess_ext, media_key
 from recon_dagster.media.transfer import fetch_media_to_store
@@ -69,12 +68,7 @@ def shared_media_client() -> httpx.Client:
     with _media_client_lock:
         # A forked child (pid differs) must not share its parent's sockets.
         if _media_client is None or _media_client[0] != os.getpid():
-            client = httpx.Client(
-                trust_env=False,
-                follow_redirects=False,
-                transport=Http11Transport(ssl_context=shared_tls_context(trust_env=False), max_idle=0),
-            )
-            _media_client = (os.getpid(), client)
+            _media_client = (os.getpid(), new_media_client())
         return _media_client[1]
 
 
