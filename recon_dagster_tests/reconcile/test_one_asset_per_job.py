@@ -131,7 +131,13 @@ def test_a_job_the_app_gave_two_assets_keeps_both(fresh_engine: sa.Engine) -> No
     assert _assets(fresh_engine, row.id) == ["app/a.png", "app/b.png"]
 
 
-def test_an_asset_the_app_adds_under_the_job_row_lock_meanwhile_is_seen(fresh_engine: sa.Engine) -> None:
+def _create_asset(db: sa.Engine, row: jobs_db.JobRow) -> bool:
+    with db.begin() as conn:
+        return create_asset(conn, row, _obj(row), KIND)
+
+
+@pytest.mark.parametrize("writer", ["settle_completion", "create_asset"])
+def test_an_asset_the_app_adds_under_the_job_row_lock_meanwhile_is_seen(fresh_engine: sa.Engine, writer: str) -> None:
     """The app holds the job row (its own finalize, not yet committed) and adds an asset without
     completing the job. The settle waits for the row; once the app commits, the settle still wins
     (the job is in flight) and must see that asset: the duplicate check reads a snapshot taken
@@ -139,19 +145,22 @@ def test_an_asset_the_app_adds_under_the_job_row_lock_meanwhile_is_seen(fresh_en
     create_app_tables(fresh_engine)
     migrate(fresh_engine)
     row = _row(fresh_engine)
-    app = fresh_engine.connect()
-    tx = app.begin()
-    app.execute(sa.text("UPDATE jobs SET progress = 99 WHERE id = :j"), {"j": str(row.id)})
-    _app_asset(app, row, "app/own.png")
-    out: list[Settled] = []
-    settler = threading.Thread(target=lambda: out.append(_settle(fresh_engine, row)))
-    settler.start()
-    time.sleep(1.0)  # the settle is waiting for the app's row lock
-    assert settler.is_alive()
-    tx.commit()
-    app.close()
+    out: list[bool] = []
+    write = {
+        "settle_completion": lambda: out.append(_settle(fresh_engine, row).asset_created),
+        "create_asset": lambda: out.append(_create_asset(fresh_engine, row)),
+    }[writer]
+    with fresh_engine.connect() as app:  # closed (rolled back) whatever fails below
+        tx = app.begin()
+        app.execute(sa.text("UPDATE jobs SET progress = 99 WHERE id = :j"), {"j": str(row.id)})
+        _app_asset(app, row, "app/own.png")
+        settler = threading.Thread(target=write, daemon=True)
+        settler.start()
+        time.sleep(1.0)  # the settle is waiting for the app's row lock
+        assert settler.is_alive()
+        tx.commit()
     settler.join(30)
-    assert out and out[0].won and not out[0].asset_created
+    assert out == [False]  # no asset of ours: the app's is there
     assert _assets(fresh_engine, row.id) == ["app/own.png"]
 
 
@@ -201,16 +210,15 @@ def test_two_writers_of_one_anomaly_at_once_log_it_once(fresh_engine: sa.Engine)
     create_app_tables(fresh_engine)  # no unique index on credit_anomalies
     migrate(fresh_engine)
     job = uuid.uuid4()
-    first = fresh_engine.connect()
-    tx = first.begin()
-    assert credits.log_credit_anomaly(first, job_id=job, user_id=None, reason="extra_reservation") is True
     out: list[bool] = []
-    second = threading.Thread(target=lambda: out.append(_log(fresh_engine, job)))
-    second.start()
-    time.sleep(1.0)
-    assert second.is_alive()  # waiting for the first writer's claim
-    tx.commit()
-    first.close()
+    with fresh_engine.connect() as first:  # closed (rolled back) whatever fails below
+        tx = first.begin()
+        assert credits.log_credit_anomaly(first, job_id=job, user_id=None, reason="extra_reservation") is True
+        second = threading.Thread(target=lambda: out.append(_log(fresh_engine, job)), daemon=True)
+        second.start()
+        time.sleep(1.0)
+        assert second.is_alive()  # waiting for the first writer's claim
+        tx.commit()
     second.join(30)
     assert out == [False]
     assert _anomalies(fresh_engine, job) == 1
