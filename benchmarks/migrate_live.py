@@ -174,12 +174,13 @@ def main(argv: list[str]) -> int:
             flush=True,
         )
 
+        held, inflight = inflight[-1], inflight[:-1]  # the held row is none of the writers'
         writers = Writers(libpq_url(url), args.writers, inflight)
         time.sleep(args.baseline_s)
         holding = threading.Event()
         if args.hold > 0:
             threading.Thread(
-                target=hold_a_row, args=(libpq_url(url), inflight[0], args.hold, holding), daemon=True
+                target=hold_a_row, args=(libpq_url(url), held, args.hold, holding), daemon=True
             ).start()
             holding.wait(10)
         said: list[str] = []
