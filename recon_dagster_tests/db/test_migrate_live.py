@@ -13,7 +13,6 @@ from decimal import Decimal
 import pytest
 import sqlalchemy as sa
 
-from recon_dagster.cli.commands import main as cli_main
 from recon_dagster.db.migrate import (
     BOOKKEEPING_TABLE,
     DEFAULT_LOCK_TIMEOUT,
@@ -22,6 +21,7 @@ from recon_dagster.db.migrate import (
     migrate,
 )
 from recon_dagster_tests.db.app_shaped import app_schema, create_app_tables
+from recon_dagster_tests.db.test_migrations import migrate_command
 
 LOCK_TIMEOUT_S = float(DEFAULT_LOCK_TIMEOUT.rstrip("s"))
 OUR_INDEXES_ON_APP_TABLES = {
@@ -270,7 +270,7 @@ def test_a_gap_in_the_apps_tables_is_one_line_each_and_changes_nothing(
         )
     # The command prints each gap on its own line, then the one-line error.
     url = fresh_engine.url.render_as_string(hide_password=False)
-    assert cli_main(["migrate", "--database-url", url]) == 1
+    assert migrate_command(url) == 1
     err_lines = capsys.readouterr().err.strip().splitlines()
     assert err_lines[:-1] == [f"migrate: gap: {g}" for g in err.value.details]
     assert err_lines[-1].startswith("recon-dagster migrate: the app's tables lack 4 thing(s)")
@@ -283,7 +283,7 @@ def test_plan_lists_each_lock_and_the_app_tables_and_writes_nothing(
     before = app_schema(fresh_engine)
     url = fresh_engine.url.render_as_string(hide_password=False)
 
-    assert cli_main(["migrate", "--plan", "--database-url", url]) == 0
+    assert migrate_command(url, "--plan") == 0
     out = capsys.readouterr().out
 
     assert f"{len(discover())} pending migration(s)" in out

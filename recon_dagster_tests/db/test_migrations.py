@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -12,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from recon_dagster.cli.commands import main as cli_main
-from recon_dagster.db.engine import DatabaseUnavailable, get_engine, project_root
+from recon_dagster.db.engine import DATABASE_URL_ENV, DatabaseUnavailable, get_engine, project_root
 from recon_dagster.db.migrate import (
     BOOKKEEPING_TABLE,
     MigrationError,
@@ -23,9 +24,17 @@ from recon_dagster.db.migrate import (
 from recon_dagster.db.migration_sql import MigrationSqlError, split
 
 
-def migrate_command(url: str) -> int:
-    """``recon-dagster migrate --database-url URL``, in this process."""
-    return cli_main(["migrate", "--database-url", url])
+def migrate_command(url: str, *options: str) -> int:
+    """``recon-dagster migrate [options] --database-url URL``, in this process. The CLI makes its
+    URL the process's ``RECON_DATABASE_URL`` (for its children); put the session's back after."""
+    saved = os.environ.get(DATABASE_URL_ENV)
+    try:
+        return cli_main(["migrate", *options, "--database-url", url])
+    finally:
+        if saved is None:
+            os.environ.pop(DATABASE_URL_ENV, None)
+        else:
+            os.environ[DATABASE_URL_ENV] = saved
 
 
 # --------------------------------------------------------------------------------------------
