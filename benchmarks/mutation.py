@@ -50,6 +50,7 @@ MODULES = {
     "transitions": "recon_dagster/db/transitions.py",
     "decide": "recon_dagster/reconcile/decide.py",
     "finalize": "recon_dagster/reconcile/finalize.py",
+    "completion": "recon_dagster/reconcile/completion.py",
 }
 COPIED = ("recon_dagster", "recon_dagster_tests", "migrations")
 # mutmut's exit-code classes (mutmut.stats.status_by_exit_code), folded into what the score needs.

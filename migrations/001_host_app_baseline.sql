@@ -1,8 +1,16 @@
 -- Baseline of the host app's tables that recon_dagster reads and writes.
 --
--- Production databases already have these (they belong to the app); this file exists so a new or
--- test database has the same shape. Every statement is IF NOT EXISTS so applying it to the app's
--- real database is a no-op.
+-- These tables belong to the app. `recon-dagster migrate` runs this file only on a database that
+-- has none of them (a new, test or demo database), in one transaction. On a database that has any
+-- of them it runs nothing of this file: it checks that every table and column below exists with a
+-- compatible type (and a default where recon_dagster's inserts leave a NOT NULL column out), prints
+-- one line per gap and changes nothing of the app's (db/baseline.py).
+--
+-- recon:replaces sha256:c7ef4e30855e07368d16dd93ac7d89dfd44f2c2f27e2811093bbe4d680893588
+--   (the first shipped text: the same tables and indexes, without the squawk comments)
+--
+-- squawk-ignore-file prefer-bigint-over-int, prefer-identity -- the app's column types, as the app has them
+-- squawk-ignore-file require-concurrent-index-creation, require-timeout-settings -- every table here is created by this same transaction on a database without the app's tables: nobody else can hold or wait for a lock on them
 
 CREATE TABLE IF NOT EXISTS user_credits (
   user_id              uuid PRIMARY KEY,
@@ -80,8 +88,8 @@ CREATE TABLE IF NOT EXISTS assets (
   created_at  timestamptz NOT NULL DEFAULT now()
 );
 
--- A job produces one asset: a second finalize (worker racing the reconciler, a late webhook)
--- cannot add a duplicate.
+-- The demo app's own rule (a real app may have it or not): one asset per job. recon_dagster does
+-- not rely on it: it inserts a job's asset only when the job has none, under the job row's lock.
 CREATE UNIQUE INDEX IF NOT EXISTS assets_job_id_key ON assets (job_id);
 
 CREATE TABLE IF NOT EXISTS credit_anomalies (
@@ -94,6 +102,8 @@ CREATE TABLE IF NOT EXISTS credit_anomalies (
   created_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- The demo app's own rule, as above: recon_dagster dedupes its anomalies through a table of its
+-- own (recon_credit_anomaly_keys, migration 145).
 CREATE UNIQUE INDEX IF NOT EXISTS credit_anomalies_job_reason_key ON credit_anomalies (job_id, reason);
 
 -- Character LoRA training state (the legacy reconcileOrphanedTrainings cron watches these).

@@ -12,6 +12,19 @@
 --
 -- Index `jobs_inflight_idx` covers BOTH 'pending' and 'processing' states so a
 -- route-handler crash before the `pending → processing` flip still surfaces the row.
+--
+-- What this creates is the design's section 4, unchanged. How it runs on a live `jobs` table is
+-- recon_dagster's (docs/deviations.md): each statement is its own transaction, the ALTER waits at
+-- most lock_timeout for its ACCESS EXCLUSIVE lock (the app's writes to `jobs` queue behind that
+-- wait, so it is short; the migrator retries with backoff), and the index is built CONCURRENTLY.
+--
+-- recon:replaces sha256:9b6a83890016ff755e9c527e82b5b947244e304cd61c17fb16e1e5014e715288
+--   (the first shipped text: the same statements in one transaction, the index not CONCURRENTLY)
+--
+-- squawk-ignore-file prefer-bigint-over-int -- the design's column type (section 4)
+
+SET lock_timeout = '2s';
+SET statement_timeout = '5s';
 
 ALTER TABLE jobs
   ADD COLUMN IF NOT EXISTS provider_kind            text,
@@ -20,6 +33,14 @@ ALTER TABLE jobs
   ADD COLUMN IF NOT EXISTS reconcile_attempts       int  NOT NULL DEFAULT 0,
   ADD COLUMN IF NOT EXISTS reconcile_last_error     text;
 
-CREATE INDEX IF NOT EXISTS jobs_inflight_idx
+-- A concurrent build holds SHARE UPDATE EXCLUSIVE: the app's reads and writes go on. It waits for
+-- the transactions already writing `jobs` (and, at its end, for older snapshots); lock_timeout
+-- bounds each of those waits, so it is long here: a short one would abort the build behind any
+-- worker transaction that lasts a few seconds and leave an INVALID index (which the migrator drops
+-- and builds again on its next try).
+SET lock_timeout = '10min';
+SET statement_timeout = 0;
+
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_inflight_idx
   ON jobs (provider_call_started_at)
   WHERE status IN ('pending', 'processing');

@@ -2,6 +2,11 @@
 --
 -- A provider's rate limit belongs to the account (its API key), not to a process: every Dagster
 -- run worker, the sweep and the app's own workers draw on the same budget through these tables.
+--
+-- recon:replaces sha256:c774620696f118290277ced44115689b740a75dc780a4aa95f5452d625068770
+--   (the first shipped text, without the squawk comment)
+--
+-- squawk-ignore-file prefer-bigint-over-int -- column types as first shipped: changing them would change what applied databases hold
 
 -- One row per account: when the provider last asked everyone to back off (Retry-After).
 CREATE TABLE IF NOT EXISTS provider_limit_accounts (

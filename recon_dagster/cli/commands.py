@@ -72,11 +72,26 @@ def require_migrated() -> str:
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    from recon_dagster.db.engine import get_engine, redact, resolve_database_url
-    from recon_dagster.db.migrate import migrate
+    from recon_dagster.db.engine import describe, get_engine, redact, resolve_database_url
+    from recon_dagster.db.migrate import DEFAULT_RETRY_FOR_S, MigrationError, migrate
 
     url = resolve_database_url()
-    applied = migrate(get_engine(url))
+    if args.plan:
+        from recon_dagster.db.migration_plan import plan, render
+
+        print(render(plan(get_engine(url)), describe(url)))
+        return 0
+
+    def say(line: str) -> None:
+        print(f"migrate: {line}", file=sys.stderr, flush=True)
+
+    try:
+        retry_for = DEFAULT_RETRY_FOR_S if args.retry_for is None else args.retry_for
+        applied = migrate(get_engine(url), retry_for_s=retry_for, say=say)
+    except MigrationError as exc:
+        for line in exc.details:  # the baseline's gaps, one line each, before the one-line error
+            print(f"migrate: gap: {line}", file=sys.stderr)
+        raise
     if applied:
         print(f"migrate: applied {len(applied)} migration(s) to {redact(url)}: {', '.join(applied)}")
     else:
@@ -230,7 +245,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help=f"show tracebacks (also {DEBUG_ENV}=1)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    _command(sub, "migrate", _cmd_migrate, "apply migrations/ to the database", database=True)
+    mg = _command(sub, "migrate", _cmd_migrate, "apply migrations/ to the database", database=True)
+    mg.add_argument(
+        "--plan",
+        action="store_true",
+        help="list the pending statements, the lock each takes and the app tables they touch; write nothing",
+    )
+    mg.add_argument(
+        "--retry-for",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="keep retrying a statement refused its lock (lock_timeout) this long (default 900)",
+    )
 
     s = _command(sub, "sandbox", _cmd_sandbox, "serve the loopback provider sandbox", database=False)
     s.add_argument("--host", default="127.0.0.1")

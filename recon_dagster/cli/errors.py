@@ -84,7 +84,7 @@ def as_cli_error(exc: BaseException) -> CliError:
             f"see {embedded_pgdata() / 'log'}, or set RECON_DATABASE_URL to a running PostgreSQL",
         )
     if isinstance(exc, MigrationError):
-        return CliError(str(exc), "fix the migration named here, then run `recon-dagster migrate` again")
+        return CliError(str(exc), exc.fix or "fix the migration named here, then run `recon-dagster migrate` again")
     if isinstance(exc, sa.exc.ProgrammingError) and type(exc.orig).__name__ in (
         "UndefinedTable",
         "UndefinedColumn",

@@ -423,21 +423,36 @@ def log_credit_anomaly(
     amount: Decimal | float | None = None,
     details: dict[str, Any] | None = None,
 ) -> bool:
-    """One anomaly per (job, reason): a repeated report is a no-op. True if newly logged."""
-    r = conn.execute(
-        sql(
-            """
-            INSERT INTO credit_anomalies (job_id, user_id, reason, amount, details)
-            VALUES (:j, :u, :r, :a, CAST(:d AS jsonb))
-            ON CONFLICT (job_id, reason) DO NOTHING RETURNING id
-            """
-        ),
-        {
-            "j": None if job_id is None else str(job_id),
-            "u": None if user_id is None else str(user_id),
-            "r": reason,
-            "a": amount,
-            "d": json.dumps(details or {}, default=str),
-        },
-    ).first()
-    return r is not None
+    """One anomaly per (job, reason): a repeated report is a no-op. True if newly logged.
+
+    credit_anomalies is the app's table and need not have a unique index on (job_id, reason). So
+    the writer first takes the (job, reason)'s row in recon_dagster's own
+    ``recon_credit_anomaly_keys`` (migration 145), whose primary key makes a concurrent writer of
+    the same pair wait for this transaction; then, as a separate statement (a fresh snapshot that
+    sees what such a writer committed), it inserts only if no such anomaly exists. A row deleted by
+    an operator is logged again if the problem recurs, as before. An anomaly without a job is
+    always logged."""
+    params = {
+        "j": None if job_id is None else str(job_id),
+        "u": None if user_id is None else str(user_id),
+        "r": reason,
+        "a": amount,
+        "d": json.dumps(details or {}, default=str),
+    }
+    if job_id is not None:
+        conn.execute(sql(_CLAIM_ANOMALY), params)
+    return conn.execute(sql(_INSERT_ANOMALY), params).first() is not None
+
+
+_CLAIM_ANOMALY = """
+    INSERT INTO recon_credit_anomaly_keys (job_id, reason) VALUES (CAST(:j AS uuid), :r)
+    ON CONFLICT (job_id, reason) DO UPDATE SET created_at = recon_credit_anomaly_keys.created_at
+    """
+
+_INSERT_ANOMALY = """
+    INSERT INTO credit_anomalies (job_id, user_id, reason, amount, details)
+    SELECT CAST(:j AS uuid), CAST(:u AS uuid), :r, CAST(:a AS numeric), CAST(:d AS jsonb)
+    WHERE CAST(:j AS uuid) IS NULL OR NOT EXISTS (
+      SELECT 1 FROM credit_anomalies c WHERE c.job_id = CAST(:j AS uuid) AND c.reason = :r)
+    RETURNING id
+    """

@@ -1,39 +1,73 @@
-"""Apply ``migrations/NNN_name.sql`` in numeric order, each once, each in its own transaction.
+"""Apply ``migrations/NNN_name.sql`` in numeric order, each once, without ever stalling the app.
 
-Applied files are recorded in ``recon_schema_migrations`` with a checksum; an applied file whose
-content changed since is an error (never silently re-applied). Concurrent migrators are serialised
-with a transaction-level advisory lock, so the second one finds the work done and skips it.
+The database is the app's, and ``jobs`` is its hottest table. So:
+
+- **One migrator at a time**: a session advisory lock, polled (a waiting migrator holds no snapshot
+  a concurrent index build would wait for).
+- **Checksums**: each applied file is recorded in ``recon_schema_migrations`` with its sha256. An
+  applied file whose text changed since is an error, unless the new text names the old checksum in
+  a ``-- recon:replaces sha256:<hex>`` line: a file fixed in *how* it runs (timeouts, CONCURRENTLY,
+  comments) while creating exactly what it did (a test applies every replaced text and compares).
+  A replaced file is never run again; its row keeps the checksum of the text that ran.
+- **Transactions**: a file runs in one transaction unless it builds an index ``CONCURRENTLY``
+  (which cannot run in one) or locks an app table that exists before it (such a lock must be held
+  for one statement, not for the file): then each statement is its own transaction, and every
+  statement of such a file is idempotent (``IF NOT EXISTS`` / ``IF EXISTS``), so a file stopped
+  midway is resumed by the next run.
+- **Lock timeouts**: every session starts with ``lock_timeout`` = ``DEFAULT_LOCK_TIMEOUT`` and the
+  files ``SET`` their own (short before an ACCESS EXCLUSIVE lock on an app table: the app's writes
+  queue behind that wait). A statement or transactional file refused with ``lock_not_available``
+  is retried with jittered exponential backoff until ``retry_for_s`` is spent, then migrate stops
+  with one line naming the sessions holding the table.
+- **No lock for nothing**: an ``ADD COLUMN IF NOT EXISTS`` whose columns all exist, a
+  ``DROP CONSTRAINT IF EXISTS`` whose constraints are gone, and a ``CREATE INDEX IF NOT EXISTS``
+  whose index exists and is valid are skipped without taking their lock. An INVALID index (left
+  by an interrupted concurrent build) is dropped ``CONCURRENTLY`` and built again.
+- **The baseline (001)** runs only on a database without the app's tables; elsewhere it is a
+  check (``db/baseline.py``) that changes nothing and fails with one line per gap.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import random
 import re
-import sys
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
 import sqlalchemy as sa
+from psycopg import errors as pg_errors
 
-from recon_dagster.db.embedded import EmbeddedPostgresError
-from recon_dagster.db.engine import (
-    DatabaseUnavailable,
-    InvalidDatabaseUrl,
-    get_engine,
-    normalize_url,
-    project_root,
-    redact,
-    resolve_database_url,
-)
+from recon_dagster.db import baseline
+from recon_dagster.db.engine import project_root
+from recon_dagster.db.migration_sql import MigrationSqlError, Statement, split
 
 MIGRATIONS_DIR_NAME = "migrations"
 BOOKKEEPING_TABLE = "recon_schema_migrations"
 # Arbitrary constant shared by every migrator of this project ("recon" in ASCII).
 ADVISORY_LOCK_KEY = 0x7265636F6E
+BASELINE_VERSION = 1
+
+# The session's lock_timeout before each file (a file's own SET overrides it).
+DEFAULT_LOCK_TIMEOUT = "2s"
+# How long migrate keeps retrying statements refused a lock, in seconds (--retry-for).
+DEFAULT_RETRY_FOR_S = 900.0
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 30.0
+ADVISORY_POLL_S = 0.5
+APPLICATION_NAME = "recon-dagster migrate"
 
 _FILE_RE = re.compile(r"^(\d{3,})_([a-z0-9_]+)\.sql$")
+_REPLACES_RE = re.compile(r"^--\s*recon:replaces\s+sha256:([0-9a-f]{64})\s*$", re.M)
+_RETRYABLE = (pg_errors.LockNotAvailable, pg_errors.DeadlockDetected)
 
 _CREATE_BOOKKEEPING = f"""
 CREATE TABLE IF NOT EXISTS {BOOKKEEPING_TABLE} (
@@ -44,9 +78,20 @@ CREATE TABLE IF NOT EXISTS {BOOKKEEPING_TABLE} (
 )
 """
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
 
 class MigrationError(RuntimeError):
-    """A migration could not be applied, or the applied history disagrees with the files."""
+    """A migration could not be applied, or the database disagrees with the files.
+
+    ``details``: lines to show before the one-line error (the baseline's gaps); ``fix``: what to
+    do, when it is not "fix the migration named here"."""
+
+    def __init__(self, message: str, *, details: tuple[str, ...] = (), fix: str | None = None) -> None:
+        super().__init__(message)
+        self.details = details
+        self.fix = fix
 
 
 @dataclass(frozen=True)
@@ -56,10 +101,34 @@ class Migration:
     path: Path
     sql: str
     checksum: str
+    replaces: frozenset[str] = field(default=frozenset())
 
     @property
     def filename(self) -> str:
         return self.path.name
+
+    @cached_property
+    def statements(self) -> list[Statement]:
+        try:
+            return split(self.sql)
+        except MigrationSqlError as exc:
+            raise MigrationError(f"migration {self.filename} does not parse: {exc}") from None
+
+    @cached_property
+    def created_tables(self) -> frozenset[str]:
+        return frozenset(t for st in self.statements if (t := st.creates_table))
+
+    @cached_property
+    def transactional(self) -> bool:
+        """One transaction for the file, unless a statement builds CONCURRENTLY or locks a table
+        that existed before this file (see the module docstring)."""
+        return not any(
+            st.concurrent or any(not lock.new and lock.table not in self.created_tables for lock in st.locks)
+            for st in self.statements
+        )
+
+    def accepts(self, checksum: str) -> bool:
+        return checksum == self.checksum or checksum in self.replaces
 
 
 def packaged_migrations_dir() -> Path | None:
@@ -98,12 +167,14 @@ def discover(directory: Path | None = None) -> list[Migration]:
         if not match:
             raise MigrationError(f"{path}: migration files are named NNN_lower_snake_name.sql")
         data = path.read_bytes()
+        text = data.decode("utf-8")
         migration = Migration(
             version=int(match.group(1)),
             name=path.stem,
             path=path,
-            sql=data.decode("utf-8"),
+            sql=text,
             checksum=hashlib.sha256(data).hexdigest(),
+            replaces=frozenset(_REPLACES_RE.findall(text)),
         )
         if migration.version in found:
             raise MigrationError(
@@ -114,17 +185,8 @@ def discover(directory: Path | None = None) -> list[Migration]:
     return [found[v] for v in sorted(found)]
 
 
-def _lock(conn: sa.Connection) -> None:
-    conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": ADVISORY_LOCK_KEY})
-
-
-def _applied(conn: sa.Connection) -> dict[int, tuple[str, str]]:
-    rows = conn.execute(sa.text(f"SELECT version, name, checksum FROM {BOOKKEEPING_TABLE}"))
-    return {version: (name, checksum) for version, name, checksum in rows}
-
-
-def _check_drift(migrations: list[Migration], applied: dict[int, tuple[str, str]]) -> None:
-    drifted = [m for m in migrations if m.version in applied and applied[m.version][1] != m.checksum]
+def check_drift(migrations: list[Migration], applied: dict[int, tuple[str, str]]) -> None:
+    drifted = [m for m in migrations if m.version in applied and not m.accepts(applied[m.version][1])]
     if drifted:
         details = "; ".join(
             f"{m.filename} (applied sha256 {applied[m.version][1][:12]}, file now {m.checksum[:12]})"
@@ -132,86 +194,287 @@ def _check_drift(migrations: list[Migration], applied: dict[int, tuple[str, str]
         )
         raise MigrationError(
             f"applied migrations were changed after they ran: {details}. "
-            "Never edit an applied migration; add a new NNN_*.sql file instead."
+            "Never edit an applied migration; add a new NNN_*.sql file instead "
+            "(a fix that creates exactly the same names the old text in a `-- recon:replaces sha256:...` line)"
         )
 
 
-# Comments, quoted literals and identifiers, dollar-quoted bodies, or a statement-ending ';'.
-_SQL_TOKEN = re.compile(r"--[^\n]*|/\*.*?\*/|'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\$(\w*)\$.*?\$\1\$|;", re.S)
+# --- the session -------------------------------------------------------------------------------------
 
 
-def split_statements(sql: str) -> list[tuple[int, str]]:
-    """The statements of a SQL file with the line each starts on; comment-only pieces are dropped."""
-    statements: list[tuple[int, str]] = []
-    start = 0
-    ends = [m.end() for m in _SQL_TOKEN.finditer(sql) if m.group(0) == ";"]
-    for end in [*ends, len(sql)]:
-        piece = sql[start:end]
-        code = _SQL_TOKEN.sub(lambda m: "" if m.group(0).startswith(("--", "/*")) else m.group(0), piece)
-        if code.strip(" \t\r\n;"):
-            # The first character that is neither blank nor inside a leading comment.
-            lead = re.match(r"(?:\s+|--[^\n]*|/\*.*?\*/)*", piece, re.S)
-            offset = start + (lead.end() if lead else 0)
-            statements.append((sql.count("\n", 0, offset) + 1, sql[offset:end].strip()))
-        start = end
-    return statements
-
-
-def _apply(conn: sa.Connection, migration: Migration) -> None:
-    # One statement at a time (all in the file's transaction) so an error names its statement.
-    for line, statement in split_statements(migration.sql):
+@contextmanager
+def migration_session(engine: sa.Engine) -> Iterator[psycopg.Connection]:
+    """A dedicated autocommit connection of ``engine``, closed afterwards (never pooled again: its
+    session settings and advisory lock end with it)."""
+    with engine.connect() as sa_conn:
+        sa_conn = sa_conn.execution_options(isolation_level="AUTOCOMMIT")
+        sa_conn.exec_driver_sql("SELECT 1")  # connect now: errors surface as DatabaseUnavailable
+        pg = sa_conn.connection.driver_connection
+        assert isinstance(pg, psycopg.Connection)
         try:
-            conn.exec_driver_sql(statement)
-        except sa.exc.DBAPIError as exc:
-            diag = getattr(exc.orig, "diag", None)
-            message = (diag.message_primary if diag and diag.message_primary else str(exc.orig)).strip()
-            if diag and diag.statement_position:
-                line += statement.count("\n", 0, int(diag.statement_position) - 1)
-            first_line = statement.splitlines()[0][:120]
-            raise MigrationError(
-                f"migration {migration.filename} failed at line {line} ({first_line}): {message}"
-            ) from None
-    conn.execute(
-        sa.text(f"INSERT INTO {BOOKKEEPING_TABLE} (version, name, checksum) VALUES (:v, :n, :c)"),
-        {"v": migration.version, "n": migration.name, "c": migration.checksum},
-    )
+            yield pg
+        finally:
+            sa_conn.invalidate()
 
 
-def migrate(engine: sa.Engine, migrations: list[Migration] | None = None) -> list[str]:
+def reset_session(pg: psycopg.Connection) -> None:
+    pg.execute("RESET ALL")
+    pg.execute(f"SET lock_timeout = '{DEFAULT_LOCK_TIMEOUT}'")
+    pg.execute(f"SET application_name = '{APPLICATION_NAME}'")
+
+
+def applied_versions(pg: psycopg.Connection) -> dict[int, tuple[str, str]] | None:
+    """version -> (name, checksum) of the applied files; None when nothing was ever applied."""
+    if pg.execute("SELECT to_regclass(%s)", [BOOKKEEPING_TABLE]).fetchone()[0] is None:  # type: ignore[index]
+        return None
+    rows = pg.execute(f"SELECT version, name, checksum FROM {BOOKKEEPING_TABLE}").fetchall()
+    return {version: (name, checksum) for version, name, checksum in rows}
+
+
+def _take_advisory_lock(pg: psycopg.Connection, say: Callable[[str], None]) -> None:
+    waited = False
+    while not pg.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_KEY]).fetchone()[0]:  # type: ignore[index]
+        if not waited:
+            holder = pg.execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND granted LIMIT 1",
+                [ADVISORY_LOCK_KEY & 0xFFFFFFFF],
+            ).fetchone()
+            say(f"waiting for another migrate to finish (backend pid {holder[0] if holder else '?'})")
+            waited = True
+        time.sleep(ADVISORY_POLL_S)
+
+
+# --- catalog facts the runner acts on ------------------------------------------------------------------
+
+
+def index_state(pg: psycopg.Connection, index: str, table: str) -> str | None:
+    """'valid', 'invalid' or None (absent) for ``index`` in ``table``'s schema."""
+    row = pg.execute(
+        """
+        SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
+        WHERE c.relname = %s AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = to_regclass(%s))
+        """,
+        [index, table],
+    ).fetchone()
+    return None if row is None else ("valid" if row[0] else "invalid")
+
+
+def missing_columns(pg: psycopg.Connection, table: str, columns: tuple[str, ...]) -> list[str]:
+    present = {
+        r[0]
+        for r in pg.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
+            [table],
+        ).fetchall()
+    }
+    return [c for c in columns if c not in present]
+
+
+def present_constraints(pg: psycopg.Connection, table: str, names: tuple[str, ...]) -> list[str]:
+    rows = pg.execute(
+        "SELECT conname FROM pg_constraint WHERE conrelid = to_regclass(%s) AND conname = ANY(%s)",
+        [table, list(names)],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def skip_reason(pg: psycopg.Connection, st: Statement) -> str | None:
+    """Why ``st`` would change nothing (and so need not take its lock), or None."""
+    if (added := st.added_columns) and not missing_columns(pg, *added):
+        return f"every column exists on {added[0]}"
+    if (dropped := st.dropped_constraints) and not present_constraints(pg, *dropped):
+        return f"no such constraint on {dropped[0]}"
+    if (index := st.index) and st.if_not_exists and index_state(pg, *index) == "valid":
+        return f"index {index[0]} exists and is valid"
+    return None
+
+
+def blockers(pg: psycopg.Connection, tables: list[str]) -> str:
+    """The sessions holding a lock on ``tables``, for the message that gives up."""
+    rows = pg.execute(
+        """
+        SELECT DISTINCT a.pid, a.state, COALESCE(NULLIF(a.application_name, ''), '-'),
+               EXTRACT(EPOCH FROM now() - COALESCE(a.xact_start, a.query_start))::int
+        FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+        WHERE l.granted AND l.relation = ANY(SELECT to_regclass(t) FROM unnest(%s::text[]) t)
+          AND a.pid <> pg_backend_pid()
+        ORDER BY 4 DESC NULLS LAST LIMIT 5
+        """,
+        [tables],
+    ).fetchall()
+    if not rows:
+        return "no session holds it now"
+    return ", ".join(f"pid {pid} ({state}, {app}, transaction open {age} s)" for pid, state, app, age in rows)
+
+
+# --- running -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Runner:
+    pg: psycopg.Connection
+    retry_for_s: float
+    say: Callable[[str], None]
+    deadline: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.deadline = time.monotonic() + self.retry_for_s
+
+    def with_lock_retries(self, what: str, tables: list[str], attempt: Callable[[], T]) -> T:
+        """``attempt()``, again after a jittered backoff whenever a lock was refused (lock_timeout)
+        or a deadlock chose us, until ``retry_for_s`` is spent."""
+        tries = 0
+        while True:
+            try:
+                return attempt()
+            except _RETRYABLE as exc:
+                tries += 1
+                pause = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (tries - 1)) * random.uniform(0.5, 1.0)
+                held_by = blockers(self.pg, tables) if tables else ""
+                reason = (
+                    "deadlock"
+                    if isinstance(exc, pg_errors.DeadlockDetected)
+                    else "lock not granted within lock_timeout"
+                )
+                if time.monotonic() + pause > self.deadline:
+                    raise MigrationError(
+                        f"{what}: {reason} after {tries} tries over {self.retry_for_s:.0f} s"
+                        + (f"; held by {held_by}" if held_by else ""),
+                        fix="end or wait out the session named here, then run `recon-dagster migrate` again "
+                        "(what was applied stays; the rest resumes)",
+                    ) from None
+                self.say(
+                    f"{what}: {reason} (try {tries}); retrying in {pause:.1f} s"
+                    + (f"; held by {held_by}" if held_by else "")
+                )
+                time.sleep(pause)
+
+    def statement(self, migration: Migration, st: Statement) -> None:
+        what = f"{migration.filename} line {st.line} ({st.first_line})"
+        tables = sorted({lock.table for lock in st.locks if not lock.table.startswith("index ")})
+        if st.setting is not None:
+            _execute(self.pg, migration, st)
+            return
+        if skip_reason(self.pg, st) is not None:
+            return
+        index = st.index
+        if index is not None and index_state(self.pg, *index) == "invalid":
+            name = index[0]
+            self.say(f"{what}: index {name} is INVALID (an interrupted build); dropping it to build again")
+            self.with_lock_retries(
+                what, tables, lambda: self.pg.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
+            )
+        try:
+            self.with_lock_retries(what, tables, lambda: _execute(self.pg, migration, st))
+        except BaseException:
+            if index is not None and st.concurrent:
+                self.drop_invalid(*index)
+            raise
+
+    def drop_invalid(self, index: str, table: str) -> None:
+        """A concurrent build that failed leaves an INVALID index the app's writes still maintain:
+        drop it on the way out (best effort; the next run drops it anyway)."""
+        try:
+            if not self.pg.closed and index_state(self.pg, index, table) == "invalid":
+                self.pg.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{index}"')
+        except psycopg.Error:
+            pass
+
+    def file(self, migration: Migration) -> None:
+        reset_session(self.pg)
+        if migration.transactional:
+            tables = sorted({lock.table for st in migration.statements for lock in st.locks})
+            self.with_lock_retries(migration.filename, tables, lambda: self._in_one_transaction(migration))
+        else:
+            for st in migration.statements:
+                self.statement(migration, st)
+        self.pg.execute(
+            f"INSERT INTO {BOOKKEEPING_TABLE} (version, name, checksum) VALUES (%s, %s, %s)",
+            [migration.version, migration.name, migration.checksum],
+        )
+
+    def _in_one_transaction(self, migration: Migration) -> None:
+        with self.pg.transaction():
+            for st in migration.statements:
+                if st.setting is not None or skip_reason(self.pg, st) is None:
+                    _execute(self.pg, migration, st)
+
+
+def _execute(pg: psycopg.Connection, migration: Migration, st: Statement) -> None:
+    try:
+        pg.execute(st.text.encode())  # bytes: never read as a query template (no % placeholders)
+    except _RETRYABLE:
+        raise
+    except psycopg.Error as exc:
+        diag = exc.diag
+        message = (diag.message_primary or str(exc)).strip()
+        line = st.line
+        if diag.statement_position:
+            line += st.text.count("\n", 0, int(diag.statement_position) - 1)
+        raise MigrationError(
+            f"migration {migration.filename} failed at line {line} ({st.first_line}): {message}"
+        ) from None
+
+
+def _check_baseline(pg: psycopg.Connection, base: Migration) -> None:
+    found = baseline.gaps(pg, baseline.expected_tables(base.statements))
+    if found:
+        raise MigrationError(
+            f"the app's tables lack {len(found)} thing(s) recon_dagster reads or writes (listed above); "
+            "nothing was changed",
+            details=tuple(found),
+            fix="add them through the app's own migrations (docs/deploying.md#when-migrate-reports-a-gap), "
+            "then run `recon-dagster migrate` again",
+        )
+
+
+def migrate(
+    engine: sa.Engine,
+    migrations: list[Migration] | None = None,
+    *,
+    retry_for_s: float = DEFAULT_RETRY_FOR_S,
+    say: Callable[[str], None] | None = None,
+) -> list[str]:
     """Apply the pending ``migrations`` (default: every file in ``migrations/``); return their names."""
     migrations = discover() if migrations is None else sorted(migrations, key=lambda m: m.version)
-    with engine.begin() as conn:
-        _lock(conn)
-        conn.exec_driver_sql(_CREATE_BOOKKEEPING)
-        _check_drift(migrations, _applied(conn))
-
-    applied_now: list[str] = []
-    for migration in migrations:
-        with engine.begin() as conn:
-            _lock(conn)
-            applied = _applied(conn)
+    say = say or log.warning
+    with migration_session(engine) as pg:
+        reset_session(pg)
+        _take_advisory_lock(pg, say)
+        pg.execute(_CREATE_BOOKKEEPING)
+        applied = applied_versions(pg) or {}
+        check_drift(migrations, applied)
+        runner = Runner(pg, retry_for_s, say)
+        base = next((m for m in migrations if m.version == BASELINE_VERSION), None)
+        applied_now: list[str] = []
+        for migration in migrations:
             if migration.version in applied:
-                # Another migrator may have applied it while we waited for the lock.
-                _check_drift([migration], applied)
                 continue
-            _apply(conn, migration)
-        applied_now.append(migration.name)
+            if migration.version == BASELINE_VERSION and baseline.present_app_tables(pg):
+                _check_baseline(pg, migration)
+                pg.execute(
+                    f"INSERT INTO {BOOKKEEPING_TABLE} (version, name, checksum) VALUES (%s, %s, %s)",
+                    [migration.version, migration.name, migration.checksum],
+                )
+            else:
+                runner.file(migration)
+            applied_now.append(migration.name)
+        if base is not None and BASELINE_VERSION in applied:
+            _check_baseline(pg, base)  # the app's tables may have changed since
+        pg.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_KEY])
     return applied_now
 
 
-def migrate_command(database_url: str | None) -> int:
-    """CLI entry: migrate ``database_url`` (default: resolved URL); print a summary, return exit code."""
-    try:
-        url = normalize_url(database_url) if database_url else resolve_database_url()
-        applied = migrate(get_engine(url))
-    except (DatabaseUnavailable, InvalidDatabaseUrl, EmbeddedPostgresError, MigrationError) as exc:
-        print(f"migrate: error: {exc}", file=sys.stderr)
-        return 1
-    except (sa.exc.DBAPIError, psycopg.Error) as exc:
-        print(f"migrate: database error on {redact(url)}: {exc}", file=sys.stderr)
-        return 1
-    if applied:
-        print(f"migrate: applied {len(applied)} migration(s) to {redact(url)}: {', '.join(applied)}")
-    else:
-        print(f"migrate: {redact(url)} is up to date")
-    return 0
+__all__ = [
+    "BOOKKEEPING_TABLE",
+    "DEFAULT_LOCK_TIMEOUT",
+    "DEFAULT_RETRY_FOR_S",
+    "Migration",
+    "MigrationError",
+    "applied_versions",
+    "check_drift",
+    "discover",
+    "migrate",
+    "migrations_dir",
+    "skip_reason",
+]

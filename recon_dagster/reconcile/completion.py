@@ -1,6 +1,6 @@
 """What a won completion writes, inside ``finalize_job_with_media``'s settle transaction: the job
-row, its credits and its asset in one statement (``settle_completion``), and the reopen of a
-workflow the job's node failed."""
+row locked, then the job row, its credits and its asset in one statement (``settle_completion``),
+and the reopen of a workflow the job's node failed."""
 
 from __future__ import annotations
 
@@ -51,6 +51,13 @@ def reopen_sole_cause_workflow(conn: sa.Connection, workflow_execution_id: uuid.
     return r is not None
 
 
+# One asset per job without a unique index on the app's assets table (an app may allow several, and
+# may already have given a job two: they stay). The insert adds the job's asset only when the job
+# has none. That check is race-free because every caller first locks the job row in an earlier
+# statement (``lock_job``): in READ COMMITTED each statement reads a fresh snapshot, so a writer
+# that held the row and added an asset has committed by then and is seen. (Locked in the same
+# statement, the check would read the snapshot taken before the lock wait, and miss it.)
+#
 # An MCP-origin job (its workflow execution names an mcp_client, the column the app's worker gates
 # on; NULL and '' name no client) stays private whatever is_public holds: a worker that died before
 # writing is_public = false must not get it published. Otherwise is_public NULL means the
@@ -65,8 +72,17 @@ def _asset_insert(gate: str = "") -> str:
            THEN false
            ELSE COALESCE(CAST(:p AS boolean), true) END,
       CAST(:m AS jsonb)
-    {gate}
-    ON CONFLICT (job_id) DO NOTHING RETURNING id"""
+    WHERE NOT EXISTS (SELECT 1 FROM assets a WHERE a.job_id = CAST(:j AS uuid)){gate}
+    RETURNING id"""
+
+
+_LOCK_JOB = "SELECT id FROM jobs WHERE id = :j FOR UPDATE"
+
+
+def lock_job(conn: sa.Connection, job_id: uuid.UUID) -> None:
+    """Lock the job row for the caller's transaction (see ``_asset_insert``): the first lock of a
+    completion, so the order stays the job row, then its usage logs."""
+    conn.execute(sql(_LOCK_JOB), {"j": str(job_id)})
 
 
 def _asset_params(row: jobs_db.JobRow, obj: StoredObject | None, provider_kind: str) -> dict[str, Any]:
@@ -85,20 +101,23 @@ def _asset_params(row: jobs_db.JobRow, obj: StoredObject | None, provider_kind: 
 
 
 def create_asset(conn: sa.Connection, row: jobs_db.JobRow, obj: StoredObject, provider_kind: str) -> bool:
-    """The job's asset row (one per job: a repeat is a no-op); True if this call created it."""
+    """The job's asset row, unless the job has one (a repeat is a no-op); True if this call created it."""
+    lock_job(conn, row.id)
     return conn.execute(sql(_asset_insert()), _asset_params(row, obj, provider_kind)).first() is not None
 
 
 # One statement for the three writes every won completion makes: the guarded completion (``done``,
 # complete_job's UPDATE), the credit commit's common case (credits.sole_commit_ctes) and the asset,
 # both gated on ``done`` having won. PostgreSQL runs a data-modifying WITH entry exactly once and to
-# completion, and the gates read its RETURNING rows, so they see whether it won. Lock order is complete_job's followed by
-# commit_job_credits': the job row first, then its usage logs. One row per locked usage log (one
-# row of NULLs when none is locked), each carrying ``won`` and ``assets``.
+# completion, and the gates read its RETURNING rows, so they see whether it won. The asset is also
+# gated on the job having none (``_asset_insert``), which is why ``lock_job`` runs first, as its own
+# statement. Lock order is complete_job's followed by commit_job_credits': the job row first, then
+# its usage logs. One row per locked usage log (one row of NULLs when none is locked), each
+# carrying ``won`` and ``assets``.
 _SETTLE = f"""
     WITH done AS ({COMPLETE_UPDATE} RETURNING id, {NOTIFY_RETURNING}),
     {credits.sole_commit_ctes(" AND EXISTS (SELECT 1 FROM done)")},
-    asset AS ({_asset_insert("WHERE CAST(:k AS text) IS NOT NULL AND EXISTS (SELECT 1 FROM done)")})
+    asset AS ({_asset_insert(" AND CAST(:k AS text) IS NOT NULL AND EXISTS (SELECT 1 FROM done)")})
     SELECT (SELECT count(*) FROM done) AS won, (SELECT count(*) FROM asset) AS assets, locked.*
     FROM (SELECT 1) AS one
     LEFT JOIN ({credits.LOCKED_LOGS}) AS locked ON true
@@ -129,7 +148,7 @@ def settle_completion(
 ) -> Settled:
     """``complete_job``, then (only if it won) ``commit_job_credits`` and ``create_asset`` (when
     ``asset`` is given), in the caller's transaction: the same writes under the same guards, sent
-    as one statement instead of three. The commit's uncommon cases (several reservations, an
+    as one statement instead of three, after the job row is locked. The commit's uncommon cases (several reservations, an
     amount that is not money) go on in ``credits.commit_locked`` on the rows the statement locked.
     """
     params = {
@@ -145,6 +164,7 @@ def settle_completion(
         **_asset_params(row, asset, provider_kind),
         "cost": credits.commit_cost(provider_cost),
     }
+    lock_job(conn, row.id)  # its own statement: the settle's duplicate check then sees a fresh snapshot
     rows = conn.execute(sql(_SETTLE), params).all()
     if not rows[0].won:
         return Settled(False)

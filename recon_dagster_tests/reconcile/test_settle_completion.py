@@ -134,7 +134,7 @@ def test_one_statement_writes_what_the_three_wrote(db, status, row_task, task, r
         assert got == before
 
 
-def test_the_common_case_is_one_statement_and_settles_everything(db):
+def test_the_common_case_is_the_row_lock_then_one_statement_and_settles_everything(db):
     user, row = _setup(db, "processing", "t-1", 1, False)
     sent: list[str] = []
 
@@ -146,7 +146,10 @@ def test_the_common_case_is_one_statement_and_settles_everything(db):
         settled = _one_statement(db, row, "t-1", True)
     finally:
         sa.event.remove(db, "before_cursor_execute", count)
-    assert len(sent) == 1, sent
+    # The job row's lock first, as a statement of its own (the asset's duplicate check then reads a
+    # snapshot taken after it), then the one settle statement.
+    assert len(sent) == 2, sent
+    assert sent[0].startswith("SELECT id FROM jobs WHERE id = ") and sent[0].endswith("FOR UPDATE")
     assert settled.won and settled.usage_log_id is not None and settled.asset_created
     state = _state(db, user, row, settled)
     assert state["job"][0] == "completed"
