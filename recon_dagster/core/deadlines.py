@@ -207,7 +207,7 @@ class _DeadlineBackend(httpcore.NetworkBackend):
             if proxy.scheme == "https":
                 context = self._tunnel.ssl_context or shared_tls_context()
                 stream = stream.start_tls(context, proxy.host, _until(until))
-            return _DeadlineStream(open_tunnel(stream, self._tunnel, host, port, _until(until)))
+            return open_tunnel(stream, self._tunnel, host, port, _until(until))  # over the guarded stream
         except BaseException:
             stream.close()
             raise
