@@ -38,8 +38,8 @@ import httpx
 
 from recon_dagster import config
 from recon_dagster.core import dns
+from recon_dagster.core.proxy import open_tunnel
 from recon_dagster.core.tls import shared_tls_context
-from recon_dagster.core.tunnel import open_tunnel
 
 POLL_DEADLINE_ENV = "RECON_POLL_DEADLINE_S"
 POLL_MAX_BYTES_ENV = "RECON_POLL_MAX_BYTES"
@@ -182,7 +182,7 @@ class _DeadlineStream(httpcore.NetworkStream):
 class _DeadlineBackend(httpcore.NetworkBackend):
     """Connects by the exchange's deadline: the name resolved within it (``core.dns``), each
     address tried in the resolver's order with what is left, through a ``CONNECT`` tunnel when
-    ``tunnel`` names a proxy (``core.tunnel``); the stream returned is a ``_DeadlineStream``."""
+    ``tunnel`` names a proxy (``core.proxy``); the stream returned is a ``_DeadlineStream``."""
 
     def __init__(self, backend: httpcore.NetworkBackend, tunnel: httpx.Proxy | None = None) -> None:
         self._backend = backend

@@ -11,7 +11,7 @@ The SSRF guard (``media.download``) still decides every hop, and a proxy does no
 
 - A host that is not in ``RECON_MEDIA_ALLOWED_HOSTS`` is resolved here, every address must be
   public, and the connection goes to the checked address, through the proxy too: the tunnel is a
-  ``CONNECT`` to the address (``core.tunnel``), never to the name, so the proxy cannot resolve the
+  ``CONNECT`` to the address (``core.proxy``), never to the name, so the proxy cannot resolve the
   name a second time and reach a private address the check refused (DNS rebinding, or a proxy
   that sees a split-horizon DNS: its own network, its cloud metadata address). TLS inside the
   tunnel names the host (SNI) and verifies its certificate against the name, end to end: the
@@ -38,6 +38,7 @@ import httpx
 from httpx._utils import URLPattern, get_environment_proxies
 
 from recon_dagster.core.deadlines import guard_transport
+from recon_dagster.core.proxy import proxy_settings
 from recon_dagster.core.tls import shared_tls_context
 
 # One use per connection (see the module docstring); connections are not capped here: the
@@ -110,8 +111,7 @@ class MediaTransport(httpx.BaseTransport):
 
 def environment_proxies() -> dict[str, str | None]:
     """The proxy routes the environment names, as httpx reads them for a client with
-    ``trust_env`` (pattern -> proxy URL, None: direct); a malformed proxy URL is a ``ValueError``
-    naming the variables."""
+    ``trust_env`` (pattern -> proxy URL, None: direct)."""
     return get_environment_proxies()
 
 
@@ -123,10 +123,8 @@ def new_media_client(ssl_context: ssl.SSLContext | None = None) -> httpx.Client:
     the process, and a pinned URL's cookie domain is an address many hosts may share), and the
     process's shared TLS context unless ``ssl_context`` is given (tests)."""
     context = ssl_context or shared_tls_context()
-    try:
+    with proxy_settings():
         transport = MediaTransport(context, environment_proxies())
-    except (ValueError, ImportError, httpx.InvalidURL) as exc:  # ImportError: SOCKS without socksio
-        raise ValueError(f"HTTP_PROXY / HTTPS_PROXY / ALL_PROXY: {exc}") from None
     return httpx.Client(
         trust_env=False,  # the routes above are the environment's; nothing else is read from it
         follow_redirects=False,

@@ -30,6 +30,7 @@ from recon_dagster.core.deadlines import (
     exchange_deadline,
     guard_transports,
 )
+from recon_dagster.core.proxy import proxy_settings
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.providers.limits import AccountLimits, account_limiter
@@ -287,8 +288,15 @@ class ProviderHttp:
         self._sleep = sleep
         self._limiter = shared_limiter(provider, self.base_url, settings.limits)
         self._account = account_limiter(settings.account)
-        s = settings
-        self.client = httpx.Client(
+        with proxy_settings():  # a proxy URL's password is a secret like the API key
+            self.client = self._new_client(settings)
+        # Headers dripped a line at a time reset every per-read timeout, and a name's resolution
+        # takes no timeout at all: bound every step of every exchange, the proxies' included.
+        guard_transports(self.client)
+
+    def _new_client(self, s: HttpSettings) -> httpx.Client:
+        """The client: pooled, the process's TLS context, the environment's proxies."""
+        return httpx.Client(
             base_url=self.base_url,
             timeout=httpx.Timeout(
                 connect=s.connect_timeout_s,
@@ -304,9 +312,6 @@ class ProviderHttp:
             # No transport= here: httpx then routes through HTTP_PROXY / HTTPS_PROXY / ALL_PROXY
             # and honours NO_PROXY, as it reads them from the environment (trust_env).
         )
-        # Headers dripped a line at a time reset every per-read timeout, and a name's resolution
-        # takes no timeout at all: bound every step of every exchange, the proxies' included.
-        guard_transports(self.client)
 
     def __repr__(self) -> str:
         return f"ProviderHttp(provider={self.provider!r}, base_url={self.base_url!r})"

@@ -217,3 +217,12 @@ def test_a_redirect_through_the_proxy_to_a_private_address_is_refused(proxy, mon
             pass
     # The first hop went through the proxy; the redirect's target never reached it.
     assert [target for _method, target in proxy.seen] == [url]
+
+
+def test_a_pinned_tunnel_sends_the_proxy_credentials(tls_media, monkeypatch):
+    server, cert = tls_media
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    with forward_proxy(credentials=("egress", "pr0xy-s3cret-pass")) as guarded:
+        monkeypatch.setenv("HTTPS_PROXY", guarded.url.replace("://", "://egress:pr0xy-s3cret-pass@"))
+        assert json.loads(_fetch_pinned(server))["host"] == f"media.test:{server.port}"
+        assert guarded.seen == [("CONNECT", f"127.0.0.1:{server.port}")]

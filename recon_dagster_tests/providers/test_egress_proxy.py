@@ -8,6 +8,8 @@ goes through it end to end. On the HTTP/1.1 transport of main at 4786a20 the pro
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -190,3 +192,52 @@ def test_no_proxy_sends_a_reconcile_pass_direct(db, instance, media_dir, sandbox
 
     _completed(db, job, media_dir)
     assert proxy.seen == []
+
+
+# --- a proxy that wants credentials ----------------------------------------------------------------
+
+PASSWORD = "pr0xy-s3cret-pass"
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_poll_sends_the_proxy_credentials_from_the_proxy_url(
+    sandbox, tls_front, monkeypatch, caplog, scheme
+):
+    task = sandbox.add_task("kie-standard", Scenario(polls_before_done=0))
+    if scheme == "http":  # the plain sandbox, not the TLS front
+        monkeypatch.setenv("KIE_BASE_URL", f"http://127.0.0.1:{sandbox.port}/kie")
+    with forward_proxy(credentials=("egress", PASSWORD)) as guarded:
+        monkeypatch.setenv(f"{scheme.upper()}_PROXY", guarded.url.replace("://", f"://egress:{PASSWORD}@"))
+        providers = providers_from_env()
+        try:
+            assert providers.poll("kie-standard", task).state.value == "succeeded"
+        finally:
+            providers.close()
+        assert len(guarded.seen) == 1
+
+
+def test_a_wrong_proxy_password_is_an_error_that_never_shows_it(sandbox, tls_front, monkeypatch, caplog):
+    task = sandbox.add_task("kie-standard", Scenario(polls_before_done=0))
+    with forward_proxy(credentials=("egress", "the-right-one")) as guarded:
+        monkeypatch.setenv("HTTPS_PROXY", guarded.url.replace("://", f"://egress:{PASSWORD}@"))
+        providers = providers_from_env()
+        kie = providers.kie.model_copy(update={"max_attempts": 2, "backoff_initial_s": 0.01})
+        try:
+            with pytest.raises(ProviderHTTPError, match="407") as caught:
+                kie.poll("kie-standard", task)
+        finally:
+            providers.close()
+    assert PASSWORD not in str(caught.value) and PASSWORD not in caplog.text
+
+
+def test_a_proxy_url_httpx_cannot_use_is_one_line_that_never_shows_its_password(sandbox, monkeypatch, caplog):
+    monkeypatch.setenv("HTTPS_PROXY", f"ftp://egress:{PASSWORD}@proxy.internal:3128")
+    with pytest.raises(ValueError, match="HTTP_PROXY / HTTPS_PROXY / ALL_PROXY") as caught:
+        providers_from_env().poll("kie-standard", "task-1")
+    assert PASSWORD not in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(ValueError, match="HTTP_PROXY / HTTPS_PROXY / ALL_PROXY") as caught:
+        finalize.shared_media_client()
+    assert PASSWORD not in str(caught.value)
+    # Registered as a secret once a client was built: masked in any log line that prints the URL.
+    logging.getLogger("recon_dagster.test").warning("egress through %s", os.environ["HTTPS_PROXY"])
+    assert "egress through" in caplog.text and PASSWORD not in caplog.text

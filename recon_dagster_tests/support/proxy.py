@@ -12,6 +12,7 @@ same sandbox can be reached over ``https`` with a certificate the test trusts.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import ipaddress
@@ -76,8 +77,24 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         return
 
+    def _authorized(self) -> bool:
+        """True when no credentials are required or the request carries them; else answers 407."""
+        expected = self.server.credentials
+        if expected is None:
+            return True
+        token = base64.b64encode(f"{expected[0]}:{expected[1]}".encode()).decode()
+        if self.headers.get("Proxy-Authorization") == f"Basic {token}":
+            return True
+        self.send_response(407, "Proxy Authentication Required")
+        self.send_header("Proxy-Authenticate", 'Basic realm="egress"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        return False
+
     def do_CONNECT(self) -> None:  # noqa: N802 (http.server's name)
         self.server.record("CONNECT", self.path)
+        if not self._authorized():
+            return
         host, _, port = self.path.rpartition(":")
         if self.server.refuse(host.strip("[]")):
             self.send_response(403, "Forbidden by the proxy's rules")
@@ -100,6 +117,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
     def _forward(self) -> None:
         self.server.record(self.command, self.path)
+        if not self._authorized():
+            return
         target = urlsplit(self.path)
         if target.scheme != "http" or not target.hostname:
             self.send_response(400, "Absolute http URL expected")
@@ -138,9 +157,10 @@ class _ProxyServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, refuse: Callable[[str], bool]) -> None:
+    def __init__(self, refuse: Callable[[str], bool], credentials: tuple[str, str] | None) -> None:
         self.seen: list[tuple[str, str]] = []
         self.refuse = refuse
+        self.credentials = credentials
         self._lock = threading.Lock()
         super().__init__(("127.0.0.1", 0), _ProxyHandler)
 
@@ -150,10 +170,13 @@ class _ProxyServer(ThreadingHTTPServer):
 
 
 class ForwardProxy:
-    """A forward proxy on a free loopback port; ``seen`` lists every request it received."""
+    """A forward proxy on a free loopback port; ``seen`` lists every request it received. With
+    ``credentials`` (user, password) it answers 407 to a request without them."""
 
-    def __init__(self, refuse: Callable[[str], bool] = lambda _host: False) -> None:
-        self._server = _ProxyServer(refuse)
+    def __init__(
+        self, refuse: Callable[[str], bool] = lambda _host: False, credentials: tuple[str, str] | None = None
+    ) -> None:
+        self._server = _ProxyServer(refuse, credentials)
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
@@ -220,6 +243,8 @@ class TlsFront:
 
 
 @contextlib.contextmanager
-def forward_proxy(refuse: Callable[[str], bool] = lambda _host: False) -> Iterator[ForwardProxy]:
-    with ForwardProxy(refuse) as proxy:
+def forward_proxy(
+    refuse: Callable[[str], bool] = lambda _host: False, credentials: tuple[str, str] | None = None
+) -> Iterator[ForwardProxy]:
+    with ForwardProxy(refuse, credentials) as proxy:
         yield proxy

@@ -1,4 +1,8 @@
-"""A ``CONNECT`` tunnel through an HTTP forward proxy to the address the caller names.
+"""Forward proxies: their credentials kept secret, and a ``CONNECT`` tunnel to a chosen address.
+
+A proxy URL in ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``ALL_PROXY`` may carry ``user:password@``:
+``register_proxy_credentials`` registers every such password as a secret (``core.redaction``), so
+no log line or error shows it, whatever path printed the URL.
 
 httpx's own proxy transport tunnels to the request URL's host and then checks the server's
 certificate against that same host. A media download pinned to a checked address needs the two
@@ -18,9 +22,42 @@ credentials.
 from __future__ import annotations
 
 import base64
+import re
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpcore
 import httpx
+
+from recon_dagster.core.redaction import redact_secrets, register_secret
+
+# The password of ``[scheme://]user:password@host...``, read without parsing the URL (a malformed
+# one must not escape masking by failing to parse).
+_PASSWORD = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*://)?[^/@:]*:([^/@]*)@")
+
+
+def register_proxy_credentials() -> None:
+    """Mask, from now on, the password of every proxy the environment names (the variables as
+    httpx and urllib read them, either case)."""
+    for scheme, url in urllib.request.getproxies_environment().items():
+        found = _PASSWORD.match(url.strip()) if scheme != "no" else None
+        if found and found.group(1):
+            register_secret(found.group(1))
+            register_secret(urllib.parse.unquote(found.group(1)))
+
+
+@contextmanager
+def proxy_settings() -> Iterator[None]:
+    """Around building a client from the environment's proxies: their passwords registered as
+    secrets first, and a proxy httpx cannot use (an unknown scheme, SOCKS without ``socksio``) as
+    one ``ValueError`` naming the variables, its credentials masked."""
+    register_proxy_credentials()
+    try:
+        yield
+    except (ValueError, ImportError, httpx.InvalidURL) as exc:
+        raise ValueError(f"HTTP_PROXY / HTTPS_PROXY / ALL_PROXY: {redact_secrets(str(exc))}") from None
 
 
 def _target(host: str, port: int) -> bytes:
@@ -66,4 +103,4 @@ def open_tunnel(
     return tunnel
 
 
-__all__ = ["open_tunnel", "proxy_headers"]
+__all__ = ["open_tunnel", "proxy_headers", "proxy_settings", "register_proxy_credentials"]
