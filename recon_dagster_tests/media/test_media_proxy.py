@@ -26,7 +26,7 @@ from recon_dagster.media.errors import MediaFetchError, MediaRefused
 from recon_dagster.reconcile import finalize
 from recon_dagster_tests.media.test_media_download import MediaServer, pattern_bytes
 from recon_dagster_tests.support.certs import self_signed
-from recon_dagster_tests.support.proxy import ForwardProxy, forward_proxy
+from recon_dagster_tests.support.proxy import ForwardProxy, TlsFront, forward_proxy
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -226,3 +226,16 @@ def test_a_pinned_tunnel_sends_the_proxy_credentials(tls_media, monkeypatch):
         monkeypatch.setenv("HTTPS_PROXY", guarded.url.replace("://", "://egress:pr0xy-s3cret-pass@"))
         assert json.loads(_fetch_pinned(server))["host"] == f"media.test:{server.port}"
         assert guarded.seen == [("CONNECT", f"127.0.0.1:{server.port}")]
+
+
+def test_a_pinned_tunnel_through_an_https_proxy_is_tls_inside_tls(tls_media, tmp_path, monkeypatch):
+    """The proxy itself spoken to over TLS (``HTTPS_PROXY=https://...``), the media server's TLS
+    inside the tunnel: both certificates verified, the tunnel still to the checked address."""
+    server, cert = tls_media
+    with forward_proxy() as proxy, TlsFront(proxy.port, tmp_path) as front:
+        both = tmp_path / "both.pem"
+        both.write_bytes(Path(cert).read_bytes() + Path(front.ca_file).read_bytes())
+        monkeypatch.setenv("SSL_CERT_FILE", str(both))
+        monkeypatch.setenv("HTTPS_PROXY", f"https://localhost:{front.port}")
+        assert json.loads(_fetch_pinned(server))["host"] == f"media.test:{server.port}"
+        assert proxy.seen == [("CONNECT", f"127.0.0.1:{server.port}")]
