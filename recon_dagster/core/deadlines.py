@@ -16,10 +16,13 @@ together) plus the settle transaction end before another run may take the job ov
   seconds instead of holding the job for ten minutes.
 
 Per-read timeouts are not enough either: a host that sends its headers one line a second resets
-them with every line, and httpx reads headers inside one call. So every socket read and write of
-an exchange run under ``exchange_deadline`` is cut to what is left of the overall deadline (see
-``guard_transports`` for httpx's own transport, ``left_of_exchange`` inside ``core.http11``'s);
-past it the read fails, the connection is closed, and the error says how long the exchange waited.
+them with every line, and httpx reads headers inside one call. So every step of an exchange run
+under ``exchange_deadline`` is cut to what is left of the overall deadline (``guard_transports``,
+on httpx's own transport): resolving the host's name (``core.dns``: ``getaddrinfo`` itself takes
+no timeout), connecting, TLS, the proxy's ``CONNECT``, and every socket read and write, body
+included; past it the step fails, the connection is closed, and the error says how long the
+exchange waited. A name's resolution and the TCP connect together also stay within the request's
+connect timeout, as curl's connect timeout does.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ import httpcore
 import httpx
 
 from recon_dagster import config
+from recon_dagster.core import dns
+from recon_dagster.core.proxy import open_tunnel
+from recon_dagster.core.tls import shared_tls_context
 
 POLL_DEADLINE_ENV = "RECON_POLL_DEADLINE_S"
 POLL_MAX_BYTES_ENV = "RECON_POLL_MAX_BYTES"
@@ -124,7 +130,8 @@ def _left(timeout: float | None, error: type[Exception]) -> float | None:
 
 def left_of_exchange(timeout: float | None, error: type[Exception]) -> float | None:
     """``timeout`` cut to what is left of this thread's ``exchange_deadline`` (None: no limit);
-    raises ``error`` naming the deadline once it has passed. For a transport's own socket I/O."""
+    raises ``error`` naming the deadline once it has passed. For a step the guarded transport does
+    not take itself (the media guard's own name resolution)."""
     return _left(timeout, error)
 
 
@@ -173,8 +180,13 @@ class _DeadlineStream(httpcore.NetworkStream):
 
 
 class _DeadlineBackend(httpcore.NetworkBackend):
-    def __init__(self, backend: httpcore.NetworkBackend) -> None:
+    """Connects by the exchange's deadline: the name resolved within it (``core.dns``), each
+    address tried in the resolver's order with what is left, through a ``CONNECT`` tunnel when
+    ``tunnel`` names a proxy (``core.proxy``); the stream returned is a ``_DeadlineStream``."""
+
+    def __init__(self, backend: httpcore.NetworkBackend, tunnel: httpx.Proxy | None = None) -> None:
         self._backend = backend
+        self._tunnel = tunnel
 
     def connect_tcp(
         self,
@@ -185,7 +197,52 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         socket_options: typing.Iterable[typing.Any] | None = None,
     ) -> httpcore.NetworkStream:
         cut = _left(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(self._backend.connect_tcp(host, port, cut, local_address, socket_options))
+        until = None if cut is None else time.monotonic() + cut
+        if self._tunnel is None:
+            return self._connect(host, port, until, local_address, socket_options)
+        proxy = self._tunnel.url
+        proxy_port = proxy.port or (443 if proxy.scheme == "https" else 80)
+        stream = self._connect(proxy.host, proxy_port, until, local_address, socket_options)
+        try:
+            if proxy.scheme == "https":
+                context = self._tunnel.ssl_context or shared_tls_context()
+                stream = stream.start_tls(context, proxy.host, _until(until))
+            return open_tunnel(stream, self._tunnel, host, port, _until(until))  # over the guarded stream
+        except BaseException:
+            stream.close()
+            raise
+
+    def _connect(
+        self,
+        host: str,
+        port: int,
+        until: float | None,
+        local_address: str | None,
+        socket_options: typing.Iterable[typing.Any] | None,
+    ) -> httpcore.NetworkStream:
+        try:
+            addresses = dns.resolve(host, port, _until(until))
+        except dns.ResolveTimeout as exc:
+            _left(None, httpcore.ConnectTimeout)  # names the overall deadline when that is what passed
+            raise httpcore.ConnectTimeout(str(exc)) from None
+        except OSError as exc:  # the name does not resolve: nothing was sent
+            raise httpcore.ConnectError(f"{type(exc).__name__}: {exc}") from None
+        if not addresses:
+            raise httpcore.ConnectError(f"{host!r} resolved to no address")
+        options = list(socket_options or ())
+        failure: httpcore.ConnectError | None = None
+        for address in addresses:
+            try:
+                connected = self._backend.connect_tcp(address, port, _until(until), local_address, options)
+            except httpcore.ConnectError as exc:  # refused or unreachable: the next address may answer
+                failure = exc
+                continue
+            except httpcore.ConnectTimeout:
+                _left(None, httpcore.ConnectTimeout)
+                raise
+            return _DeadlineStream(connected)
+        assert failure is not None
+        raise failure
 
     def connect_unix_socket(
         self,
@@ -200,21 +257,43 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         self._backend.sleep(seconds)
 
 
-def guard_transports(client: httpx.Client) -> httpx.Client:
-    """``client`` with every socket it opens bound by ``exchange_deadline`` (returned for chaining).
+def _until(at: float | None) -> float | None:
+    """Seconds left before the monotonic time ``at`` (None: no limit), cut to the exchange's
+    deadline; ``ConnectTimeout`` once either has passed."""
+    if at is None:
+        return _left(None, httpcore.ConnectTimeout)
+    left = at - time.monotonic()
+    if left <= 0:
+        _left(None, httpcore.ConnectTimeout)
+        raise httpcore.ConnectTimeout("timed out while connecting")
+    return _left(left, httpcore.ConnectTimeout)
 
-    httpx has no public hook for the network backend of its default transport, so the pool's
-    backend is wrapped in place; a test pins that this keeps working across httpx upgrades
+
+def guard_transport(
+    transport: httpx.BaseTransport, *, tunnel: httpx.Proxy | None = None
+) -> httpx.BaseTransport:
+    """``transport`` (httpx's own) with every connection it opens bound by ``exchange_deadline``,
+    and opened through a ``CONNECT`` tunnel to ``tunnel`` when given (returned for chaining).
+
+    httpx has no public hook for the network backend of its own transport, so the pool's backend
+    is wrapped in place; a test pins that this keeps working across httpx upgrades
     (``test_header_drip``), and a transport of another shape is refused rather than left unguarded.
     """
-    transports = [client._transport, *(t for t in client._mounts.values() if t is not None)]
-    for transport in transports:
-        if getattr(transport, "bounds_exchanges", False):
-            continue  # cuts its own socket I/O to the deadline (core.http11)
-        pool = getattr(transport, "_pool", None)
-        backend = getattr(pool, "_network_backend", None)
-        if backend is None:
-            raise TypeError(f"cannot bound the exchanges of {type(transport).__name__}: no network backend")
-        if not isinstance(backend, _DeadlineBackend):
-            pool._network_backend = _DeadlineBackend(backend)  # type: ignore[union-attr]
+    pool = getattr(transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if backend is None:
+        raise TypeError(f"cannot bound the exchanges of {type(transport).__name__}: no network backend")
+    if isinstance(backend, _DeadlineBackend):
+        if backend._tunnel is not tunnel:
+            raise ValueError("this transport is already guarded with another tunnel")
+        return transport
+    pool._network_backend = _DeadlineBackend(backend, tunnel)  # type: ignore[union-attr]
+    return transport
+
+
+def guard_transports(client: httpx.Client) -> httpx.Client:
+    """``client`` with every transport it routes to (its proxies' included) guarded by
+    ``guard_transport`` (returned for chaining)."""
+    for transport in [client._transport, *(t for t in client._mounts.values() if t is not None)]:
+        guard_transport(transport)
     return client

@@ -20,12 +20,16 @@ by hand, at most ``MAX_REDIRECTS``):
 DNS rebinding: for a policy-checked host the connection goes to the address that was checked
 (the request URL carries the IP; the ``Host`` header, TLS SNI and certificate verification use
 the original name), so a second, different DNS answer cannot steer the connection elsewhere.
-Residual risks: hosts in ``allowed_hosts`` are trusted by configuration and resolved by the OS
-at connect time, unpinned; a caller-supplied ``client`` with a proxy configured (``proxy=`` or
-``trust_env=True`` with ``HTTPS_PROXY`` set) lets the proxy resolve and connect, bypassing the
-pin -- the client built here has ``trust_env=False``; a pooled keep-alive connection to one IP
-may be reused for another name served from the same IP (same checked address, so no new
-target is reachable).
+Through an egress proxy the tunnel goes to the checked address too (``media.egress`` says how
+the environment's proxies and this guard work together). Residual risks: hosts in
+``allowed_hosts`` are trusted by configuration and resolved at connect time (by the system, or
+by the proxy), unpinned; a caller-supplied ``client`` routes as it was built (the media client,
+``media.egress.new_media_client``, keeps no connection alive, so one opened to a pinned address
+never carries another host's request).
+
+Every step of a download runs under its overall deadline (``core.deadlines``): the resolution
+of the name here (``core.dns``: a hung resolver ends at the deadline), each hop's connect and
+headers, and every read of the body, however slowly it drips.
 
 Messages name URLs with their query string redacted (``errors.redact_url``) because signed URLs
 carry credentials there; caller headers (API keys) are never echoed and are dropped when a
@@ -36,7 +40,6 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import socket
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
@@ -50,11 +53,10 @@ from recon_dagster.config import (  # noqa: F401  (parse_allowed_hosts re-export
     authority,
     parse_allowed_hosts,
 )
+from recon_dagster.core import dns
 from recon_dagster.core.crashpoints import crash_point
-from recon_dagster.core.deadlines import exchange_deadline, sized_deadline_s
-from recon_dagster.core.http11 import Http11Transport
-from recon_dagster.core.httpsend import send_direct
-from recon_dagster.core.tls import shared_tls_context
+from recon_dagster.core.deadlines import exchange_deadline, left_of_exchange, sized_deadline_s
+from recon_dagster.media.egress import new_media_client
 from recon_dagster.media.errors import (
     MediaExpired,
     MediaFetchError,
@@ -109,14 +111,9 @@ def is_public_address(address: str | IPAddress) -> bool:
 
 
 def system_resolver(host: str, port: int) -> list[str]:
-    """Every address ``host`` resolves to, in the resolver's order."""
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
-    seen: list[str] = []
-    for _family, _type, _proto, _canon, sockaddr in infos:
-        address = str(sockaddr[0])
-        if address not in seen:
-            seen.append(address)
-    return seen
+    """Every address ``host`` resolves to, in the resolver's order, within what is left of the
+    thread's exchange deadline (``dns.ResolveTimeout`` past it)."""
+    return dns.resolve(host, port, left_of_exchange(None, dns.ResolveTimeout))
 
 
 @dataclass(frozen=True)
@@ -167,7 +164,7 @@ def check_url(
         try:
             addresses = resolver(parsed.raw_host.decode("ascii"), port)
         except (OSError, UnicodeError) as exc:
-            raise MediaFetchError(url, f"cannot resolve host: {type(exc).__name__}") from None
+            raise MediaFetchError(url, f"cannot resolve host: {_describe(exc)}") from None
         if not addresses:
             raise MediaFetchError(url, "host resolved to no address")
     for address in addresses:
@@ -183,18 +180,6 @@ def check_url(
         connect_url=parsed.copy_with(host=pinned),
         host_header=parsed.netloc.decode("ascii"),
         sni_hostname=None if literal is not None else parsed.raw_host.decode("ascii"),
-    )
-
-
-def new_media_client() -> httpx.Client:
-    """A client for media downloads under this policy: no proxy from the environment, redirects
-    left to ``_open`` (each hop re-checked), a connection per request (one opened to a pinned
-    address must never carry another host's request), every socket wait cut to the exchange's
-    deadline (``Http11Transport``), the process's shared TLS context."""
-    return httpx.Client(
-        trust_env=False,
-        follow_redirects=False,
-        transport=Http11Transport(ssl_context=shared_tls_context(trust_env=False), max_idle=0),
     )
 
 
@@ -220,10 +205,16 @@ class MediaStream:
     """An open media response: metadata plus a capped chunk iterator (single use)."""
 
     def __init__(
-        self, response: httpx.Response, url: httpx.URL, max_bytes: int, deadline: float | None = None
+        self,
+        response: httpx.Response,
+        url: httpx.URL,
+        max_bytes: int,
+        deadline: float | None = None,
+        started: float | None = None,
     ) -> None:
         self._response = response
         self._deadline = deadline
+        self._started = started
         self._url = url
         self.max_bytes = max_bytes
         self.url = redact_url(url)
@@ -240,8 +231,15 @@ class MediaStream:
         By default chunks are what the socket delivered (at most 64 KiB each); re-chunking to a
         fixed ``chunk_size`` costs copies (measured: 250 MB/s pass-through vs 175 MB/s at 64 KiB).
         """
+        chunks = self._response.iter_bytes(chunk_size)
         try:
-            for chunk in self._response.iter_bytes(chunk_size):
+            while True:
+                # Each read (not the consumer's work between reads) runs under the download's
+                # deadline: a body dripped a byte at a time ends there, whatever the read timeout.
+                with exchange_deadline(self._deadline, self._started):
+                    chunk = next(chunks, None)
+                if chunk is None:
+                    return
                 self.bytes_read += len(chunk)
                 if self.bytes_read > self.max_bytes:
                     raise MediaTooLarge(self._url, self.max_bytes, self.bytes_read)
@@ -287,7 +285,8 @@ def open_media_stream(
     the whole download against a server that drips bytes (checked per chunk; every connect and
     read timeout is cut to what is left of it, so the download ends by the deadline). With
     ``min_bytes_per_s``, an object that declares its length gets only ``MEDIA_FLOOR_S +
-    length / min_bytes_per_s`` of it. ``resolver`` is for tests; ``client`` must not use a proxy.
+    length / min_bytes_per_s`` of it. ``resolver`` is for tests; ``client`` (default: a new
+    ``media.egress.new_media_client()``, closed on exit) routes the hops.
     """
     if max_bytes < 0:
         raise ValueError("max_bytes must be >= 0")
@@ -316,7 +315,7 @@ def open_media_stream(
         if deadline_s is not None:
             share = sized_deadline_s(_content_length(response), deadline_s, min_bytes_per_s)
             deadline = started + share
-        yield MediaStream(response, final_url, max_bytes, deadline)
+        yield MediaStream(response, final_url, max_bytes, deadline, started)
     finally:
         if response is not None:
             response.close()
@@ -352,7 +351,7 @@ def _open(
             "GET", hop.connect_url, headers=request_headers, timeout=timeout_s, extensions=extensions
         )
         try:
-            response = send_direct(http, request)
+            response = http.send(request, stream=True)
         except httpx.HTTPError as exc:
             raise MediaFetchError(hop.url, f"request failed: {_describe(exc)}") from None
         status = response.status_code

@@ -30,8 +30,7 @@ from recon_dagster.core.deadlines import (
     exchange_deadline,
     guard_transports,
 )
-from recon_dagster.core.http11 import Http11Transport
-from recon_dagster.core.httpsend import send_direct
+from recon_dagster.core.proxy import proxy_settings
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.providers.limits import AccountLimits, account_limiter
@@ -44,8 +43,9 @@ log = logging.getLogger("recon_dagster.providers.http")
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
 AMBIGUOUS_CREATE_STATUSES = frozenset({504})
 
-# Failures that happen before a single byte of the request left this process.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# Failures that happen before a single byte of the request left this process (a proxy that
+# refuses the tunnel never passes the request on either).
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError)
 # Errors in our own configuration (a base URL without a scheme...): retrying cannot help.
 _CONFIG_ERRORS = (httpx.UnsupportedProtocol, httpx.InvalidURL, httpx.LocalProtocolError)
 
@@ -229,7 +229,9 @@ _UNCAPPED = 1 << 62
 
 def _bounded_decode(response: httpx.Response, cap: int, label: str) -> Iterator[bytes]:
     """The decoded body of a streamed response, never inflating more than ``cap + 1`` bytes at
-    once; an encoding this client did not offer is an error."""
+    once; an encoding this client did not offer is an error, and a compressed body that stops
+    before its stream's end (its framing intact: a close-delimited answer cut short, or a proxy
+    that cut it) is ``httpx.RemoteProtocolError``, like a body shorter than its Content-Length."""
     encoding = response.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
         yield from response.iter_raw()
@@ -240,8 +242,10 @@ def _bounded_decode(response: httpx.Response, cap: int, label: str) -> Iterator[
         inflater = zlib.decompressobj()
     else:
         raise ProviderHTTPError(label, response.status_code, f"answer in unsupported encoding {encoding!r}")
+    received = 0
     try:
         for raw in response.iter_raw():
+            received += len(raw)
             data = raw
             while data:
                 out = inflater.decompress(data, cap + 1)
@@ -252,6 +256,12 @@ def _bounded_decode(response: httpx.Response, cap: int, label: str) -> Iterator[
         raise ProviderHTTPError(
             label, response.status_code, f"answer is not valid {encoding}: {exc}"
         ) from None
+    if received and not inflater.eof:
+        # zlib reports no error for a stream that merely stops: only its end (gzip's CRC and
+        # length, deflate's checksum) shows the answer is whole.
+        raise httpx.RemoteProtocolError(
+            f"answer's {encoding} stream ends before its end ({received} bytes received): truncated"
+        )
 
 
 class ProviderHttp:
@@ -278,8 +288,15 @@ class ProviderHttp:
         self._sleep = sleep
         self._limiter = shared_limiter(provider, self.base_url, settings.limits)
         self._account = account_limiter(settings.account)
-        s = settings
-        self.client = httpx.Client(
+        with proxy_settings():  # a proxy URL's password is a secret like the API key
+            self.client = self._new_client(settings)
+        # Headers dripped a line at a time reset every per-read timeout, and a name's resolution
+        # takes no timeout at all: bound every step of every exchange, the proxies' included.
+        guard_transports(self.client)
+
+    def _new_client(self, s: HttpSettings) -> httpx.Client:
+        """The client: pooled, the process's TLS context, the environment's proxies."""
+        return httpx.Client(
             base_url=self.base_url,
             timeout=httpx.Timeout(
                 connect=s.connect_timeout_s,
@@ -287,15 +304,14 @@ class ProviderHttp:
                 write=s.write_timeout_s,
                 pool=s.pool_timeout_s,
             ),
-            follow_redirects=False,
-            # The CA bundle loaded once per process, not per client. Connections are not capped
-            # here: the limiter's semaphore (max_concurrency) admits the requests in flight.
-            transport=Http11Transport(
-                ssl_context=shared_tls_context(), max_idle=s.limits.max_concurrency
+            limits=httpx.Limits(
+                max_connections=s.limits.max_concurrency, max_keepalive_connections=s.limits.max_concurrency
             ),
+            follow_redirects=False,
+            verify=shared_tls_context(),  # the CA bundle loaded once per process, not per client
+            # No transport= here: httpx then routes through HTTP_PROXY / HTTPS_PROXY / ALL_PROXY
+            # and honours NO_PROXY, as it reads them from the environment (trust_env).
         )
-        # Headers dripped a line at a time reset every per-read timeout: bound the socket itself.
-        guard_transports(self.client)
 
     def __repr__(self) -> str:
         return f"ProviderHttp(provider={self.provider!r}, base_url={self.base_url!r})"
@@ -448,7 +464,7 @@ class ProviderHttp:
     def _read_capped(
         self, method: str, path: str, label: str, deadline: float | None, request: httpx.Request, cap: int
     ) -> httpx.Response:
-        response = send_direct(self.client, request)
+        response = self.client.send(request, stream=True)
         try:
             chunks: list[bytes] = []
             size = 0

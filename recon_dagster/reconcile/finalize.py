@@ -40,7 +40,7 @@ from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.sqltext import sql
 from recon_dagster.media.base import media_folder
 from recon_dagster.media.content import promised_kind
-from recon_dagster.media.download import new_media_client
+from recon_dagster.media.egress import new_media_client
 from recon_dagster.media.errors import MediaNotImage, MediaNotVideo, MediaUnusable
 from recon_dagster.media.store import MediaStore, StoredObject, guess_ext, media_key
 from recon_dagster.media.transfer import fetch_media_to_store

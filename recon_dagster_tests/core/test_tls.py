@@ -14,6 +14,7 @@ import pytest
 from cryptography import x509
 
 from recon_dagster.core import tls
+from recon_dagster.media.egress import new_media_client
 from recon_dagster.providers.http import HttpSettings, ProviderHttp
 from recon_dagster.reconcile import finalize
 from recon_dagster_tests.support.certs import self_signed
@@ -82,9 +83,10 @@ def test_every_client_of_a_process_loads_the_ca_bundle_once(
     monkeypatch.setattr(finalize, "_media_client", None)
     media = finalize.shared_media_client()
     try:
-        # One context for the provider clients (they honour SSL_CERT_FILE), one for media downloads
-        # (trust_env off): two loads of the bundle, where each of the six clients had loaded it.
-        assert len(fresh_contexts) == 2
+        # One context for the provider clients and the media downloads (both honour SSL_CERT_FILE,
+        # as a TLS-inspecting egress proxy needs): one load of the bundle, where each of the six
+        # clients had loaded it.
+        assert len(fresh_contexts) == 1
         assert tls.shared_tls_context() is tls.shared_tls_context()
         assert tls.shared_tls_context(trust_env=False) is not tls.shared_tls_context()
         assert media is finalize.shared_media_client()
@@ -104,13 +106,13 @@ def test_the_shared_context_refuses_a_certificate_no_bundle_trusts(
     finally:
         http.close()
     with (
-        httpx.Client(verify=tls.shared_tls_context(trust_env=False), trust_env=False) as client,
+        new_media_client() as client,
         pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"),
     ):
         client.get(f"{url}/")
 
 
-def test_ssl_cert_file_still_names_the_bundle_of_provider_clients(
+def test_ssl_cert_file_names_the_bundle_of_provider_clients_and_media_downloads(
     https_server: tuple[str, Path], fresh_contexts: list[object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, cert = https_server
@@ -122,9 +124,6 @@ def test_ssl_cert_file_still_names_the_bundle_of_provider_clients(
     finally:
         http.close()
     assert tls.shared_tls_context() is not before  # a changed variable got a context of its own
-    # Media downloads never take the environment's bundle (trust_env off), as before.
-    with (
-        httpx.Client(verify=tls.shared_tls_context(trust_env=False), trust_env=False) as client,
-        pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"),
-    ):
-        client.get(f"{url}/")
+    # Media downloads take the same bundle: behind a TLS-inspecting egress proxy they must.
+    with new_media_client() as client:
+        assert client.get(f"{url}/").json() == {"ok": True}

@@ -47,6 +47,25 @@ def test_a_dripping_image_fetch_stops_at_the_deadline(sandbox):
         fetch_bytes(sandbox.media_url(task), max_bytes=1 << 20, deadline_s=1.5)
 
 
+@pytest.mark.parametrize("every_s", [1.0, 8.0], ids=["a-byte-a-second", "a-byte-every-8-s"])
+def test_a_body_dripped_slowly_ends_at_the_deadline_not_at_its_next_byte(sandbox, every_s):
+    """Issue 34 item 9: the body's reads run under the download's deadline, so the read in
+    progress ends at the deadline (the 30 s read timeout never fires against a drip, and the
+    check between chunks only runs when the next byte comes). On main at 4786a20 both ended at
+    the first byte after the deadline: 3 s and 8 s, 'download deadline passed after N bytes'."""
+    deadline = 2.5
+    task = sandbox.add_task(
+        "kie-standard", Scenario(polls_before_done=0, media_kind="video", media_drip_s=every_s)
+    )
+
+    started = time.monotonic()
+    with pytest.raises(
+        MediaFetchError, match=r"reading body failed: ReadTimeout: overall deadline of 2.5 s passed"
+    ):
+        fetch_bytes(sandbox.media_url(task), max_bytes=1 << 20, deadline_s=deadline)
+    assert time.monotonic() - started < deadline + 2.0
+
+
 def test_reconcile_counts_an_attempt_when_the_media_drips_past_the_deadline(
     db, instance, media_dir, sandbox, monkeypatch
 ):

@@ -442,7 +442,7 @@ def test_truncated_body_is_a_fetch_error(server: MediaServer) -> None:
 
 
 def test_deadline_stops_a_dripping_server(server: MediaServer) -> None:
-    with pytest.raises(MediaFetchError, match="deadline passed"):
+    with pytest.raises(MediaFetchError, match="deadline of 0.2 s passed"):
         read_all(server.url("/drip"), max_bytes=MIB, allowed_hosts={server.host}, deadline_s=0.2)
 
 

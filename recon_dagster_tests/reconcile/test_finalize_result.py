@@ -80,12 +80,11 @@ def test_a_provider_result_keeps_everything_the_poll_said() -> None:
     assert r.provider == "replicate"
 
 
-def test_the_media_client_is_made_once_per_process_and_ignores_proxy_settings() -> None:
-    # One client per process (its TLS context is expensive); the environment's proxy variables
-    # never route provider media through a third party.
+def test_the_media_client_is_made_once_per_process_and_follows_no_redirect_itself() -> None:
+    # One client per process (its TLS context is expensive); redirects are followed by the fetch
+    # policy, hop by hop, never by httpx. (Its proxy routes: recon_dagster_tests/media/test_proxy.py.)
     client = shared_media_client()
     assert shared_media_client() is client
-    assert client.trust_env is False
     assert client.follow_redirects is False
 
 
