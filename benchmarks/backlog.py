@@ -531,7 +531,7 @@ def main() -> int:
     if args.latency < 0 or args.sample < 0 or args.media_bytes < 0:
         parser.error("--latency, --sample and --media-bytes must not be negative")
 
-    server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url()
+    server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
     name = f"recon_bench_{secrets.token_hex(4)}"
     ensure_database(server_url, name)
     url = with_database(server_url, name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Mapping
 
 import psycopg
 import sqlalchemy as sa
@@ -19,6 +20,7 @@ from recon_dagster import config
 from recon_dagster.core.paths import project_root  # noqa: F401  (re-exported)
 
 DATABASE_URL_ENV = "RECON_DATABASE_URL"
+EMBEDDED_ENV = "RECON_EMBEDDED_POSTGRES"
 CONNECT_TIMEOUT_S = 5
 # A pooled connection idle longer than this is pinged before it is handed out (one round trip);
 # one returned more recently is handed out as it is (see ``_ping_if_idle``).
@@ -31,6 +33,17 @@ _ACCEPTED_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "postgresql
 
 class InvalidDatabaseUrl(ValueError):
     """A database URL we cannot use (wrong scheme, unparseable)."""
+
+
+class DatabaseNotConfigured(ValueError):
+    """No ``RECON_DATABASE_URL``, and the embedded development server was not asked for."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"{DATABASE_URL_ENV} is not set: point it at the app's PostgreSQL "
+            "(postgresql://user:password@host:port/dbname); the embedded development server starts only "
+            f"for `recon-dagster demo` / `dev`, the tests, or with {EMBEDDED_ENV}=1"
+        )
 
 
 class DatabaseUnavailable(RuntimeError):
@@ -148,11 +161,28 @@ def describe(url: str) -> str:
     return f"host={host} port={u.port or 5432} db={u.database}"
 
 
-def resolve_database_url() -> str:
-    """``RECON_DATABASE_URL`` normalised to psycopg 3, else the embedded server's URL."""
+def embedded_allowed(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process may start (or join) the embedded PostgreSQL: ``RECON_EMBEDDED_POSTGRES=1``."""
+    return bool(config.get(EMBEDDED_ENV, environ))
+
+
+def database_configured(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a database URL can be resolved without failing: the URL is set, or the embedded
+    server is allowed."""
+    return bool(config.get(DATABASE_URL_ENV, environ)) or embedded_allowed(environ)
+
+
+def resolve_database_url(*, allow_embedded: bool = False) -> str:
+    """``RECON_DATABASE_URL`` normalised to psycopg 3; the embedded server's URL only where it was
+    asked for (``allow_embedded``: the demo, ``dev``, benchmarks; or ``RECON_EMBEDDED_POSTGRES=1``);
+    else ``DatabaseNotConfigured``, before anything starts.
+
+    A deployment that forgot the secret must not reconcile an empty database of its own."""
     configured = config.get(DATABASE_URL_ENV)
     if configured:
         return normalize_url(configured)
+    if not (allow_embedded or embedded_allowed()):
+        raise DatabaseNotConfigured()
     from recon_dagster.db.embedded import embedded_url
 
     return normalize_url(embedded_url())
