@@ -248,8 +248,6 @@ def process_role(proc: psutil.Process) -> str:
         return "code server"
     if "spawn_main" in cmd or "execute_run" in cmd:
         return "run workers"
-    if "multiprocessing.forkserver" in cmd:  # PreforkRunLauncher: the forkserver and its forks
-        return "run workers"
     return "other"
 
 
@@ -509,14 +507,6 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the benchmark database")
     parser.add_argument(
-        "--run-launcher",
-        choices=("default", "prefork"),
-        default="prefork",
-        help="prefork (what dagster.yaml ships): recon_dagster.runlauncher.PreforkRunLauncher, each run "
-        "forked from a preloaded forkserver; default: Dagster's, each run a fresh interpreter started "
-        "by the code server",
-    )
-    parser.add_argument(
         "--limits",
         choices=sorted(LIMIT_MODES),
         default="unbounded",
@@ -541,7 +531,7 @@ def main() -> int:
         f"database {redact(url)}; {args.jobs:,} jobs, latency {args.latency * 1000:g} ms, "
         f"{args.max_concurrent_runs} concurrent runs (<= {args.kind_run_limit or 'any'} per kind), "
         f"batch {args.batch_size}, scan {args.scan_limit}, {args.concurrency} jobs at once per run, "
-        f"account limits {args.limits}, watermark {args.watermark}, {args.run_launcher} run launcher, "
+        f"account limits {args.limits}, watermark {args.watermark}, "
         f"{os.cpu_count()} cores",
         flush=True,
     )
@@ -565,7 +555,6 @@ def main() -> int:
                 url,
                 max_concurrent_runs=args.max_concurrent_runs,
                 kind_run_limit=args.kind_run_limit or None,
-                run_launcher=args.run_launcher,
             ) as home,
         ):
             env = {**base_env, **sandbox.env}
