@@ -23,6 +23,7 @@ from recon_dagster.db.engine import (
     DatabaseUnavailable,
     dispose_engines,
     get_engine,
+    limit_pool,
     normalize_url,
     redact,
     with_database,
@@ -35,6 +36,12 @@ from recon_dagster.sandbox import SandboxServer
 # start or join it, as the demo and `recon-dagster dev` do.
 if not os.environ.get(DATABASE_URL_ENV, "").strip():
     os.environ.setdefault(EMBEDDED_ENV, "1")
+
+# The test process is no part of a deployment's connection budget: it runs runs in-process (which
+# would take a run worker's share, 2) beside race tests whose threads each hold a connection. It
+# keeps 10, what every process had before the budget.
+TEST_PROCESS_CONNECTIONS = 10
+limit_pool(TEST_PROCESS_CONNECTIONS, pin=True)
 
 # The host app's tables (migration 001). ``db`` empties these and every table a later migration
 # adds (e.g. reconcile_events), all but the migrations bookkeeping.

@@ -27,8 +27,8 @@ FIX_NO_URL = (
 FIX_UNAVAILABLE = "start PostgreSQL there, or point RECON_DATABASE_URL / --database-url at a running one"
 FIX_MIGRATE = "run `recon-dagster migrate`"
 FIX_DATABASE = {
-    "too many connections": "lower RECON_DB_POOL_SIZE / RECON_DB_MAX_OVERFLOW or the runs at once, "
-    "or raise the server's max_connections (or the role's connection limit)",
+    "too many connections": "keep RECON_DB_MAX_CONNECTIONS (and the app's own connections) within the "
+    "server's max_connections or the role's connection limit, or raise those",
     "authentication failed": "check the user and password in RECON_DATABASE_URL / --database-url",
     "database does not exist": "create that database, or point RECON_DATABASE_URL / --database-url at one",
 }
