@@ -6,9 +6,12 @@
 #   docker build -t recon-dagster:<version> .
 #   docker run -p 3030:3030 -e RECON_DATABASE_URL=... -e KIE_API_KEY=... recon-dagster:<version>
 #
+# EXTRAS (comma-separated, default k8s) picks the extras installed beside the runtime:
+# `--build-arg EXTRAS=k8s,webserver` gives an image that can also run dagster-webserver.
+#
 # Reproducible: every third-party package comes from uv.lock, at the locked version and with its
 # hashes (pip --require-hashes refuses anything else), so two builds a day apart install the same
-# files. The runtime and the `k8s` extra only: no embedded PostgreSQL, no webserver, no dev tools.
+# files. The runtime and the `k8s` extra by default: no embedded PostgreSQL, no webserver, no dev tools.
 #
 # Two stages: the first turns uv.lock into a hashed requirements file and builds the wheel (the
 # package, with migrations/*.sql inside it as recon_dagster/db/migrations/, see setup.py); the
@@ -17,6 +20,7 @@
 
 FROM python:3.11-slim AS wheel
 
+ARG EXTRAS=k8s
 WORKDIR /src
 # The build's own tools, pinned to the versions uv.lock holds (a test keeps these two in step).
 RUN pip install --no-cache-dir "uv==0.13.9" "setuptools==84.2.1"
@@ -25,8 +29,8 @@ COPY pyproject.toml uv.lock setup.py MANIFEST.in README.md ./
 COPY recon_dagster ./recon_dagster
 COPY migrations ./migrations
 # --frozen: use uv.lock as it is (CI's `uv lock --check` keeps it in step with pyproject.toml).
-RUN uv export --frozen --no-dev --no-emit-project --extra k8s --format requirements-txt \
-        --output-file /wheels/requirements.txt \
+RUN uv export --frozen --no-dev --no-emit-project $(printf -- '--extra %s ' $(echo "$EXTRAS" | tr ',' ' ')) \
+        --format requirements-txt --output-file /wheels/requirements.txt \
     && pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
 
 
