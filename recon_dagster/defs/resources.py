@@ -54,7 +54,7 @@ class DatabaseResource(dg.ConfigurableResource):
         problem = budget.check_run_queue(runs)
         if problem:
             raise ConnectionBudgetError(problem)
-        if context.run_id is not None and runs is not None:
+        if context.run is not None and runs is not None:  # a run (not a sensor tick)
             limit_pool(budget.run_connections(runs, int(config.get("RECON_RECONCILE_CONCURRENCY"))))
 
     def get_engine(self) -> sa.Engine:
