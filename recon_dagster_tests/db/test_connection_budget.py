@@ -142,3 +142,13 @@ def test_other_processes_hold_two_and_behind_a_pooler_never_prepare(
     monkeypatch.setenv("RECON_DB_TRANSACTION_POOLER", "1")
     with engine_mod.get_engine(database_url).connect() as conn:
         assert conn.connection.driver_connection.prepare_threshold is None
+
+
+def test_in_process_execution_on_an_ephemeral_instance_has_no_queue_to_hold_to(
+    unpinned: None, engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # materialize / execute_in_process without an instance: no daemon launches runs there.
+    monkeypatch.setenv("RECON_DB_MAX_CONNECTIONS", "20")
+    result = _probe_job().execute_in_process()
+    assert result.success
+    assert result.output_for_node("probe") == "pool=2 overflow=0"  # this process's own share
