@@ -1,22 +1,37 @@
 # The recon_dagster code location as an image: a gRPC code server on port 3030, which is what
 # the Dagster Helm chart's user deployment runs (see deploy/helm/values.yaml). Run workers started
-# by the K8sRunLauncher use this same image.
+# by the K8sRunLauncher use this same image; so can dagster-daemon (`dagster-daemon run -w
+# deploy/workspace.yaml` style deployments, docs/deploying.md).
 #
 #   docker build -t recon-dagster:<version> .
 #   docker run -p 3030:3030 -e RECON_DATABASE_URL=... -e KIE_API_KEY=... recon-dagster:<version>
 #
-# Two stages: the first builds the wheel (the package, with migrations/*.sql inside it as
-# recon_dagster/db/migrations/, see setup.py); the second installs that wheel and nothing else
-# from the repository, so the image runs exactly what a `pip install` of the wheel runs.
+# EXTRAS (comma-separated, default k8s) picks the extras installed beside the runtime:
+# `--build-arg EXTRAS=k8s,webserver` gives an image that can also run dagster-webserver.
+#
+# Reproducible: every third-party package comes from uv.lock, at the locked version and with its
+# hashes (pip --require-hashes refuses anything else), so two builds a day apart install the same
+# files. The runtime and the `k8s` extra by default: no embedded PostgreSQL, no webserver, no dev tools.
+#
+# Two stages: the first turns uv.lock into a hashed requirements file and builds the wheel (the
+# package, with migrations/*.sql inside it as recon_dagster/db/migrations/, see setup.py); the
+# second installs those and nothing else from the repository, so the image runs exactly what a
+# `pip install` of the wheel with the locked dependencies runs.
 
 FROM python:3.11-slim AS wheel
 
+ARG EXTRAS=k8s
 WORKDIR /src
-# What the build reads: the project metadata, the package, and the SQL that setup.py copies in.
-COPY pyproject.toml setup.py MANIFEST.in README.md ./
+# The build's own tools, pinned to the versions uv.lock holds (a test keeps these two in step).
+RUN pip install --no-cache-dir "uv==0.13.9" "setuptools==84.2.1"
+# What the build reads: the project metadata and lock, the package, and the SQL that setup.py copies in.
+COPY pyproject.toml uv.lock setup.py MANIFEST.in README.md ./
 COPY recon_dagster ./recon_dagster
 COPY migrations ./migrations
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+# --frozen: use uv.lock as it is (CI's `uv lock --check` keeps it in step with pyproject.toml).
+RUN uv export --frozen --no-dev --no-emit-project $(printf -- '--extra %s ' $(echo "$EXTRAS" | tr ',' ' ')) \
+        --format requirements-txt --output-file /wheels/requirements.txt \
+    && pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
 
 
 FROM python:3.11-slim
@@ -29,8 +44,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /opt/recon_dagster
 
 COPY --from=wheel /wheels /tmp/wheels
-# dagster-k8s: runs launched as Kubernetes jobs load the instance (K8sRunLauncher) in this image.
-RUN pip install --no-cache-dir /tmp/wheels/recon_dagster-*.whl "dagster-k8s==0.29.27" \
+# The locked dependencies first (hashes required, wheels only), then the project's wheel on top of
+# them without resolving anything again; `pip check` fails the build if the two disagree.
+# dagster-k8s (the `k8s` extra): runs launched as Kubernetes jobs load the instance in this image.
+RUN pip install --no-cache-dir --require-hashes --only-binary=:all: -r /tmp/wheels/requirements.txt \
+    && pip install --no-cache-dir --no-deps /tmp/wheels/recon_dagster-*.whl \
+    && pip check \
     && rm -rf /tmp/wheels \
     && mkdir -p "$DAGSTER_HOME" \
     && useradd --create-home --uid 10001 dagster \
@@ -42,6 +61,6 @@ COPY dagster.yaml "$DAGSTER_HOME/dagster.yaml"
 USER dagster
 EXPOSE 3030
 # Secrets (RECON_DATABASE_URL, provider keys, DAGSTER_POSTGRES_URL) come from the environment
-# at run time, never from the image. `recon-dagster migrate` works in this image as well: the SQL
-# it applies is inside the installed wheel.
+# at run time, never from the image; without RECON_DATABASE_URL the server refuses to start.
+# `recon-dagster migrate` works in this image as well: the SQL it applies is inside the wheel.
 CMD ["dagster", "api", "grpc", "-m", "recon_dagster.definitions", "--location-name", "recon_dagster", "-h", "0.0.0.0", "-p", "3030"]

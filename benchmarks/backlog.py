@@ -47,7 +47,12 @@ import psutil
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
+# The test harness (recon_dagster_tests) is not installed: it is imported from the checkout.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from recon_dagster import config  # noqa: E402
 from recon_dagster.core.kinds import ASYNC_KINDS, SYNC_KINDS, get_kind
+from recon_dagster.db.budget import check_run_queue
 from recon_dagster.db.engine import (
     DATABASE_URL_ENV,
     dispose_engines,
@@ -224,6 +229,23 @@ def connections(engine: sa.Engine) -> int:
         return int(conn.execute(sa.text("SELECT count(*) FROM pg_stat_activity")).scalar_one())
 
 
+# This benchmark's own connections carry this name, so they are not counted against the budget.
+BENCHMARK_APPLICATION = "recon-backlog-benchmark"
+
+
+def connections_by_database(engine: sa.Engine, app_db: str, storage_db: str) -> tuple[int, int]:
+    """(connections to the app's database but this benchmark's own, connections to Dagster's storage)."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text(
+                "SELECT count(*) FILTER (WHERE datname = :app AND application_name <> :me), "
+                "count(*) FILTER (WHERE datname = :storage) FROM pg_stat_activity"
+            ),
+            {"app": app_db, "storage": storage_db, "me": BENCHMARK_APPLICATION},
+        ).one()
+    return int(row[0]), int(row[1])
+
+
 def inflight(engine: sa.Engine, ids: list[str]) -> int:
     with engine.connect() as conn:
         return int(
@@ -247,8 +269,6 @@ def process_role(proc: psutil.Process) -> str:
     if "api grpc" in cmd:
         return "code server"
     if "spawn_main" in cmd or "execute_run" in cmd:
-        return "run workers"
-    if "multiprocessing.forkserver" in cmd:  # PreforkRunLauncher: the forkserver and its forks
         return "run workers"
     return "other"
 
@@ -296,6 +316,8 @@ class PhaseResult:
     machine_cpu_s: float
     peak_connections: int  # pg_stat_activity on the whole server, sampled every 0.5 s
     cpu_by_role: dict[str, tuple[int, float]] | None = None
+    peak_app_connections: int = 0  # to the app's database (the budget's), this benchmark's own excluded
+    peak_storage_connections: int = 0  # to Dagster's storage database (not in the budget)
 
     @property
     def per_min_wall(self) -> float:
@@ -327,12 +349,15 @@ def run_phase(
     with daemon_process(home, env) as daemon:
         last_print = 0.0
         left = len(ids)
-        peak = 0
+        peak = peak_app = peak_storage = 0
+        app_db = engine.url.database or ""
         split = CpuSplit()
         while True:
             split.sample(daemon.pid)
             left = inflight(engine, ids)
             peak = max(peak, connections(engine))
+            app, storage = connections_by_database(engine, app_db, home.storage_database)
+            peak_app, peak_storage = max(peak_app, app), max(peak_storage, storage)
             now = time.monotonic()
             if left == 0:
                 break
@@ -380,6 +405,8 @@ def run_phase(
         machine_cpu_s,
         peak,
         split.by_role(),
+        peak_app,
+        peak_storage,
     )
 
 
@@ -509,12 +536,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the benchmark database")
     parser.add_argument(
-        "--run-launcher",
-        choices=("default", "prefork"),
-        default="prefork",
-        help="prefork (what dagster.yaml ships): recon_dagster.runlauncher.PreforkRunLauncher, each run "
-        "forked from a preloaded forkserver; default: Dagster's, each run a fresh interpreter started "
-        "by the code server",
+        "--budget",
+        type=int,
+        default=int(config.SETTINGS["RECON_DB_MAX_CONNECTIONS"].default),
+        help="RECON_DB_MAX_CONNECTIONS for the daemon tree (--max-concurrent-runs must fit it)",
     )
     parser.add_argument(
         "--limits",
@@ -531,7 +556,10 @@ def main() -> int:
     if args.latency < 0 or args.sample < 0 or args.media_bytes < 0:
         parser.error("--latency, --sample and --media-bytes must not be negative")
 
-    server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url()
+    problem = check_run_queue(args.max_concurrent_runs, args.budget)
+    if problem:
+        parser.error(problem.replace("dagster.yaml's run_queue.max_concurrent_runs", "--max-concurrent-runs"))
+    server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
     name = f"recon_bench_{secrets.token_hex(4)}"
     ensure_database(server_url, name)
     url = with_database(server_url, name)
@@ -541,17 +569,19 @@ def main() -> int:
         f"database {redact(url)}; {args.jobs:,} jobs, latency {args.latency * 1000:g} ms, "
         f"{args.max_concurrent_runs} concurrent runs (<= {args.kind_run_limit or 'any'} per kind), "
         f"batch {args.batch_size}, scan {args.scan_limit}, {args.concurrency} jobs at once per run, "
-        f"account limits {args.limits}, watermark {args.watermark}, {args.run_launcher} run launcher, "
+        f"account limits {args.limits}, watermark {args.watermark}, "
         f"{os.cpu_count()} cores",
         flush=True,
     )
     media_dir = tempfile.mkdtemp(prefix="recon-bench-media-")
     problems: list[str] = []
     try:
-        engine = get_engine(url)
+        named = sa.make_url(url).update_query_dict({"application_name": BENCHMARK_APPLICATION})
+        engine = get_engine(named.render_as_string(hide_password=False))
         migrate(engine)
         base_env = {
             DATABASE_URL_ENV: url,
+            "RECON_DB_MAX_CONNECTIONS": str(args.budget),
             "RECON_MEDIA_DIR": media_dir,
             "RECON_SENSOR_INTERVAL_S": str(args.sensor_interval),
             "RECON_RECONCILE_CONCURRENCY": str(args.concurrency),
@@ -565,7 +595,6 @@ def main() -> int:
                 url,
                 max_concurrent_runs=args.max_concurrent_runs,
                 kind_run_limit=args.kind_run_limit or None,
-                run_launcher=args.run_launcher,
             ) as home,
         ):
             env = {**base_env, **sandbox.env}
@@ -619,7 +648,12 @@ def main() -> int:
             f"CPU {r.cpu_s:.1f} s daemon tree = {r.cpu_s / r.jobs * 1000:.1f} ms/job "
             f"(sandbox {r.sandbox_cpu_s:.1f} s, whole machine {r.machine_cpu_s:.1f} s = "
             f"{r.machine_cpu_s / r.jobs * 1000:.1f} ms/job); "
-            f"peak {r.peak_connections} PostgreSQL connections"
+            f"peak {r.peak_connections} PostgreSQL connections on the server"
+        )
+        print(
+            f"  connections: peak {r.peak_app_connections} to the app's database against a budget of "
+            f"{args.budget} (RECON_DB_MAX_CONNECTIONS), {'within' if r.peak_app_connections <= args.budget else 'OVER'} "
+            f"it; peak {r.peak_storage_connections} to Dagster's storage database (not in the budget)"
         )
         if r.cpu_by_role:
             print(

@@ -63,7 +63,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    server_url = resolve_database_url()
+    server_url = resolve_database_url(allow_embedded=True)
     name = f"recon_bench_{secrets.token_hex(4)}"
     ensure_database(server_url, name)
     url = with_database(server_url, name)

@@ -9,9 +9,10 @@ reconcile run at a time, as the daemon would launch it, and reads the worker's o
 Each repeat: ``--jobs`` stale rows of one kind (``--fail-share`` failed upstream, the rest succeeded
 with ``--media-bytes`` of media), their tasks in the provider sandbox (``--latency`` per answer);
 one ``reconcile_job`` run whose config and tags are the sensor's (``run_request_for``), created in
-a fresh DAGSTER_HOME on dagster-postgres and forked from a ``forkserver`` that preloaded what
-``PreforkRunLauncher`` preloads, through the launcher's own ``_run_worker``. It reports the run's
-CPU per job, its wall time and the Dagster events it wrote, and checks that every job is terminal.
+a fresh DAGSTER_HOME on dagster-postgres and executed as Dagster's code server executes a run: a
+fresh interpreter (``spawn``) that opens the instance and runs ``dagster api execute_run``'s body.
+It reports the run's CPU per job (the interpreter's start and imports included, as in every real
+run worker), its wall time and the Dagster events it wrote, and checks that every job is terminal.
 
     PYTHONPATH=. .venv/bin/python benchmarks/run_worker.py [--jobs 700] [--repeats 5]
         [--kind kie-lip-sync] [--latency 0.1] [--database-url URL] [--env NAME=VALUE ...]
@@ -31,9 +32,9 @@ import tempfile
 import time
 import uuid
 
-# Only the standard library at the top: the forkserver's children import this file as their main
-# module (``__mp_main__``) to find ``measured_worker``, and the project's modules must be imported
-# by the run itself, as in a real worker, not ahead of it.
+# Only the standard library at the top: the spawned workers import this file as their main module
+# (``__mp_main__``) to find ``measured_worker``, and the project's modules must be imported by the
+# run itself, as in a real worker, not ahead of it.
 
 
 def log(message: str) -> None:
@@ -72,13 +73,14 @@ def seed_kind(engine, sandbox, kind: str, count: int, fail_share: float, media_b
 
 
 def measured_worker(serialized_ref: str, run_id: str, out_path: str) -> None:
-    """Runs in the forked worker: the launcher's ``_run_worker``, then this process's CPU."""
+    """Runs in the spawned worker: ``dagster api execute_run``'s body, then this process's CPU."""
     import resource
     from collections import Counter
 
+    import dagster as dg
     import sqlalchemy as sa
-
-    from recon_dagster.runlauncher import _run_worker
+    from dagster._cli.api import _execute_run_command_body
+    from dagster._core.instance.ref import InstanceRef
 
     # Connections opened and checked out, per driver: psycopg2 is Dagster's storage, psycopg ours.
     opened: Counter[str] = Counter()
@@ -89,7 +91,8 @@ def measured_worker(serialized_ref: str, run_id: str, out_path: str) -> None:
 
     sa.event.listen(sa.pool.Pool, "connect", lambda c, _r: opened.update([_driver(c)]))
     sa.event.listen(sa.pool.Pool, "checkout", lambda c, _r, _p: checkouts.update([_driver(c)]))
-    _run_worker(serialized_ref, run_id)
+    with dg.DagsterInstance.from_ref(dg.deserialize_value(serialized_ref, InstanceRef)) as instance:
+        _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=False)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     with open(out_path, "w") as f:
         json.dump(
@@ -150,11 +153,10 @@ def main() -> int:
     from recon_dagster.db.jobs import Claim
     from recon_dagster.db.migrate import migrate
     from recon_dagster.reconcile.batches import Batch, run_key_for
-    from recon_dagster.runlauncher import DEFAULT_PRELOAD
     from recon_dagster_tests.support.instance import dagster_home, drop_database, ensure_database
     from recon_dagster_tests.support.sandbox_process import sandbox_process
 
-    server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url()
+    server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
     name = f"recon_bench_{secrets.token_hex(4)}"
     ensure_database(server_url, name)
     url = with_database(server_url, name)
@@ -182,9 +184,8 @@ def main() -> int:
                     **extra,
                 }
             )
-            # What the launcher's forkserver has: the same preloads, started with this environment.
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(list(DEFAULT_PRELOAD))
+            # A fresh interpreter per run, as Dagster's code server starts its run workers.
+            context = multiprocessing.get_context("spawn")
             from recon_dagster.defs.reconcile.sensors import run_request_for
 
             repo = ReconstructableRepository.for_module(

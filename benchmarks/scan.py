@@ -64,7 +64,7 @@ def main() -> int:
     args = parser.parse_args()
     limits = sorted({int(x) for x in args.limits.split(",")} | {TARGET_LIMIT})
 
-    server_url = resolve_database_url()
+    server_url = resolve_database_url(allow_embedded=True)
     name = f"recon_bench_{secrets.token_hex(4)}"
     admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
     with admin.connect() as conn:

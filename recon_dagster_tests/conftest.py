@@ -19,15 +19,29 @@ import sqlalchemy as sa
 
 from recon_dagster.db.engine import (
     DATABASE_URL_ENV,
+    EMBEDDED_ENV,
     DatabaseUnavailable,
     dispose_engines,
     get_engine,
+    limit_pool,
     normalize_url,
     redact,
     with_database,
 )
 from recon_dagster.db.migrate import migrate
 from recon_dagster.sandbox import SandboxServer
+
+# The tests opt into the embedded PostgreSQL (a deployment never does: there a missing
+# RECON_DATABASE_URL is an error): without a URL, code under test and the processes it starts may
+# start or join it, as the demo and `recon-dagster dev` do.
+if not os.environ.get(DATABASE_URL_ENV, "").strip():
+    os.environ.setdefault(EMBEDDED_ENV, "1")
+
+# The test process is no part of a deployment's connection budget: it runs runs in-process (which
+# would take a run worker's share, 2) beside race tests whose threads each hold a connection. It
+# keeps 10, what every process had before the budget.
+TEST_PROCESS_CONNECTIONS = 10
+limit_pool(TEST_PROCESS_CONNECTIONS, pin=True)
 
 # The host app's tables (migration 001). ``db`` empties these and every table a later migration
 # adds (e.g. reconcile_events), all but the migrations bookkeeping.

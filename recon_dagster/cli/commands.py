@@ -29,18 +29,25 @@ from recon_dagster.cli.errors import (  # noqa: F401  (re-exported: the commands
     _one_line,
     as_cli_error,
     quiet_dagster_warnings,
+    require_installed,
 )
 
 
-def use_database_url(args: argparse.Namespace) -> None:
+def use_database_url(args: argparse.Namespace, *, embedded: bool = False) -> None:
     """Make ``--database-url`` (or ``RECON_DATABASE_URL``) the URL every part of this process and
-    its children use, validated before anything else runs."""
-    from recon_dagster.db.engine import DATABASE_URL_ENV, normalize_url
+    its children use, validated before anything else runs.
+
+    ``embedded`` (the demo, ``dev``): with neither given, start (or join) the embedded PostgreSQL and
+    hand its URL on the same way, so the daemon, code server and run workers ``dev`` starts use it
+    without opting in themselves. Every other command needs a URL (``DatabaseNotConfigured``)."""
+    from recon_dagster.db.engine import DATABASE_URL_ENV, normalize_url, resolve_database_url
 
     given = getattr(args, "database_url", None)
     configured = given or config.get(DATABASE_URL_ENV)
     if configured:
         os.environ[DATABASE_URL_ENV] = normalize_url(configured)  # raises InvalidDatabaseUrl
+    elif embedded:
+        os.environ[DATABASE_URL_ENV] = resolve_database_url(allow_embedded=True)
 
 
 def require_migrated() -> str:
@@ -192,6 +199,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     from recon_dagster.db.migrate import migrate
     from recon_dagster.operator.instance import dagster_dev_argv, prepare_dagster_home
 
+    require_installed("dagster_webserver", "webserver", "`dagster dev`")
     url = resolve_database_url()
     migrate(get_engine(url))
     env = dict(os.environ)
@@ -217,9 +225,7 @@ def _common(p: argparse.ArgumentParser, *, database: bool) -> None:
     # SUPPRESS: a subcommand's default must not overwrite a --debug given before the subcommand.
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     if database:
-        p.add_argument(
-            "--database-url", help="the app's PostgreSQL (default: RECON_DATABASE_URL, else the embedded one)"
-        )
+        p.add_argument("--database-url", help="the app's PostgreSQL (default: RECON_DATABASE_URL)")
 
 
 def _command(
@@ -229,10 +235,12 @@ def _command(
     help: str,
     *,
     database: bool,
+    embedded: bool = False,
 ) -> argparse.ArgumentParser:
+    """A subcommand; ``embedded``: with no database URL it starts the embedded PostgreSQL (demo, dev)."""
     p = sub.add_parser(name, help=help)
     _common(p, database=database)
-    p.set_defaults(func=func, uses_database=database)
+    p.set_defaults(func=func, uses_database=database, embedded_database=embedded)
     return p
 
 
@@ -324,13 +332,20 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "dev",
         _cmd_dev,
-        "`dagster dev` on this code location, with instance storage on the app's PostgreSQL",
+        "`dagster dev` on this code location, with instance storage on the app's PostgreSQL "
+        "(the embedded one when no URL is set)",
         database=True,
+        embedded=True,
     )
     dv.add_argument("dagster_args", nargs=argparse.REMAINDER, help="passed on to `dagster dev`")
 
     d = _command(
-        sub, "demo", _cmd_demo, "embedded PostgreSQL + sandbox + the incident, reconciled", database=True
+        sub,
+        "demo",
+        _cmd_demo,
+        "embedded PostgreSQL (when no URL is set) + sandbox + the incident, reconciled",
+        database=True,
+        embedded=True,
     )
     d.add_argument("--serve", action="store_true", help="then keep the sandbox up and start `dagster dev`")
     d.add_argument("--port", type=int, default=0, help="sandbox port (0: any free port)")
@@ -354,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.debug:
             quiet_dagster_warnings()
         if args.uses_database:
-            use_database_url(args)
+            use_database_url(args, embedded=args.embedded_database)
             from recon_dagster.defs.settings_check import validate_settings
 
             validate_settings()  # every RECON_* setting, before anything runs

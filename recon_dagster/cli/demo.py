@@ -1,6 +1,7 @@
 """``recon-dagster demo``: the incident that started all this, reconciled end to end.
 
-Starts (or reuses) the configured PostgreSQL (embedded by default) and the loopback provider
+Starts (or reuses) the configured PostgreSQL (with no ``RECON_DATABASE_URL``, the embedded one:
+the demo opts in to it, ``cli/commands.py``) and the loopback provider
 sandbox, seeds the stuck KIE nano-banana-pro 2K image job (processing at 92% for 10 hours, its
 upstream task long finished) next to one stuck row of every other provider family, then runs one
 ``reconcile --once`` through the real sensor and jobs, and prints what happened to each row.
@@ -20,6 +21,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from recon_dagster import config
+from recon_dagster.cli.errors import require_installed
 from recon_dagster.cli.proctree import run_process_tree
 from recon_dagster.db import credits
 from recon_dagster.db.engine import get_engine, redact, resolve_database_url
@@ -330,6 +332,8 @@ def run_demo(*, serve: bool = False, port: int = 0, verbose: bool = False) -> in
     from recon_dagster.cli.run_once import reconcile_once
     from recon_dagster.sandbox import SandboxServer
 
+    if serve:
+        require_installed("dagster_webserver", "webserver", "`demo --serve` (`dagster dev`)")
     url = resolve_database_url()
     engine = get_engine(url)
     applied = migrate(engine)

@@ -20,11 +20,15 @@ DAGSTER_NOISE = (
 )
 
 FIX_URL = "set RECON_DATABASE_URL or --database-url to postgresql://user:password@host:port/dbname"
+FIX_NO_URL = (
+    f"{FIX_URL} (the app's PostgreSQL); only `recon-dagster demo` / `dev` start the embedded "
+    "development server by themselves (elsewhere: RECON_EMBEDDED_POSTGRES=1)"
+)
 FIX_UNAVAILABLE = "start PostgreSQL there, or point RECON_DATABASE_URL / --database-url at a running one"
 FIX_MIGRATE = "run `recon-dagster migrate`"
 FIX_DATABASE = {
-    "too many connections": "lower RECON_DB_POOL_SIZE / RECON_DB_MAX_OVERFLOW or the runs at once, "
-    "or raise the server's max_connections (or the role's connection limit)",
+    "too many connections": "keep RECON_DB_MAX_CONNECTIONS (and the app's own connections) within the "
+    "server's max_connections or the role's connection limit, or raise those",
     "authentication failed": "check the user and password in RECON_DATABASE_URL / --database-url",
     "database does not exist": "create that database, or point RECON_DATABASE_URL / --database-url at one",
 }
@@ -41,6 +45,17 @@ class CliError(Exception):
         self.what = _one_line(what).replace("; ", ", ")
         self.fix = _one_line(fix)
         self.code = code
+
+
+def require_installed(module: str, extra: str, needed_for: str) -> None:
+    """A ``CliError`` naming the extra to install when ``module`` (an optional extra's) is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise CliError(
+            f"{needed_for} needs {module.replace('_', '-')}, which is not installed",
+            f"pip install 'recon_dagster[{extra}]' (the dev extra includes it)",
+        )
 
 
 def _one_line(text: str) -> str:
@@ -64,13 +79,20 @@ def as_cli_error(exc: BaseException) -> CliError:
     import sqlalchemy as sa
 
     from recon_dagster.db.embedded import EmbeddedPostgresError, embedded_pgdata
-    from recon_dagster.db.engine import STATEMENT_TIMEOUTS, DatabaseUnavailable, InvalidDatabaseUrl
+    from recon_dagster.db.engine import (
+        STATEMENT_TIMEOUTS,
+        DatabaseNotConfigured,
+        DatabaseUnavailable,
+        InvalidDatabaseUrl,
+    )
     from recon_dagster.db.migrate import MigrationError
 
     if isinstance(exc, CliError):
         return exc
     if isinstance(exc, InvalidDatabaseUrl):
         return CliError(str(exc), FIX_URL)
+    if isinstance(exc, DatabaseNotConfigured):
+        return CliError("RECON_DATABASE_URL is not set", FIX_NO_URL)
     if isinstance(exc, DatabaseUnavailable):
         if exc.kind == "unreachable":
             return CliError(f"database unavailable at {exc.reason} (unreachable)", FIX_UNAVAILABLE)

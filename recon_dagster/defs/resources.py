@@ -13,18 +13,51 @@ import sqlalchemy as sa
 from pydantic import Field
 
 from recon_dagster import config
-from recon_dagster.db.engine import get_engine
+from recon_dagster.db import budget
+from recon_dagster.db.engine import get_engine, limit_pool
 from recon_dagster.media.download import allowed_hosts_from_env
 from recon_dagster.reconcile.finalize import DEFAULT_MAX_MEDIA_BYTES, MediaPolicy
 from recon_dagster.reconcile.reconciler import ReconcileSettings
+
+
+class ConnectionBudgetError(ValueError):
+    """The instance's run queue lets more runs start at once than ``RECON_DB_MAX_CONNECTIONS`` has
+    connections for (one line saying what to set)."""
+
+
+def runs_at_once(instance: dg.DagsterInstance) -> int | None:
+    """How many runs the instance's run queue lets start at once; None when it sets no limit."""
+    from dagster._core.run_coordinator import QueuedRunCoordinator
+
+    coordinator = instance.run_coordinator
+    if not isinstance(coordinator, QueuedRunCoordinator):
+        return None  # runs are launched as soon as they are requested
+    limit = coordinator.get_run_queue_config().max_concurrent_runs
+    return None if limit < 0 else limit
 
 
 class DatabaseResource(dg.ConfigurableResource):
     """The app's PostgreSQL, where the ``jobs`` rows live.
 
     The URL is read from ``RECON_DATABASE_URL`` at run time (never put in run config, where the UI
-    would show its password); unset means the embedded PostgreSQL.
+    would show its password); without it nothing loads, except where the embedded PostgreSQL was
+    asked for. Set up for a run, it gives the run worker its share of the connection budget
+    (``RECON_DB_MAX_CONNECTIONS``, ``db/budget.py``) before the run touches the database; set up
+    anywhere (a run, a sensor tick) it refuses an instance whose run queue would break the budget.
     """
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        instance = context.instance
+        if instance is None or instance.is_ephemeral:
+            # Built outside any instance, or executing in this process on an ephemeral one (a
+            # test's materialize): no daemon launches runs there, so there is no queue to hold to.
+            return
+        runs = runs_at_once(instance)
+        problem = budget.check_run_queue(runs)
+        if problem:
+            raise ConnectionBudgetError(problem)
+        if context.run is not None and runs is not None:  # a run (not a sensor tick)
+            limit_pool(budget.run_connections(runs, int(config.get("RECON_RECONCILE_CONCURRENCY"))))
 
     def get_engine(self) -> sa.Engine:
         return get_engine()

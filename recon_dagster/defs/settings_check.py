@@ -15,7 +15,14 @@ import os
 from collections.abc import Mapping
 
 from recon_dagster import config
-from recon_dagster.db.engine import DATABASE_URL_ENV, InvalidDatabaseUrl, normalize_url
+from recon_dagster.db.engine import (
+    DATABASE_URL_ENV,
+    EMBEDDED_ENV,
+    DatabaseNotConfigured,
+    InvalidDatabaseUrl,
+    database_configured,
+    normalize_url,
+)
 from recon_dagster.reconcile.decide import BreakerPolicy
 from recon_dagster.reconcile.shadow import (
     ENFORCE_KINDS_ENV,
@@ -48,6 +55,10 @@ def shadow_modes(environ: Mapping[str, str] | None = None) -> Modes:
 
 
 def _check_database_url(environ: Mapping[str, str]) -> None:
+    """A URL the engine accepts; none at all only where the embedded server was asked for."""
+    config.get(EMBEDDED_ENV, environ)  # a bad flag is named before a missing URL
+    if not database_configured(environ):
+        raise DatabaseNotConfigured()
     raw = config.get(DATABASE_URL_ENV, environ)
     if raw:
         try:
@@ -57,7 +68,8 @@ def _check_database_url(environ: Mapping[str, str]) -> None:
 
 
 def validate_settings(environ: Mapping[str, str] | None = None) -> None:
-    """Raise a one-line ``ValueError`` naming the first bad setting."""
+    """Raise a one-line ``ValueError`` naming the first bad setting (a missing ``RECON_DATABASE_URL``
+    among them, unless the embedded server was asked for)."""
     env = dict(os.environ if environ is None else environ)
     _check_database_url(env)
     config.validate(env)

@@ -2,7 +2,7 @@
 and ``DAGSTER_POSTGRES_URL`` pointing at a ``<db>_dagster`` database on the same server.
 
 This is what ``recon-dagster dev`` and the demo use so a fresh clone gets real dagster-postgres
-storage (on the embedded server by default) with nothing to configure.
+storage (on the embedded server when no RECON_DATABASE_URL is set) with nothing to configure.
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def run_postgres_restart(
             log = open(work / f"round-pg-{seed_r}.log", "wb")  # noqa: SIM115 (closed below)
             worker = subprocess.Popen(
                 [sys.executable, "-c", worlds.WORKER_SCRIPT, str(spec_file)],
-                env={**env, "RECON_DB_POOL_SIZE": str(jobs + 4)}, stdout=log, stderr=subprocess.STDOUT,
+                env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
 

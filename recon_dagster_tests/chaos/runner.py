@@ -102,7 +102,9 @@ def reconcile_env(base: Mapping[str, str], concurrency: int) -> dict[str, str]:
         "RECON_SINGLE_RUN_BELOW": "1",
         "RECON_BATCH_SIZE": str(max(concurrency, 1)),
         "RECON_RECONCILE_CONCURRENCY": str(max(concurrency, 1)),
-        "RECON_DB_POOL_SIZE": str(concurrency + 4),
+        # Room for every thread parked at a crash point inside a transaction: a run's share is
+        # then what its threads can hold (db/budget.py), not a slice of a real deployment's.
+        "RECON_DB_MAX_CONNECTIONS": "100000",
         "RECON_LEASE_S": "120",
     }
 
@@ -176,7 +178,6 @@ def run_round(
     if path == "worker":
         spec_file = workdir / f"specs-{seed}.json"
         spec_file.write_text(json.dumps(specs))
-        env["RECON_DB_POOL_SIZE"] = str(n + 4)
         cmd = [sys.executable, "-c", WORKER_SCRIPT, str(spec_file)]
     else:
         shift_clock(engine, [j.id for j in jobs])  # this round's jobs, and only they, are due

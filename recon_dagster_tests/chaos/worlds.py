@@ -54,7 +54,7 @@ CASES: tuple[tuple[str, str], ...] = (
 WORKER_SCRIPT = r"""
 import json, sys, threading
 from recon_dagster.core.crashpoints import crash_point
-from recon_dagster.db.engine import get_engine
+from recon_dagster.db.engine import get_engine, limit_pool
 from recon_dagster.media.store import media_store_from_env
 from recon_dagster.providers import providers_from_env
 from recon_dagster.providers.status import UpstreamState
@@ -62,6 +62,9 @@ from recon_dagster.reconcile.finalize import ProviderResult, fail_and_refund, fi
 from recon_dagster.reconcile.app_worker import run_or_resume
 
 specs = json.load(open(sys.argv[1]))
+# One thread per app worker, each may be parked at a crash point inside a transaction: the
+# connections of that many app worker processes (2 each would be the budget's), with room to spare.
+limit_pool(len(specs) + 4)
 providers, engine, store = providers_from_env(), get_engine(), media_store_from_env()
 
 def work(spec):

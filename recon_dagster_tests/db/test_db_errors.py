@@ -38,7 +38,7 @@ def _url_as(database_url: str, user: str) -> str:
 def test_database_errors_are_named_too_many_connections(database_url, capped_role):
     err = as_cli_error(_connect_error(_url_as(database_url, capped_role)))
     assert "too many connections" in err.what and err.fix != FIX_UNAVAILABLE
-    assert "max_connections" in err.fix or "RECON_DB_POOL_SIZE" in err.fix
+    assert "max_connections" in err.fix and "RECON_DB_MAX_CONNECTIONS" in err.fix
 
 
 def test_database_errors_are_named_authentication_failed(database_url):

@@ -43,7 +43,8 @@ def test_dg_check_defs_and_list_defs_load_the_code_location(dagster_home):
 def test_dg_cli_is_pinned_to_the_dagster_line():
     import tomllib
 
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = [*project["dependencies"], *(d for extra in project["optional-dependencies"].values() for d in extra)]
     pins = dict(re.match(r"([\w-]+)==(\S+)", d).groups() for d in deps if "==" in d)  # type: ignore[union-attr]
     assert pins["dagster-dg-cli"] == pins["dagster"]
 

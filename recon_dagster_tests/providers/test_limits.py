@@ -21,6 +21,7 @@ import sqlalchemy as sa
 import yaml
 
 from recon_dagster.core.kinds import KINDS, Provider
+from recon_dagster.db.budget import check_run_queue
 from recon_dagster.defs.resources import ReconcileSettingsResource
 from recon_dagster.providers import KieResource, ProviderHTTPError
 from recon_dagster.providers.limits import (
@@ -415,6 +416,15 @@ def test_deploy_examples_carry_the_same_run_limits_as_dagster_yaml() -> None:
     )  # fmt: skip
     k8s = _tag_limits(ROOT / "deploy/dagster-k8s.yaml", "run_coordinator", "config", "tag_concurrency_limits")
     assert helm == shipped and k8s == shipped
+    # The runs at once too, and they fit the default connection budget (db/budget.py).
+    runs = {
+        "dagster.yaml": _tag_limits(ROOT / "dagster.yaml", "run_queue", "max_concurrent_runs"),
+        "helm": _tag_limits(ROOT / "deploy/helm/values.yaml",
+                            "dagsterDaemon", "runCoordinator", "config", "queuedRunCoordinator", "maxConcurrentRuns"),
+        "k8s": _tag_limits(ROOT / "deploy/dagster-k8s.yaml", "run_coordinator", "config", "max_concurrent_runs"),
+    }  # fmt: skip
+    assert len(set(runs.values())) == 1, runs
+    assert check_run_queue(runs["dagster.yaml"]) is None  # type: ignore[arg-type]
     values = yaml.safe_load((ROOT / "deploy/helm/values.yaml").read_text())
     assert values["runLauncher"]["type"] == "K8sRunLauncher"
     env = {e["name"]: e["value"] for e in values["dagster-user-deployments"]["deployments"][0]["env"]}

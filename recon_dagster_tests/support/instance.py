@@ -69,7 +69,6 @@ def _instance_yaml(
     submit_workers: int,
     monitoring_poll_s: int,
     provider_run_limits: Mapping[str, int] | None = None,
-    run_launcher: str = "prefork",
 ) -> str:
     limits = ""
     if kind_run_limit is not None:
@@ -98,16 +97,8 @@ def _instance_yaml(
         "sensors:\n  use_threads: true\n"
         f"  num_workers: {sensor_workers}\n  num_submit_workers: {submit_workers}\n"
         "schedules:\n  use_threads: true\n  num_workers: 1\n"
-        "telemetry:\n  enabled: false\n" + RUN_LAUNCHERS[run_launcher]
+        "telemetry:\n  enabled: false\n"
     )
-
-
-# The instance's run launcher: Dagster's default (runs started by the code server), or the
-# project's PreforkRunLauncher (runs forked from a preloaded forkserver beside the daemon).
-RUN_LAUNCHERS = {
-    "default": "",
-    "prefork": "run_launcher:\n  module: recon_dagster.runlauncher\n  class: PreforkRunLauncher\n",
-}
 
 
 def _workspace_yaml(module: str, location: str) -> str:
@@ -148,7 +139,6 @@ def dagster_home(
     location: str = "recon_dagster",
     keep_storage: bool = False,
     provider_run_limits: Mapping[str, int] | None = None,
-    run_launcher: str = "prefork",
 ) -> Iterator[DagsterHome]:
     """A temp ``DAGSTER_HOME`` whose storage is ``<db>_dagster`` on the same PostgreSQL.
 
@@ -174,7 +164,6 @@ def dagster_home(
                 submit_workers=submit_workers,
                 monitoring_poll_s=monitoring_poll_s,
                 provider_run_limits=provider_run_limits,
-                run_launcher=run_launcher,
             )
         )
         home.workspace_yaml.write_text(_workspace_yaml(module, location))
@@ -188,4 +177,4 @@ def dagster_home(
                 drop_database(database_url, name)
 
 
-__all__ = ["RUN_LAUNCHERS", "DagsterHome", "dagster_home", "drop_database", "ensure_database"]
+__all__ = ["DagsterHome", "dagster_home", "drop_database", "ensure_database"]
