@@ -35,7 +35,12 @@ from recon_dagster.core.httpsend import send_direct
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.providers.limits import AccountLimits, account_limiter
-from recon_dagster.providers.status import AmbiguousCreateError, ProviderHTTPError, ProviderProtocolError
+from recon_dagster.providers.status import (
+    AmbiguousCreateError,
+    NotSent,
+    ProviderHTTPError,
+    ProviderProtocolError,
+)
 
 log = logging.getLogger("recon_dagster.providers.http")
 
@@ -339,6 +344,9 @@ class ProviderHttp:
                 return True
             return state.attempt_number >= max(1, self.settings.max_attempts)
 
+        # Set once a try of this request reaches the transport: a later try the limiter refuses
+        # (``NotSent``) does not make the request unsent (its first try may have been answered).
+        sent: list[bool] = []
         retrying = tenacity.Retrying(
             stop=stop,
             wait=wait,
@@ -348,7 +356,13 @@ class ProviderHttp:
             reraise=True,
         )
         try:
-            return retrying(self._attempt, method, path, label, idempotent, json, params, headers, deadline)
+            return retrying(
+                self._attempt, method, path, label, idempotent, json, params, headers, deadline, sent
+            )
+        except NotSent as exc:
+            if sent:
+                raise ProviderHTTPError(label, None, f"{method} {path}: sent, then {exc}") from None
+            raise
         except _Transient as exc:
             # Exhausted: report as a plain HTTP-level failure without retry internals.
             if deadline is not None and time.monotonic() >= deadline:
@@ -369,6 +383,7 @@ class ProviderHttp:
         params: Mapping[str, str] | None,
         headers: Mapping[str, str] | None,
         deadline: float | None = None,
+        sent: list[bool] | None = None,
     ) -> httpx.Response:
         bucket = self._limiter.read_bucket if idempotent else self._limiter.create_bucket
         if bucket is not None:
@@ -382,6 +397,8 @@ class ProviderHttp:
         )
         try:
             with account, self._limiter.semaphore:
+                if sent is not None:
+                    sent.append(True)
                 response = self._send_capped(
                     method, path, label, idempotent, deadline,
                     self.client.build_request(
