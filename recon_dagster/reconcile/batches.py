@@ -25,6 +25,7 @@ from recon_dagster.core.kinds import KINDS
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim, JobRow
 from recon_dagster.db.sqltext import sql
+from recon_dagster.reconcile.decide import Route, route
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,34 @@ def plan_batches(
             planned = tuple(Claim(r.id, next_attempt(r)) for r in chunk)
             batches.append(Batch(kind, planned, run_key_for(kind, planned)))
     return batches
+
+
+def within_poll_budgets(
+    rows: Sequence[JobRow],
+    budgets: Mapping[str, int | None],
+    busy: Mapping[str, int],
+) -> tuple[list[JobRow], list[JobRow]]:
+    """Split due rows into those to request now and those that wait their turn (no run, no lease,
+    no attempt): per provider, polls already in queued or running runs (``busy``) plus the polls
+    requested now never exceed the provider's ``budgets`` (polls its account serves in one
+    cadence; None: no cap). ``rows`` come in the scan's order (each kind in turn, oldest first
+    within a kind), so what fits is shared fairly across a provider's kinds. Rows with nothing to
+    poll (the sweep's) cost no poll and always go."""
+    left = {p: None if cap is None else cap - busy.get(p, 0) for p, cap in budgets.items()}
+    now: list[JobRow] = []
+    later: list[JobRow] = []
+    for row in rows:
+        kind = KINDS.get(row.provider_kind or "")
+        provider = str(kind.provider) if kind else None
+        room = left.get(provider) if provider is not None else None
+        if room is None or route(row) is not Route.POLL:
+            now.append(row)
+        elif room > 0:
+            left[provider] = room - 1  # type: ignore[index]
+            now.append(row)
+        else:
+            later.append(row)
+    return now, later
 
 
 def claim_at_start(

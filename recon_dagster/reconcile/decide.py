@@ -39,6 +39,10 @@ class Outcome(StrEnum):
     EXHAUSTED = "exhausted"
     LOST_RACE = "lost_race"  # another writer (worker, webhook, cancel) got there first
     SKIPPED = "skipped"  # not ours any more (lease lost, row no longer in flight)
+    # The poll never left this process (its own limiter or breaker refused it, or its deadline ran
+    # out waiting for a token or a slot): no attempt counted, the job rescheduled. The reason is
+    # the first word of the outcome's detail (``not_sent_reason``).
+    NOT_SENT = "not_sent"
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,20 @@ def decide_after_attempt(attempts_after_bump: int, max_attempts: int = MAX_ATTEM
     if attempts_after_bump >= max_attempts or attempts_after_bump < 0:
         return Action.FORCE_FAIL
     return Action.RETRY_LATER
+
+
+def not_sent_detail(reason: str, message: str, due_in_s: float) -> str:
+    """The detail of a ``not_sent`` outcome: the reason first, as ``not_sent_reason`` reads it."""
+    return f"{reason}: {message}; no attempt counted, due again in {due_in_s:.0f} s"
+
+
+def not_sent_reason(detail: str | None) -> str | None:
+    """The reason a ``not_sent`` outcome recorded (``limiter_refused``, ``breaker_open``,
+    ``token_wait_past_deadline``, ``slot_wait_past_deadline``, ``limiter_database_unreachable``)."""
+    if not detail:
+        return None
+    head = detail.split(":", 1)[0].strip()
+    return head if head and " " not in head else None
 
 
 def failure_message(reason: str) -> str:

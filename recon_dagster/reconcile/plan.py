@@ -18,8 +18,8 @@ from __future__ import annotations
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any, cast
@@ -56,6 +56,7 @@ class PlanAction(StrEnum):
     COUNT = "count"  # this attempt errored: count it
     FORCE_FAIL = "force_fail"  # the attempt that reaches the cap: force-fail + refund
     POLL = "poll"  # --no-poll: the row alone cannot decide, upstream would be asked
+    DEFER = "defer"  # the poll was not sent (its account's limiter refused it): rescheduled, no attempt
     LEAVE = "leave_alone"  # not due (lease, cadence, threshold), or still running below the cap
 
 
@@ -129,12 +130,16 @@ def action_for(step: Step, outcome: Outcome, attempts_after: int, max_attempts: 
         return PlanAction.FAIL
     if step is Step.SWEEP:
         return PlanAction.SWEEP
+    if step is Step.DEFER:
+        return PlanAction.DEFER
     if decide_after_attempt(attempts_after, max_attempts) is Action.FORCE_FAIL:
         return PlanAction.FORCE_FAIL
     return PlanAction.LEAVE if outcome is Outcome.STILL_RUNNING else PlanAction.COUNT
 
 
-def upstream_answer(status: UpstreamStatus | None, reason: str = "") -> str:
+def upstream_answer(status: UpstreamStatus | None, reason: str = "", step: Step | None = None) -> str:
+    if step is Step.DEFER:
+        return "not sent"
     if status is None:
         return "error" if reason.startswith("poll failed") else "-"
     progress = f" {status.progress}%" if status.progress is not None else ""
@@ -191,8 +196,14 @@ class ReadOnlyReconciler(Reconciler):
     non-finite timestamp anomaly). Only ``poll`` may be called: it has no media store."""
 
     def __init__(self, engine: sa.Engine, upstream: Upstream, settings: ReconcileSettings) -> None:
+        # A plan never waits for its account: a poll the limiter does not let out now is shown
+        # as ``defer`` (a run would wait for it within its account wait, then poll).
         super().__init__(
-            engine, upstream, cast(MediaStore, None), settings=settings, breaker=ReadOnlyBreaker(engine)
+            engine,
+            upstream,
+            cast(MediaStore, None),
+            settings=replace(settings, account_wait=timedelta(0)),
+            breaker=ReadOnlyBreaker(engine),
         )
 
     def _flag_nonfinite(self, row: JobRow) -> None:
@@ -364,7 +375,9 @@ def polled_job(p: Polled, now: datetime, max_attempts: int, logs: Sequence[Reser
         reason = f"{after} attempts: {p.reason}"
     elif action in (PlanAction.COUNT, PlanAction.LEAVE):
         reason = f"{p.reason}; counts attempt {after} of {max_attempts}"
-    return _job(row, now, upstream_answer(p.status, p.reason), action, reason, logs)
+    elif action is PlanAction.DEFER:
+        reason = f"{p.not_sent}: {p.reason}; rescheduled, no attempt counted"
+    return _job(row, now, upstream_answer(p.status, p.reason, p.step), action, reason, logs)
 
 
 def _job(
