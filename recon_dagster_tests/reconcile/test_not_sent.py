@@ -112,6 +112,27 @@ def test_a_poll_its_limiter_never_sent_is_rescheduled_not_counted(
     # Due again once the account lets polls out (at most one cadence), not a cadence of attempts.
     due_in = one(db, "SELECT EXTRACT(EPOCH FROM reconcile_next_at - now()) FROM jobs WHERE id = :j", j=job)
     assert 0 < float(due_in) <= 300
+    _shown_by_explain_and_status(db, job, kind, reason)
+
+
+def _shown_by_explain_and_status(db: sa.Engine, job, kind: str, reason: str) -> None:  # noqa: ANN001
+    """The operator sees why: ``explain`` lists the unsent poll (not as an attempt) with its reason,
+    ``status`` counts the job as rescheduled by reason, not as waiting out the cadence."""
+    from recon_dagster.operator.explain import facts, load_story, to_json, to_text
+    from recon_dagster.operator.status import explain, kind_status
+
+    story = load_story(db, job)
+    shown = dict(facts(story))
+    assert reason in shown["polls not sent"] and "no attempt counted" in shown["polls not sent"]
+    text = to_text(story, None)
+    assert "#-" in text and reason in text and "not_sent" in text
+    [entry] = to_json(story, None)["attempts"]
+    assert entry["counted"] is False and entry["not_sent_reason"] == reason
+    with db.connect() as conn:
+        [row] = [r for r in kind_status(conn) if r["provider_kind"] == kind]
+        now = conn.execute(sa.text("SELECT now()")).scalar_one()
+    assert row["not_sent"] == 1 and row["not_sent_reasons"] == {reason: 1} and row["cadence"] == 0
+    assert reason in (explain(row, now) or "")
 
 
 def _events(db: sa.Engine, job) -> list:  # noqa: ANN001
