@@ -143,6 +143,24 @@ def unusable_result(*, media: int, result: object, promised: bool) -> str | None
     return None
 
 
+def foreign_task(row_task: str | None, result_task: str | None) -> bool:
+    """Whether a result names another upstream task than the one the row persisted. A result
+    without a task id, or a row without one yet, names no conflict."""
+    return row_task is not None and result_task is not None and result_task != row_task
+
+
+def refused_before_download(row: JobRow, status: UpstreamStatus) -> str | None:
+    """Why ``finalize_job_with_media`` refuses this success before any download (None: it goes
+    on to the media): another task's result, or a success that cannot carry what the job promised.
+    The first phase of finalize and the plan (and shadow) apply these same checks, so what they
+    predict for a success is what enforce does: count the attempt, never complete it."""
+    if foreign_task(row.provider_task_id, status.task_id):
+        return f"result of task {status.task_id}, but the row's task is {row.provider_task_id}"
+    return unusable_result(
+        media=len(status.media), result=status.result, promised=promised_media(status.provider_kind, row.job_type)
+    )
+
+
 # --- the per-provider not-found breaker (issue 7 rule 7) -------------------------------------------
 
 

@@ -46,7 +46,7 @@ from recon_dagster.media.store import MediaStore, StoredObject, guess_ext, media
 from recon_dagster.media.transfer import fetch_media_to_store
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
 from recon_dagster.reconcile.completion import reopen_sole_cause_workflow, settle_completion
-from recon_dagster.reconcile.decide import promised_media, unusable_result
+from recon_dagster.reconcile.decide import foreign_task, promised_media, unusable_result
 
 log = logging.getLogger("recon_dagster.finalize")
 
@@ -162,12 +162,6 @@ def _refuse_foreign(
     raise ForeignTaskResult(row.id, result.provider_kind, row_task, result.task_id)
 
 
-def foreign_task(row_task: str | None, result_task: str | None) -> bool:
-    """Whether a result names another upstream task than the one the row persisted (pure). A
-    result without a task id, or a row without one yet, names no conflict."""
-    return row_task is not None and result_task is not None and result_task != row_task
-
-
 def _task_of(row: jobs_db.JobRow, result: ProviderResult) -> str | None:
     """The upstream task whose result this is: the result's own id, else the row's."""
     return result.task_id or row.provider_task_id
@@ -236,6 +230,7 @@ def finalize_job_with_media(
         return FinalizeResult(False, "job not found")
     if not row.inflight:
         return FinalizeResult(False, f"already {row.status}")
+    # The checks of decide.refused_before_download (the plan and shadow apply them too).
     if row.provider_task_id is not None and foreign_task(row.provider_task_id, result.task_id):
         _refuse_foreign(engine, row, row.provider_task_id, result, source)
     _require_usable(row, result, len(result.media))

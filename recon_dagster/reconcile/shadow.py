@@ -31,7 +31,14 @@ from recon_dagster.db.jobs import Claim, JobRow
 from recon_dagster.reconcile import lora
 from recon_dagster.reconcile.batches import claim_isolated, next_attempt
 from recon_dagster.reconcile.decide import Action, Outcome, Route, decide_after_attempt, route
-from recon_dagster.reconcile.plan import PlanAction, PlannedJob, polled_job, reserved_logs, settlement
+from recon_dagster.reconcile.plan import (
+    PlanAction,
+    PlannedJob,
+    polled_job,
+    reserved_logs,
+    settlement,
+    shadow_attempts,
+)
 from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler
 
 log = logging.getLogger("recon_dagster.reconcile.shadow")
@@ -178,6 +185,7 @@ class ShadowReconciler(Reconciler):
         with self.engine.connect() as conn:
             rows = {r.id: r for r in jobs_db.load_jobs(conn, [c.job_id for c in planned])}
             recent = recently_decided(conn, rows.keys(), self.settings.cadence)
+            decided = shadow_attempts(conn, [r.id for r in rows.values() if self._is_shadow(r)])
         shadow = [c for c in planned if c.job_id in rows and self._is_shadow(rows[c.job_id])]
         shadow_ids = {c.job_id for c in shadow}
         enforce = [c for c in planned if c.job_id not in shadow_ids]
@@ -190,7 +198,9 @@ class ShadowReconciler(Reconciler):
                 why = "shadow: not decided (decided within the cadence, leased, moved on or no longer in flight)"
                 settled.append(self._shadow_outcome(row, next_attempt(row), why, started))
                 continue
-            counter = row.reconcile_attempts + (1 if row.reconcile_lease_owner is not None else 0)
+            counter = (
+                row.reconcile_attempts + (1 if row.reconcile_lease_owner is not None else 0) + decided.get(row.id, 0)
+            )
             if (
                 row.reconcile_lease_owner is not None
                 and decide_after_attempt(counter, self.settings.max_attempts) is Action.FORCE_FAIL
@@ -224,9 +234,13 @@ class ShadowReconciler(Reconciler):
         now = datetime.now(UTC)
         with self.engine.connect() as conn:
             money = reserved_logs(conn, [p.row.id for p in polled])
+            # Shadow writes no attempt counter: where a job stands is what its decisions say.
+            decided = shadow_attempts(conn, [p.row.id for p in polled])
         out = []
         for p in polled:
-            job = polled_job(p, now, self.settings.max_attempts, money.get(p.row.id, []))
+            job = polled_job(
+                p, now, self.settings.max_attempts, money.get(p.row.id, []), shadow_counted=decided.get(p.row.id, 0)
+            )
             out.append(self._decide(job, p.row, started))
         return out
 
