@@ -58,6 +58,7 @@ class PlanAction(StrEnum):
     FORCE_FAIL = "force_fail"  # the attempt that reaches the cap: force-fail + refund
     POLL = "poll"  # --no-poll: the row alone cannot decide, upstream would be asked
     DEFER = "defer"  # the poll was not sent (its account's limiter refused it): rescheduled, no attempt
+    CLAMP = "clamp"  # a lease / next attempt beyond what we ever write: clamped by the sweep (shadow)
     LEAVE = "leave_alone"  # not due (lease, cadence, threshold), or still running below the cap
 
 
