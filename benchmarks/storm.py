@@ -18,7 +18,7 @@ deadline, the cadence and the lease are divided by S (the daemon, run start and 
 are not, so a scaled run is a lower bound on recovery). The figures it prints are in scaled
 seconds; multiply by S for the real ones.
 
-    .venv/bin/python benchmarks/backlog.py --storm [--jobs 10000] [--retry-after 120] [--scale 1]
+    PYTHONPATH=. .venv/bin/python benchmarks/backlog.py --storm [--jobs 10000] [--retry-after 120] [--scale 1]
 """
 
 from __future__ import annotations
@@ -87,12 +87,13 @@ def seed(engine: sa.Engine, sandbox: Any, count: int, retry_after_s: int) -> tup
 
 
 class BlockWatch:
-    """Samples the account row every 0.2 s: when the first Retry-After arrived, and the latest
-    ``blocked_until`` (a 429 that lands during the block pushes it out)."""
+    """Samples the account row every 0.2 s: when the first Retry-After arrived (the first
+    ``blocked_until`` seen, less the Retry-After: the database's own clock at the block), and the
+    latest ``blocked_until`` (a 429 that lands during the block pushes it out)."""
 
-    def __init__(self, engine: sa.Engine, account: str) -> None:
-        self.engine, self.account = engine, account
-        self.first: float | None = None  # unix time the first Retry-After was seen
+    def __init__(self, engine: sa.Engine, account: str, retry_after_s: float) -> None:
+        self.engine, self.account, self.retry_after_s = engine, account, retry_after_s
+        self.first: float | None = None  # unix time of the first Retry-After
         self.until: float | None = None  # unix time the block ends (the latest seen)
         self.retry_afters = 0
         self._stop = threading.Event()
@@ -122,7 +123,7 @@ class BlockWatch:
             if row is None or not row.retry_afters:
                 continue
             if self.first is None:
-                self.first = time.time()
+                self.first = float(row.until) - self.retry_after_s
             self.retry_afters = int(row.retry_afters)
             self.until = max(self.until or 0.0, float(row.until))
 
@@ -223,7 +224,7 @@ def main(argv: list[str]) -> int:
                 "DAGSTER_GRPC_TIMEOUT_SECONDS": "300",
             }
             started = time.time()
-            with daemon_process(home, env) as daemon, BlockWatch(engine, account) as watch:
+            with daemon_process(home, env) as daemon, BlockWatch(engine, account, retry_after) as watch:
                 last = 0.0
                 while (left := inflight(engine, seeded.job_ids)) > 0:
                     if not daemon.alive():
