@@ -65,6 +65,7 @@ from recon_dagster.providers.limit_config import (
     run_shape,
     shared_limits_enabled,
 )
+from recon_dagster.providers.limit_slots import SlotRenewer
 from recon_dagster.providers.status import NotSent, NotSentReason
 
 _DB_ERRORS = (sa.exc.SQLAlchemyError, DatabaseUnavailable)
@@ -486,7 +487,11 @@ class AccountLimiter:
         pid = os.getpid()
         with self._ready_lock:
             if self._renewer_of is None or self._renewer_of[0] != pid:  # none yet, or a forked child
-                self._renewer_of = (pid, SlotRenewer(self))
+                renewer = SlotRenewer(
+                    self.limits.account, self.limits.slot_ttl_s, self.renew,
+                    lambda exc: self._unreachable(exc, "slots in flight are not renewed"), _DB_ERRORS,
+                )  # fmt: skip
+                self._renewer_of = (pid, renewer)
             return self._renewer_of[1]
 
 
@@ -497,49 +502,6 @@ class TokenRefused(Exception):
         super().__init__(f"next token in {next_s:.1f} s")
         self.blocked_s = blocked_s
         self.next_s = next_s
-
-
-class SlotRenewer:
-    """Keeps the slots of this process's requests in flight alive: every third of the slot TTL, one
-    statement pushes each held slot's expiry a TTL out, so a slot never expires under a live
-    request (an Anthropic answer may take minutes; a create has no overall deadline), while a
-    killed process's slots still free themselves one TTL after it died. One daemon thread per
-    limiter, started with the first slot, idle when none is held."""
-
-    def __init__(self, limiter: AccountLimiter) -> None:
-        self._limiter = limiter
-        self._holders: set[str] = set()
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def keep(self, holder: str) -> None:
-        with self._lock:
-            self._holders.add(holder)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name=f"slot-renewer-{self._limiter.limits.account}", daemon=True
-                )
-                self._thread.start()
-
-    def forget(self, holder: str) -> None:
-        with self._lock:
-            self._holders.discard(holder)
-
-    def _run(self) -> None:
-        period = max(0.05, self._limiter.limits.slot_ttl_s / 3)
-        while True:
-            self._wake.wait(period)
-            with self._lock:
-                holders = list(self._holders)
-            if not holders:
-                continue
-            try:
-                self._limiter.renew(holders)
-            except _DB_ERRORS as exc:
-                self._limiter._unreachable(exc, "slots in flight are not renewed")
-            except Exception:  # the renewer must outlive any surprise
-                log.exception("renewing the slots of account %r failed", self._limiter.limits.account)
 
 
 def verify_account_budgets(environ: dict[str, str] | None = None) -> None:
