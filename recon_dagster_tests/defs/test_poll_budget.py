@@ -2,8 +2,9 @@
 
 Per provider, the polls already in queued or running reconcile runs plus the polls a tick requests
 never exceed what the account's read budget serves in one cadence; the rest wait their turn,
-unleased and with no attempt counted, shared fairly across the provider's kinds. Another
-provider's budget is its own. Real PostgreSQL, a real instance, the real sensor.
+unleased and with no attempt counted, in whole batches (a backlog is never cut into single-job
+runs), shared fairly across the provider's kinds. Another provider's budget is its own. Real
+PostgreSQL, a real instance, the real sensor.
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ def _backlog(db: sa.Engine, kind: str, n: int) -> list[uuid.UUID]:
     ]
 
 
+def _batch_sizes(result) -> dict[str, list[int]]:  # noqa: ANN001
+    out: dict[str, list[int]] = {}
+    for rr in result.run_requests or []:
+        out.setdefault(rr.tags["recon/provider_kind"], []).append(
+            len(rr.run_config["ops"]["claim_and_poll"]["config"]["job_ids"])
+        )
+    return out
+
+
 def _requested(result) -> Counter[str]:  # noqa: ANN001
     """Jobs requested per kind."""
     out: Counter[str] = Counter()
@@ -67,13 +77,18 @@ def test_a_tick_requests_no_more_polls_than_a_cadence_of_the_budget_fairly_acros
 
     result = evaluate_sensor(defs, instance)
 
-    asked = _requested(result)
+    asked, sizes = _requested(result), _batch_sizes(result)
     kie_cap, rep_cap = budgets["kie"], budgets["replicate"]
     assert 0 < kie_cap < 110 and 0 < rep_cap < 50  # both budgets bind on this backlog
-    assert sum(asked[k] for k in kie) == kie_cap  # today: all 110
-    assert asked["replicate-prediction"] == rep_cap  # its own budget, not KIE's leftovers
-    # Fair across kinds: every KIE kind in turn, so none is starved by an older kind's backlog.
-    assert asked["kie-standard"] == 10 and abs(asked["kie-lip-sync"] - asked["kie-veo"]) <= 1
+    # At most the cadence's budget, and short of it by less than one batch. Today: all 110.
+    kie_batch, rep_batch = max(sizes["kie-veo"]), max(sizes["replicate-prediction"])
+    assert kie_cap - kie_batch < sum(asked[k] for k in kie) <= kie_cap
+    assert rep_cap - rep_batch < asked["replicate-prediction"] <= rep_cap  # its own budget
+    # Fair across kinds: every KIE kind in turn, the smallest first, so a few jobs of one kind are
+    # never held back by an older kind's backlog, and the backlogs share what is left.
+    assert asked["kie-standard"] == 10 and asked["kie-lip-sync"] == asked["kie-veo"]
+    # Whole batches: the budget never cuts a backlog into runs of a few jobs each.
+    assert all(n == kie_batch for k in ("kie-lip-sync", "kie-veo") for n in sizes[k]), sizes
     # The rest wait their turn: no lease, no attempt, nothing written by the sensor.
     assert one(db, "SELECT count(*) FROM jobs WHERE reconcile_lease_owner IS NOT NULL OR reconcile_attempts > 0") == 0
     assert len(replicate) == 50
@@ -93,19 +108,34 @@ def test_jobs_in_queued_runs_count_against_the_budget(db, instance, media_dir, b
 
     result = evaluate_sensor(defs, instance)
 
-    assert _requested(result) == {"kie-veo": budgets["kie"] - 30}
+    asked, sizes = _requested(result), _batch_sizes(result)
+    assert set(asked) == {"kie-veo"} and budgets["kie"] - 30 - max(sizes["kie-veo"]) < asked["kie-veo"]
+    assert asked["kie-veo"] <= budgets["kie"] - 30  # today: all 80
     assert len(later) == 80
 
 
-def test_the_split_is_pure_and_leaves_sweepable_rows_and_unbudgeted_providers_alone() -> None:
-    from recon_dagster_tests.support.factories import job_row_value
+def _batch(kind: str, n: int) -> Batch:
+    claims = tuple(Claim(uuid.uuid4(), 1) for _ in range(n))
+    return Batch(kind, claims, f"{kind}:{n}:{uuid.uuid4().hex[:6]}")
 
-    rows = [job_row_value(kind="kie-standard", task=f"t{i}") for i in range(5)]
-    rows += [job_row_value(kind="kie-standard", task=None)]  # nothing to poll: swept in the run
-    rows += [job_row_value(kind="elevenlabs-async", task=f"e{i}") for i in range(3)]
-    now, later = within_poll_budgets(rows, {"kie": 3, "elevenlabs": None}, {"kie": 1})
-    assert [r.provider_task_id for r in now] == ["t0", "t1", None, "e0", "e1", "e2"]
-    assert [r.provider_task_id for r in later] == ["t2", "t3", "t4"]
-    # Busy beyond the budget (the budget was lowered): nothing more is asked for.
-    now, later = within_poll_budgets(rows[:5], {"kie": 3}, {"kie": 7})
-    assert now == [] and len(later) == 5
+
+def test_whole_batches_in_fair_turns_and_a_provider_with_nothing_in_flight_never_stalls() -> None:
+    lip = [_batch("kie-lip-sync", 20) for _ in range(3)]
+    late = [_batch("kie-standard", 1)]
+    eleven = [_batch("elevenlabs-async", 50) for _ in range(2)]
+    now, later = within_poll_budgets([*lip, *late, *eleven], {"kie": 45, "elevenlabs": None}, {})
+    # Turn one: the late kie-standard job first (smallest), then lip-sync's first batch; turn two:
+    # lip-sync's second (41 of 45); its third would pass the budget: it and the rest wait.
+    assert [b.run_key for b in now if b.provider_kind != "elevenlabs-async"] == [
+        late[0].run_key, lip[0].run_key, lip[1].run_key
+    ]
+    assert [b.run_key for b in later] == [lip[2].run_key]
+    assert all(b in now for b in eleven)  # no read budget: no cap
+    # Polls already in flight count: 40 busy leave room for the late job only.
+    now, later = within_poll_budgets([*lip, *late], {"kie": 45}, {"kie": 40})
+    assert [b.run_key for b in now] == [late[0].run_key] and len(later) == 3
+    # A batch larger than the whole budget still goes when nothing of its provider is in flight.
+    now, later = within_poll_budgets([_batch("kie-veo", 500)], {"kie": 45}, {})
+    assert len(now) == 1 and later == []
+    now, later = within_poll_budgets([_batch("kie-veo", 500)], {"kie": 45}, {"kie": 1})
+    assert now == [] and len(later) == 1

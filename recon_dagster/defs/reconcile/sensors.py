@@ -96,9 +96,11 @@ def read_cursor(cursor: str | None) -> float | None:
     return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
 
-def _per_provider(rows: list) -> str:
-    """``kie:120,replicate:4``: rows per provider, for the tick's log line."""
-    counts = Counter(str(KINDS[r.provider_kind].provider) for r in rows if r.provider_kind in KINDS)
+def _per_provider(batches: list[Batch]) -> str:
+    """``kie:120,replicate:4``: jobs per provider, for the tick's log line."""
+    counts: Counter[str] = Counter()
+    for b in batches:
+        counts[str(KINDS[b.provider_kind].provider)] += len(b.claims)
     return ",".join(f"{p}:{n}" for p, n in sorted(counts.items()))
 
 
@@ -225,24 +227,24 @@ def stale_inflight_jobs_sensor(
         return dg.SkipReason(f"database unavailable, nothing scanned: {exc}")
 
     scanned = [r for r in rows if r.id not in busy][: reconcile_settings.scan_limit]
-    # Never more polls of a provider requested than its account serves in one cadence; the rest
-    # wait their turn unleased (no attempt), shared fairly across the provider's kinds.
-    due, waiting = within_poll_budgets(
-        scanned,
-        poll_budgets(reconcile_settings.settings().cadence.total_seconds()),
-        Counter(p for p in active.values() if p is not None),
-    )
     batch_sizes = batch_sizes_within_budgets(
         reconcile_settings.batch_size, reconcile_settings.concurrency, reconcile_settings.lease_seconds
     )
     batches = plan_batches(
-        due,
+        scanned,
         batch_size=reconcile_settings.batch_size,
         single_below=reconcile_settings.single_run_below,
         provider_batch_size=batch_sizes,
     )
-    planned = {c.job_id for b in batches for c in b.claims}
-    unroutable = [r for r in due if r.id not in planned]
+    # Never more polls of a provider requested than its account serves in one cadence; the rest
+    # wait their turn unleased (no attempt), whole batches at a time, fairly across kinds.
+    batches, waiting = within_poll_budgets(
+        batches,
+        poll_budgets(reconcile_settings.settings().cadence.total_seconds()),
+        Counter(p for p in active.values() if p is not None),
+    )
+    planned = {c.job_id for b in batches + waiting for c in b.claims}
+    unroutable = [r for r in scanned if r.id not in planned]
     for row in unroutable:
         # A legacy row (no provider_kind) belongs to the sweep by design; an unknown kind is news.
         log = context.log.info if row.provider_kind is None else context.log.warning
