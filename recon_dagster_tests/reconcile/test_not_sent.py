@@ -181,3 +181,42 @@ def test_a_short_retry_after_is_waited_out_inside_the_run_and_the_poll_then_sent
     assert row["status"] == "completed" and row["reconcile_attempts"] == 0, row
     assert sandbox.poll_count(task) == 1
     assert report.summary.recovered == 1 and report.summary.not_sent == 0
+
+
+def test_a_rescheduled_job_is_requested_again_under_a_fresh_run_key_without_an_error(
+    db, instance, media_dir, sandbox, monkeypatch
+) -> None:
+    """The run that rescheduled the job claimed it but left no attempt on it, so the job's next run
+    has the same work key: it gets a retry suffix (Dagster never launches a run key twice), and
+    rescheduling it three times is not the "runs keep ending before they claim" error."""
+    from recon_dagster_tests.support.reconcile import evaluate_sensor
+
+    limiter = _limiter(monkeypatch, "kie-standard", "RECON_LIMIT_KIE", "reads=600/60")
+    _, job, task = stale_job_with_task(db, sandbox, "kie-standard")
+    limiter.ensure()
+    defs = make_defs(media_dir)
+    for _ in range(3):
+        _block(limiter)
+        assert tick(defs, instance).summary.not_sent == 1
+        with db.begin() as conn:  # the time passes: due again
+            conn.execute(sa.text("UPDATE jobs SET reconcile_next_at = now() WHERE id = :j"), {"j": str(job)})
+    with db.begin() as conn:  # the block ends
+        conn.execute(
+            sa.text("UPDATE provider_limit_accounts SET blocked_until = 'epoch' WHERE account = :a"),
+            {"a": limiter.limits.account},
+        )
+        conn.execute(
+            sa.text("UPDATE provider_limit_buckets SET stamp = now(), tokens = burst WHERE account = :a"),
+            {"a": limiter.limits.account},
+        )
+    from recon_dagster.db.jobs import Claim
+    from recon_dagster.defs.reconcile.sensors import fresh_keys
+    from recon_dagster.reconcile.batches import Batch
+
+    [request] = evaluate_sensor(defs, instance).run_requests
+    assert request.run_key == f"{job}:1~3"
+    _, stubborn = fresh_keys(instance, [Batch("kie-standard", (Claim(job, 1),), f"{job}:1")])
+    assert stubborn == []  # they claimed it: not the "runs keep ending before they claim" error
+    report = tick(defs, instance)
+    assert report.summary.recovered == 1 and job_row(db, job)["reconcile_attempts"] == 0
+    assert sandbox.poll_count(task) == 1

@@ -16,7 +16,7 @@ import dagster as dg
 import pydantic
 
 from recon_dagster.core.kinds import KINDS
-from recon_dagster.core.runtags import ROLE_TAG, RUN_KEY_TAG, job_tags, kind_tags
+from recon_dagster.core.runtags import NOT_SENT_TAG, ROLE_TAG, RUN_KEY_TAG, job_tags, kind_tags
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim
 from recon_dagster.defs.observe.health import report_health
@@ -365,6 +365,8 @@ def record_outcomes(
     flag_money(context, flat)
     report_health(context, database, {o.provider_kind for o in flat} | _partition(context))
     output = _report(context, flat, summary)
+    if summary.not_sent:  # claimed, but no attempt left on them: never "ended before claiming"
+        _tag_run(context, {NOT_SENT_TAG: str(summary.not_sent)}, "its count of jobs not sent")
     # A job whose poll was never sent made no attempt: it neither shows an outage nor hides one.
     worked = [o for o in flat if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE, Outcome.NOT_SENT)]
     # An outage: no job made progress, each errored or was force-failed after erroring to the cap
