@@ -22,6 +22,8 @@ Targets (2 cores): phase 1 >= 2,000 jobs/min, >= 40x phase 2.
 two providers drained under one shared read budget per account, then with per-process limits.
 ``--fairness`` runs ``benchmarks/fairness.py``: late stuck jobs of one kind during another
 kind's backlog under a binding budget (stale -> terminal p50/max next to the drain time).
+``--storm`` runs ``benchmarks/storm.py``: a KIE backlog through one Retry-After of 120 s (polls
+per minute before, during and after; jobs force-failed by our own limiter; settled twice).
 
     .venv/bin/python benchmarks/backlog.py [--jobs 10000] [--latency 0.1] [--sample 60]
         [--database-url URL] [--max-concurrent-runs 10] [--batch-size 500] [--concurrency 16]
@@ -506,6 +508,10 @@ def main() -> int:
         from fairness import main as fairness_main
 
         return fairness_main([a for a in sys.argv[1:] if a != "--fairness"])
+    if "--storm" in sys.argv[1:]:  # a 429 storm in a KIE backlog (storm.py)
+        from storm import main as storm_main
+
+        return storm_main([a for a in sys.argv[1:] if a != "--storm"])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

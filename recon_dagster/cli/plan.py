@@ -16,6 +16,7 @@ def run_plan(
 ) -> int:
     from recon_dagster.db.engine import get_engine, resolve_database_url
     from recon_dagster.defs.resources import ReconcileSettingsResource
+    from recon_dagster.defs.settings_check import shadow_modes
     from recon_dagster.reconcile.plan import build_plan, to_text
 
     if kind is not None and kind not in KINDS:
@@ -40,6 +41,7 @@ def run_plan(
         kind=kind,
         limit=limit or resource.scan_limit,
         busy=_in_active_runs(),
+        shadowed=shadow_modes().shadowed,
     )
     _emit(plan.to_json() if as_json else to_text(plan), as_json)
     return 0

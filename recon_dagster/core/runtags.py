@@ -37,6 +37,9 @@ LEGACY_WORK_TAG = "recon/work"  # runs requested before the work tag was hidden 
 JOB_COUNT_TAG = f"{HIDDEN}recon-count"  # not "recon-job-...": that prefix is a job id's
 ATTEMPT_TAG = f"{HIDDEN}recon-attempt"  # the attempt(s) the run's jobs make, e.g. "4" or "1,2"
 ROLE_TAG = f"{HIDDEN}recon-role"  # reconcile, sweep, plan, explain, operator
+# Set on a reconcile run that rescheduled jobs whose polls its account's limiter never let out
+# (their count): the run claimed them but left no attempt on them (the sensor's ``fresh_keys``).
+NOT_SENT_TAG = f"{HIDDEN}recon-not-sent"
 
 
 def kind_tags(kind: str) -> dict[str, str]:

@@ -39,6 +39,7 @@ from recon_dagster.db.transitions import (  # noqa: F401  (re-exported: callers 
     mark_provider_call_start,
     notify_job_event,
     record_task_created,
+    reschedule_not_sent,
     set_progress,
 )
 

@@ -157,6 +157,31 @@ def bump_attempts(
     return None if r is None else int(r[0])
 
 
+def reschedule_not_sent(
+    conn: sa.Connection, job_id: uuid.UUID, *, expected_attempts: int, owner: str, next_in: timedelta
+) -> bool:
+    """A reconcile poll this process never sent (its limiter or breaker refused it): release the
+    lease and make the job due again ``next_in`` from now, the attempt counter untouched.
+
+    Guarded like ``bump_attempts`` (the counter the run saw, the lease ours or free, in flight);
+    False: the row moved on (terminal, or another run counted an attempt). The app's columns
+    (status, progress, ``updated_at``) are not touched: nothing happened to the job."""
+    r = conn.execute(
+        sql(
+            """
+            UPDATE jobs SET reconcile_next_at = now() + make_interval(secs => :next_s),
+              reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL
+            WHERE id = :id AND reconcile_attempts = :expected
+              AND status IN ('pending', 'processing')
+              AND (reconcile_lease_owner = :owner OR reconcile_lease_owner IS NULL)
+            RETURNING id
+            """
+        ),
+        {"id": str(job_id), "expected": expected_attempts, "owner": owner, "next_s": next_in.total_seconds()},
+    ).first()
+    return r is not None
+
+
 def set_progress(conn: sa.Connection, job_id: uuid.UUID, progress: int) -> bool:
     r = conn.execute(
         sql(

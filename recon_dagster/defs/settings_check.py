@@ -23,14 +23,8 @@ from recon_dagster.db.engine import (
     database_configured,
     normalize_url,
 )
+from recon_dagster.operator.modes import shadow_modes  # noqa: F401  (re-exported: the defs read it here)
 from recon_dagster.reconcile.decide import BreakerPolicy
-from recon_dagster.reconcile.shadow import (
-    ENFORCE_KINDS_ENV,
-    MODE_ENV,
-    SHADOW_KINDS_ENV,
-    Modes,
-    modes_from_values,
-)
 
 BURST_ENV = "RECON_NOT_FOUND_BURST"
 SHARE_ENV = "RECON_NOT_FOUND_SHARE"
@@ -44,13 +38,6 @@ def breaker_policy(environ: Mapping[str, str] | None = None) -> BreakerPolicy:
         burst=int(config.get(BURST_ENV, environ)),
         share=float(config.get(SHARE_ENV, environ)),
         window_s=float(config.get(WINDOW_ENV, environ)),
-    )
-
-
-def shadow_modes(environ: Mapping[str, str] | None = None) -> Modes:
-    """``RECON_MODE`` / ``RECON_ENFORCE_KINDS`` / ``RECON_SHADOW_KINDS``, checked against the kinds."""
-    return modes_from_values(
-        config.get(MODE_ENV, environ), config.get(ENFORCE_KINDS_ENV, environ), config.get(SHADOW_KINDS_ENV, environ)
     )
 
 

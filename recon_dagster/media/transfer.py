@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -16,6 +17,9 @@ from recon_dagster.media.base import MediaStore, StoredObject
 from recon_dagster.media.content import check_headers, checked_chunks, declared_kind
 from recon_dagster.media.download import MediaStream, open_media_stream
 from recon_dagster.media.errors import MediaTooLarge, MediaUnusable
+
+if TYPE_CHECKING:
+    from recon_dagster.media.video_limits import VideoBudget
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 _FILE_CHUNK = 1024 * 1024
@@ -83,6 +87,7 @@ def fetch_media_to_store(
     client: httpx.Client | None = None,
     deadline_s: float | None = None,
     min_bytes_per_s: float | None = None,
+    video_budget: VideoBudget | None = None,
 ) -> StoredObject:
     """Fetch one result object and store it, watermarked when ``watermark_text`` is given and the
     object is an image or a video (its Content-Type says so, else ``promised`` does); audio and
@@ -90,8 +95,9 @@ def fetch_media_to_store(
 
     An image is buffered (capped at ``max_image_bytes``) to be decoded; a video is spooled to a
     temporary file and re-encoded file to file, so memory stays bounded whatever its size (the
-    temporary directory needs room for the video twice). Raises like ``fetch_to_store``, and
-    ``MediaNotImage`` / ``MediaNotVideo`` when the object cannot be watermarked.
+    temporary directory needs room for the video twice), within ``video_budget`` (the job's
+    ``RECON_VIDEO_*`` bounds). Raises like ``fetch_to_store``, and ``MediaNotImage`` /
+    ``MediaNotVideo`` when the object cannot be watermarked (or passes the video budget).
     """
     with open_media_stream(
         url,
@@ -107,7 +113,7 @@ def fetch_media_to_store(
         if kind == "image":
             return _store_watermarked_image(stream, body, store, key, watermark_text or "", max_image_bytes)
         if kind == "video":
-            return _store_watermarked_video(body, store, key, watermark_text or "")
+            return _store_watermarked_video(body, store, key, watermark_text or "", video_budget)
         media_type = stream.content_type or DEFAULT_CONTENT_TYPE
         return store.put_stream(key(media_type, None), body, media_type)
 
@@ -129,7 +135,7 @@ def _store_watermarked_image(
 
 
 def _store_watermarked_video(
-    body: Iterator[bytes], store: MediaStore, key: KeyFor, text: str
+    body: Iterator[bytes], store: MediaStore, key: KeyFor, text: str, budget: VideoBudget | None
 ) -> StoredObject:
     from recon_dagster.media.watermark import watermark_video
 
@@ -138,7 +144,7 @@ def _store_watermarked_video(
         with open(source, "wb") as spool:
             for chunk in body:
                 spool.write(chunk)
-        content_type = watermark_video(source, marked, text)
+        content_type = watermark_video(source, marked, text, budget)
         return store.put_stream(key(content_type, "watermarked"), _file_chunks(marked), content_type)
 
 

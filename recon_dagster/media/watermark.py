@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import math
+import time
 from fractions import Fraction
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, cast
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, cast
 from PIL import Image, ImageDraw, ImageFont, ImageOps, UnidentifiedImageError
 
 from recon_dagster.media.errors import MediaNotImage, MediaNotVideo
+from recon_dagster.media.video_limits import VideoBudget
 
 if TYPE_CHECKING:
     from av.audio.stream import AudioStream
@@ -177,24 +179,29 @@ _CONTENT_TYPES = {"mp4": "video/mp4", "matroska": "video/x-matroska"}
 _X264_OPTIONS = {"preset": "ultrafast", "crf": "20", "threads": "2"}
 
 
-def watermark_video(src_path: str, dst_path: str, text: str = "recon") -> str:
-    """Re-encode the video at ``src_path`` into ``dst_path`` with the band drawn into every frame.
+def watermark_video(src_path: str, dst_path: str, text: str = "recon", budget: VideoBudget | None = None) -> str:
+    """Re-encode the video at ``src_path`` into ``dst_path`` with the band drawn into every frame,
+    within what ``budget`` (the job's; default: ``RECON_VIDEO_*``) has left.
 
     Returns the content type written (``video/mp4``, or ``video/x-matroska``); raises ``MediaNotVideo``
     when the input is no readable video (corrupt, no video stream, no decodable frame, an
-    unsupported codec). ``dst_path`` is then incomplete and must be discarded by the caller.
+    unsupported codec) or when it passes the budget's duration, frames, pixels or wall time
+    (checked against what the container declares first, then as it is decoded). ``dst_path`` is
+    then incomplete and must be discarded by the caller.
     """
     import av  # loaded on first video: the download path does not pay for FFmpeg
 
+    budget = budget or VideoBudget()
     try:
         with av.open(src_path, "r") as source:
             if not source.streams.video:
                 raise MediaNotVideo(None, "cannot watermark: no video stream")
             video = source.streams.video[0]
             audio = source.streams.audio[0] if source.streams.audio else None
+            _check_declared(source, video, budget)
             out_format = _container_for(audio)
             with av.open(dst_path, "w", format=out_format) as target:
-                frames = _reencode(source, video, audio, target, text)
+                frames = _reencode(source, video, audio, target, text, budget)
             if frames == 0:
                 raise MediaNotVideo(None, "cannot watermark: no decodable video frame")
     except MediaNotVideo:
@@ -221,15 +228,30 @@ def _container_for(audio: AudioStream | None) -> str:
     return "matroska"
 
 
+def _check_declared(source: InputContainer, video: VideoStream, budget: VideoBudget) -> None:
+    """Refuse before decoding a video whose container already declares more than the budget."""
+    declared_s = (source.duration or 0) / 1_000_000  # av.time_base: microseconds
+    if video.duration and video.time_base:
+        declared_s = max(declared_s, float(video.duration * video.time_base))
+    frames = max(0, video.frames or 0)
+    problem = budget.refusal(
+        duration_s=declared_s, frames=frames, pixels=frames * (video.width or 0) * (video.height or 0)
+    )
+    if problem is not None:
+        raise MediaNotVideo(None, f"{problem}; declared by the container")
+
+
 def _reencode(
     source: InputContainer,
     video: VideoStream,
     audio: AudioStream | None,
     target: OutputContainer,
     text: str,
+    budget: VideoBudget,
 ) -> int:
     """Demux ``source``: video frames get the band and go through x264, audio packets are
-    copied. Returns the number of video frames written."""
+    copied. Returns the number of video frames written; spends them (and the video's duration,
+    pixels and wall time) from ``budget``, refusing (``MediaNotVideo``) once any runs out."""
     width, height = video.width, video.height
     if not width or not height or width * height > MAX_VIDEO_PIXELS:
         raise MediaNotVideo(None, f"cannot watermark: video size {width}x{height} is not supported")
@@ -244,11 +266,26 @@ def _reencode(
     mark = _FrameMarker(*_band((width, height), text), (width, height))
     step = max(1, round(1 / (rate * time_base)))  # one frame in time_base units, for frames without pts
     frames, pts = 0, -step
+    started, first, last = time.monotonic(), None, 0.0  # stream times seen (seconds), any stream
+    per_frame = width * height
+
+    def check() -> None:
+        problem = budget.refusal(
+            duration_s=last - (first or 0.0), frames=frames, pixels=frames * per_frame,
+            wall_s=time.monotonic() - started,
+        )  # fmt: skip
+        if problem is not None:
+            raise MediaNotVideo(None, problem)
+
     for packet in source.demux(*(s for s in (video, audio) if s is not None)):
+        if packet.pts is not None and packet.time_base is not None:
+            at = float(packet.pts * packet.time_base)
+            first, last = (at if first is None else min(first, at)), max(last, at)
         if packet.stream is not video:
             if packet.dts is not None and out_audio is not None:  # a flush packet carries nothing
                 packet.stream = out_audio
                 target.mux(packet)
+            check()  # a long audio track beside a short video is a long video too
             continue
         for frame in video.decode(packet):
             pts = frame.pts if frame.pts is not None else pts + step
@@ -256,7 +293,12 @@ def _reencode(
             marked.pts, marked.time_base = pts, time_base
             target.mux(out_video.encode(marked))
             frames += 1
+            check()
     target.mux(out_video.encode(None))
+    check()
+    budget.spend(
+        duration_s=last - (first or 0.0), frames=frames, pixels=frames * per_frame, wall_s=time.monotonic() - started
+    )
     return frames
 
 

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from recon_dagster import config
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.db import jobs as jobs_db
+from recon_dagster.operator.modes import shadow_modes
 from recon_dagster.reconcile.finalize import fail_and_refund
 
 RETRY = "operator_retry"
@@ -65,6 +66,19 @@ def _refuse(conn: sa.Connection, job_id: uuid.UUID, action: str) -> OperatorErro
     return OperatorError(f"job {job_id} is already {row.status}; nothing to {action}")
 
 
+def _refuse_if_shadowed(row: jobs_db.JobRow | None, action: str) -> None:
+    """A kind recon_dagster only shadows (``RECON_MODE`` / ``RECON_SHADOW_KINDS``) has none of its
+    app rows changed by it, an operator's action included."""
+    if row is None:
+        return
+    if shadow_modes().shadowed(row.provider_kind):
+        raise OperatorError(
+            f"job {row.id} is {row.provider_kind or 'of no provider kind'}, which is in shadow mode "
+            f"(RECON_MODE / RECON_SHADOW_KINDS): recon_dagster changes none of its rows; enforce the "
+            f"kind to {action} it"
+        )
+
+
 def _record(
     conn: sa.Connection, row: jobs_db.JobRow, outcome: str, who: str, why: str, run_id: str | None
 ) -> None:
@@ -98,6 +112,7 @@ def retry_now(
     why = why.strip() or "retry now"
     with engine.begin() as conn:
         row = jobs_db.load_job(conn, jid)
+        _refuse_if_shadowed(row, "retry")
         moved = conn.execute(
             sa.text(
                 """
@@ -133,6 +148,7 @@ def fail_now(
         row = jobs_db.load_job(conn, jid)
         if row is None or not row.inflight:
             raise _refuse(conn, jid, "fail")
+    _refuse_if_shadowed(row, "fail")
     if not fail_and_refund(engine, jid, f"operator_failed by {who}: {reason}"):
         with engine.connect() as conn:
             raise _refuse(conn, jid, "fail")  # a run settled it first

@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from recon_dagster import config
 from recon_dagster.core.runtags import RUN_KEY_TAG
 from recon_dagster.db.jobs import readable, readable_ts, unreadable_columns
+from recon_dagster.reconcile.decide import Outcome, not_sent_reason
 
 UI_URL_ENV = "RECON_DAGSTER_UI_URL"
 DEFAULT_UI_URL = "http://127.0.0.1:3000"
@@ -49,6 +50,15 @@ class Attempt:
     run_key: str | None
     duration_ms: int | None
     run_id: str | None = None
+
+    @property
+    def not_sent(self) -> bool:
+        """A poll this process never sent (its account's limiter refused it): not an attempt."""
+        return self.outcome == Outcome.NOT_SENT.value
+
+    @property
+    def not_sent_reason(self) -> str | None:
+        return not_sent_reason(self.detail) if self.not_sent else None
 
 
 @dataclass(frozen=True)
@@ -298,6 +308,7 @@ def facts(story: JobStory) -> list[tuple[str, str]]:
         ("provider call started", _ts(story.provider_call_started_at)),
         ("completed", _ts(story.completed_at)),
         ("reconcile attempts", str(story.reconcile_attempts)),
+        *_not_sent_facts(story),
         *_schedule_facts(story),
         ("upstream said last", story.reconcile_last_error or "-"),
         ("error message", story.error_message or "-"),
@@ -305,6 +316,19 @@ def facts(story: JobStory) -> list[tuple[str, str]]:
         ("assets", "; ".join(f"{a.asset_type} {a.storage_key}" for a in story.assets) or "none"),
         ("credit anomalies", "; ".join(f"{a.reason} ({_ts(a.at)})" for a in story.anomalies) or "none"),
     ] + ([("unreadable timestamps", ", ".join(story.unreadable))] if story.unreadable else [])
+
+
+def _not_sent_facts(story: JobStory) -> list[tuple[str, str]]:
+    """Polls the account's limiter never let out: how many, and the latest one's reason (while
+    that is the job's latest event, it is why the job is waiting)."""
+    unsent = [a for a in story.attempts if a.not_sent]
+    if not unsent:
+        return []
+    last = unsent[-1]
+    line = f"{len(unsent)} (no attempt counted); last {_ts(last.at)}: {last.not_sent_reason or '?'}"
+    if story.attempts[-1] is last and story.status in ("pending", "processing"):
+        line += ", rescheduled"
+    return [("polls not sent", line)]
 
 
 def _schedule_facts(story: JobStory) -> list[tuple[str, str]]:
@@ -338,7 +362,8 @@ def to_markdown(story: JobStory, base_url: str | None) -> str:
     lines += ["", "| when | attempt | outcome | what upstream said | run |", "|---|---:|---|---|---|"]
     for a in story.attempts:
         run = f"[{a.run_id[:8]}]({run_url(a.run_id, base_url)})" if a.run_id else _cell(a.run_key)
-        lines.append(f"| {_ts(a.at)} | {a.attempt} | {a.outcome} | {_cell(a.detail)} | {run} |")
+        number = "-" if a.not_sent else str(a.attempt)  # not an attempt: nothing was sent
+        lines.append(f"| {_ts(a.at)} | {number} | {a.outcome} | {_cell(a.detail)} | {run} |")
     if not story.attempts:
         lines.append("| - | - | never reconciled | - | - |")
     return "\n".join(lines)
@@ -349,10 +374,13 @@ def to_text(story: JobStory, base_url: str | None) -> str:
     width = max(len(k) for k, _ in facts(story))
     out = [f"{k:<{width}}  {v}" for k, v in facts(story)]
     out.append("")
-    out.append(f"attempts ({len(story.attempts)}):" if story.attempts else "attempts: never reconciled")
+    unsent = sum(a.not_sent for a in story.attempts)
+    counted = f"{len(story.attempts) - unsent}" + (f", and {unsent} poll(s) not sent" if unsent else "")
+    out.append(f"attempts ({counted}):" if story.attempts else "attempts: never reconciled")
     for a in story.attempts:
         run = run_url(a.run_id, base_url) if a.run_id else f"run key {a.run_key} (run not found)"
-        out.append(f"  {_ts(a.at)}  #{a.attempt:<3} {a.outcome:<13} {a.detail or '-'}")
+        number = "-" if a.not_sent else str(a.attempt)  # not an attempt: nothing was sent
+        out.append(f"  {_ts(a.at)}  #{number:<3} {a.outcome:<13} {a.detail or '-'}")
         out.append(f"  {'':19}        run: {run}")
     return "\n".join(out)
 
@@ -363,6 +391,8 @@ def to_json(story: JobStory, base_url: str | None) -> dict[str, Any]:
     data["outcome"] = story.outcome
     for a, raw in zip(story.attempts, data["attempts"], strict=True):
         raw["run_url"] = run_url(a.run_id, base_url) if a.run_id else None
+        raw["counted"] = not a.not_sent
+        raw["not_sent_reason"] = a.not_sent_reason
     return _jsonable(data)
 
 

@@ -37,24 +37,50 @@ GROUP BY 1
 """
 
 
+# Jobs waiting because their last poll was never sent (the account's limiter refused it): their
+# latest reconcile event is ``not_sent``, its reason the detail's first word.
+_NOT_SENT_SQL = """
+SELECT COALESCE(j.provider_kind, '(none)') AS provider_kind, split_part(e.detail, ':', 1) AS reason,
+       count(*) AS n
+FROM jobs j
+CROSS JOIN LATERAL (
+  SELECT outcome, detail FROM reconcile_events ev WHERE ev.job_id = j.id ORDER BY ev.id DESC LIMIT 1
+) e
+WHERE j.status IN ('pending', 'processing') AND j.reconcile_next_at > now()
+  AND (j.reconcile_lease_expires_at IS NULL OR j.reconcile_lease_expires_at <= now())
+  AND e.outcome = 'not_sent'
+GROUP BY 1, 2
+"""
+
+
 def kind_status(conn: sa.Connection) -> list[dict[str, Any]]:
-    """One dict per kind in flight: inflight, stale, due, leased, cadence, precall, attempts,
-    next_at, lease_until (precall: stale, neither due, leased nor waiting on the cadence)."""
+    """One dict per kind in flight: inflight, stale, due, leased, cadence, not_sent (with
+    not_sent_reasons), precall, attempts, next_at, lease_until (cadence: waiting after a counted
+    attempt; not_sent: rescheduled after a poll the account's limiter never let out, no attempt
+    counted; precall: stale, and none of the others)."""
     due = Counter(r.provider_kind or "(none)" for r in scan_stale(conn, _DUE_LIMIT))
     waits = {r["provider_kind"]: r for r in conn.execute(sa.text(_WAITS_SQL)).mappings()}
+    unsent: dict[str, Counter[str]] = {}
+    for u in conn.execute(sa.text(_NOT_SENT_SQL)).mappings():
+        unsent.setdefault(u["provider_kind"], Counter())[u["reason"]] += int(u["n"])
     rows = []
     for r in inflight_counts(conn):
         kind = r["provider_kind"]
         w: dict[str, Any] = dict(waits.get(kind) or {})
+        reasons = unsent.get(kind, Counter())
+        not_sent = sum(reasons.values())
         row = {
             **r,
             "due": due[kind],
-            "cadence": int(w.get("cadence") or 0),
+            "cadence": max(0, int(w.get("cadence") or 0) - not_sent),
+            "not_sent": not_sent,
+            "not_sent_reasons": dict(reasons),
             "next_at": w.get("next_at"),
             "lease_until": w.get("lease_until"),
             "attempts": int(r["max_attempts"] or 0),
         }
-        row["precall"] = max(0, row["stale"] - row["due"] - row["leased"] - row["cadence"])
+        waiting = row["due"] + row["leased"] + row["cadence"] + not_sent
+        row["precall"] = max(0, row["stale"] - waiting)
         rows.append(row)
     return rows
 
@@ -80,6 +106,12 @@ def explain(row: dict[str, Any], now: datetime) -> str | None:
         parts.append(
             f"{row['cadence']} waiting out the reconcile cadence (next attempt {_clock(row['next_at'], now, table=False)})"
         )
+    if row["not_sent"]:
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(row["not_sent_reasons"].items()))
+        parts.append(
+            f"{row['not_sent']} rescheduled after a poll the account's limiter never let out ({reasons}): "
+            "no attempt counted, due again once the account lets polls out"
+        )
     if row["precall"]:
         parts.append(f"{row['precall']} with no provider call yet (the sweep waits out the pre-call budget)")
     return f"{row['provider_kind']}: {row['stale'] - row['due']} stale, not due:" + "".join(
@@ -97,19 +129,20 @@ def print_status() -> int:
     cap = config.get("RECON_MAX_ATTEMPTS")
     header = (
         f"{'provider_kind':<21} {'inflight':>8} {'stale':>5} {'due':>5} {'leased':>6} {'cadence':>7} "
-        f"{'precall':>7} {'attempts':>8}  next attempt (UTC)"
+        f"{'notsent':>7} {'precall':>7} {'attempts':>8}  next attempt (UTC)"
     )
     print(header)
-    print("-" * 99)
+    print("-" * 107)
     for r in rows:
         attempts = f"{r['attempts']}/{cap}"
         print(
             f"{r['provider_kind']:<21} {r['inflight']:>8} {r['stale']:>5} {r['due']:>5} {r['leased']:>6} "
-            f"{r['cadence']:>7} {r['precall']:>7} {attempts:>8}  {_clock(r['next_at'], now)}"
+            f"{r['cadence']:>7} {r['not_sent']:>7} {r['precall']:>7} {attempts:>8}  {_clock(r['next_at'], now)}"
         )
     notes = [line for r in rows if (line := explain(r, now))]
     print(
-        "\nstale: past its kind's threshold; due: the next sensor tick takes it"
+        "\nstale: past its kind's threshold; due: the next sensor tick takes it; notsent: rescheduled "
+        "after a poll the account's limiter never let out (not an attempt)"
         + ("" if notes else "; every stale job is due")
     )
     for line in notes:

@@ -34,7 +34,13 @@ from recon_dagster.core.proxy import proxy_settings
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.providers.limits import AccountLimits, account_limiter
-from recon_dagster.providers.status import AmbiguousCreateError, ProviderHTTPError, ProviderProtocolError
+from recon_dagster.providers.status import (
+    AmbiguousCreateError,
+    NotSent,
+    NotSentReason,
+    ProviderHTTPError,
+    ProviderProtocolError,
+)
 
 log = logging.getLogger("recon_dagster.providers.http")
 
@@ -67,18 +73,28 @@ class TokenBucket:
         self._stamp = clock()
         self._lock = threading.Lock()
 
-    def reserve(self) -> float:
-        """Take one token; returns how many seconds the caller must wait before using it."""
+    def reserve(self, max_wait: float | None = None) -> float | None:
+        """Take one token; returns how many seconds the caller must wait before using it. With
+        ``max_wait``, a token that comes later is not taken: None (the bucket is left as it was)."""
         with self._lock:
             now = self._clock()
             self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
             self._stamp = now
+            wait = max(0.0, 1.0 - self._tokens) / self.rate
+            if max_wait is not None and wait > max_wait:
+                return None
             self._tokens -= 1.0
-            return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+            return wait
+
+    def next_token_s(self) -> float:
+        """Seconds until the next token exists (0: one is there)."""
+        with self._lock:
+            tokens = min(self.burst, self._tokens + (self._clock() - self._stamp) * self.rate)
+            return max(0.0, 1.0 - tokens) / self.rate
 
     def acquire(self, sleep: Callable[[float], None] = time.sleep) -> float:
         """Block until a token is available; returns the seconds waited."""
-        wait = self.reserve()
+        wait = self.reserve() or 0.0
         if wait > 0:
             sleep(wait)
         return wait
@@ -355,6 +371,9 @@ class ProviderHttp:
                 return True
             return state.attempt_number >= max(1, self.settings.max_attempts)
 
+        # Set once a try of this request reaches the transport: a later try the limiter refuses
+        # (``NotSent``) does not make the request unsent (its first try may have been answered).
+        sent: list[bool] = []
         retrying = tenacity.Retrying(
             stop=stop,
             wait=wait,
@@ -364,7 +383,13 @@ class ProviderHttp:
             reraise=True,
         )
         try:
-            return retrying(self._attempt, method, path, label, idempotent, json, params, headers, deadline)
+            return retrying(
+                self._attempt, method, path, label, idempotent, json, params, headers, deadline, sent
+            )
+        except NotSent as exc:
+            if sent:
+                raise ProviderHTTPError(label, None, f"{method} {path}: sent, then {exc}") from None
+            raise
         except _Transient as exc:
             # Exhausted: report as a plain HTTP-level failure without retry internals.
             if deadline is not None and time.monotonic() >= deadline:
@@ -385,10 +410,13 @@ class ProviderHttp:
         params: Mapping[str, str] | None,
         headers: Mapping[str, str] | None,
         deadline: float | None = None,
+        sent: list[bool] | None = None,
     ) -> httpx.Response:
+        # The account's shared budget (when configured) is the rate limit; the process's own
+        # bucket is the whole rate limit only without one (``RECON_LIMITS=process``).
         bucket = self._limiter.read_bucket if idempotent else self._limiter.create_bucket
-        if bucket is not None:
-            bucket.acquire(self._sleep)
+        if bucket is not None and self._account is None:
+            self._take_process_token(bucket, label, deadline)
         all_headers = {"accept-encoding": ACCEPT_ENCODING, **self._auth, **(headers or {})}
         started = time.perf_counter()
         account = (
@@ -398,6 +426,8 @@ class ProviderHttp:
         )
         try:
             with account, self._limiter.semaphore:
+                if sent is not None:
+                    sent.append(True)
                 response = self._send_capped(
                     method, path, label, idempotent, deadline,
                     self.client.build_request(
@@ -432,6 +462,22 @@ class ProviderHttp:
                 # The provider throttles the account: everyone sharing it waits, not only us.
                 self._account.block_for(min(exc.retry_after_s, self.settings.retry_after_max_s))
             raise
+
+    def _take_process_token(self, bucket: TokenBucket, label: str, deadline: float | None) -> None:
+        """The process's token, waited for only until ``deadline``: a later one is not taken and
+        the request is not sent (``NotSent``), so refusals never push the next token out."""
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        wait = bucket.reserve(max_wait=left)
+        if wait is None:
+            next_s = bucket.next_token_s()
+            raise NotSent(
+                label, NotSentReason.TOKEN_WAIT,
+                f"{self.provider}: the next token of this process comes in {next_s:.1f} s, after the "
+                f"request's deadline ({left or 0.0:.1f} s left); not waited for",
+                retry_in_s=next_s,
+            )  # fmt: skip
+        if wait > 0:
+            self._sleep(wait)
 
     def _timeout_until(self, deadline: float | None) -> httpx.Timeout:
         """The client's timeouts, each cut to what is left before ``deadline``."""

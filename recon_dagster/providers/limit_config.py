@@ -184,6 +184,26 @@ def batch_sizes_within_budgets(batch_size: int, run_concurrency: int, lease_s: f
     return sizes
 
 
+def polls_per_cadence(limits: AccountLimits, cadence_s: float) -> int | None:
+    """Polls the account's read budget serves in one reconcile cadence at its sustained rate (None:
+    no read budget). The sensor never keeps more polls of one provider requested (queued or
+    running) than this: a job asked for beyond it would wait past the cadence for its token."""
+    if limits.reads is None:
+        return None
+    rate, burst = limits.reads.bucket()
+    return max(1, math.floor(rate * max(cadence_s, 1.0)) + burst)
+
+
+def poll_budgets(cadence_s: float, environ: dict[str, str] | None = None) -> dict[str, int | None]:
+    """``polls_per_cadence`` of every polled provider's account from the environment; None for
+    all with per-process limits (``RECON_LIMITS=process``: every process a whole budget)."""
+    shared = shared_limits_enabled(environ)
+    return {
+        p: polls_per_cadence(account_limits_from_env(p, environ), cadence_s) if shared else None
+        for p in POLLED_PROVIDERS
+    }
+
+
 MIGRATE_ENV = "RECON_LIMITS_MIGRATE"
 
 

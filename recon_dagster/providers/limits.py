@@ -24,15 +24,15 @@ e.g. in unit tests) or the tables cannot be reached (logged).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
+import os
 import random
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 
 import sqlalchemy as sa
@@ -59,37 +59,74 @@ from recon_dagster.providers.limit_config import (
     batch_sizes_within_budgets,
     budget_migration_requested,
     parse_account_limits,
+    poll_budgets,
+    polls_per_cadence,
     resource_limit_fields,
     run_shape,
     shared_limits_enabled,
 )
-from recon_dagster.providers.status import ProviderHTTPError
+from recon_dagster.providers.limit_slots import SlotRenewer
+from recon_dagster.providers.status import NotSent, NotSentReason
 
 _DB_ERRORS = (sa.exc.SQLAlchemyError, DatabaseUnavailable)
 
 log = logging.getLogger("recon_dagster.providers.limits")
 
 
-class TokenWaitTooLong(ProviderHTTPError):
+class TokenWaitTooLong(NotSent):
     """The account's next token comes after the request's deadline or the run's lease: the request
-    fails now (an error outcome, attempt counted) instead of sleeping past them."""
+    is not sent (and takes no token) instead of sleeping past them. ``retry_in_s``: when the next
+    token comes; the reason is ``limiter_refused`` when a Retry-After block is what holds it."""
+
+    def __init__(
+        self,
+        kind: str,
+        _status: object,
+        message: str,
+        retry_in_s: float | None = None,
+        reason: NotSentReason = NotSentReason.TOKEN_WAIT,
+    ) -> None:
+        super().__init__(kind, reason, message, retry_in_s)
 
 
-class AccountBusy(RuntimeError):
-    """No concurrency slot of the account came free within the wait bound."""
+class AccountBusy(NotSent):
+    """No concurrency slot of the account came free before the request's deadline: not sent."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(kind, NotSentReason.SLOT_WAIT, message)
 
 
 # -- the shared limiter --------------------------------------------------------------------------
 
+# Reserve up to :n tokens, but only those that exist by :max_wait seconds from now (NULL: any):
+# a request that would have to wait longer takes nothing, so refusals never push the next
+# token further out. The balance is brought up to now either way (a pure refill, no token moved).
 _TAKE = sa.text(
     """
-    UPDATE provider_limit_buckets
-    SET tokens = LEAST(burst, tokens + GREATEST(0, EXTRACT(EPOCH FROM clock_timestamp() - stamp)) * rate_per_s) - :n,
-        stamp = GREATEST(stamp, clock_timestamp())
-    WHERE account = :account AND bucket = :bucket
-    RETURNING tokens, rate_per_s, GREATEST(0, EXTRACT(EPOCH FROM stamp - clock_timestamp()))
+    WITH b AS (
+      SELECT account, bucket, rate_per_s,
+             LEAST(burst, tokens + GREATEST(0, EXTRACT(EPOCH FROM clock_timestamp() - stamp)) * rate_per_s) AS refilled,
+             GREATEST(0, EXTRACT(EPOCH FROM stamp - clock_timestamp())) AS blocked_s
+      FROM provider_limit_buckets WHERE account = :account AND bucket = :bucket FOR UPDATE
+    ), t AS (
+      SELECT *, CASE
+          WHEN CAST(:max_wait AS double precision) IS NULL THEN :n
+          WHEN blocked_s > CAST(:max_wait AS double precision) THEN 0
+          ELSE LEAST(:n, GREATEST(0, floor(refilled + (CAST(:max_wait AS double precision) - blocked_s) * rate_per_s)))
+        END AS taken
+      FROM b
+    )
+    UPDATE provider_limit_buckets p
+    SET tokens = t.refilled - t.taken, stamp = GREATEST(p.stamp, clock_timestamp())
+    FROM t WHERE p.account = t.account AND p.bucket = t.bucket
+    RETURNING p.tokens, t.rate_per_s, t.blocked_s, t.taken
     """
 )
+
+_RENEW = sa.text(
+    "UPDATE provider_limit_slots SET expires_at = clock_timestamp() + make_interval(secs => :ttl) "
+    "WHERE account = :account AND holder = ANY(:holders)"
+).bindparams(sa.bindparam("holders", type_=sa.ARRAY(sa.Text)))
 
 # At a high rate a process reserves the tokens of the next few tens of milliseconds in one
 # statement: one statement per request made the bucket's row the bottleneck of a busy account.
@@ -172,6 +209,7 @@ class AccountLimiter:
         # Reserved tokens not handed out yet, per bucket: their monotonic times, ascending.
         self._held: dict[str, deque[float]] = {"read": deque(), "create": deque()}
         self._held_lock = threading.Lock()
+        self._renewer_of: tuple[int, SlotRenewer] | None = None
 
     def __repr__(self) -> str:
         return f"AccountLimiter({self.limits.account!r})"
@@ -248,8 +286,12 @@ class AccountLimiter:
             params,
         )
 
-    def take_token(self, create: bool) -> float:
-        """Reserve one token of the read or create bucket; returns the seconds to wait for it."""
+    def take_token(self, create: bool, max_wait: float | None = None) -> float:
+        """Reserve one token of the read or create bucket; returns the seconds to wait for it.
+
+        With ``max_wait``, a token that would come later is not taken at all: ``TokenRefused``
+        says when the next one comes (the bucket is left as it was, so refusals never grow the
+        wait of anyone after them)."""
         budget = self.limits.budget(create)
         if budget is None:
             return 0.0
@@ -259,10 +301,10 @@ class AccountLimiter:
             held = self._held[bucket]
             while held and held[0] + TOKEN_GRACE_S < now:
                 held.popleft()
-            if held:
+            if held and (max_wait is None or held[0] - now <= max_wait):
                 return max(0.0, held.popleft() - now)
         n = chunk_size(budget)
-        params = {"account": self.limits.account, "bucket": bucket, "n": n}
+        params = {"account": self.limits.account, "bucket": bucket, "n": n, "max_wait": max_wait}
         self.ensure()
         with self._engine().begin() as conn:
             row = conn.execute(_TAKE, params).one_or_none()
@@ -272,17 +314,20 @@ class AccountLimiter:
             self.ensure()
             with self._engine().begin() as conn:
                 row = conn.execute(_TAKE, params).one()
-        tokens, rate, blocked_s = float(row[0]), float(row[1]), float(row[2])
-        # Token j of the n (1-based) left the balance at tokens + n - j.
-        waits = [blocked_s + max(0.0, -(tokens + n - j)) / rate for j in range(1, n + 1)]
-        if n > 1:
+        tokens, rate, blocked_s, taken = float(row[0]), float(row[1]), float(row[2]), int(row[3])
+        if taken == 0:
+            raise TokenRefused(blocked_s, blocked_s + max(0.0, 1.0 - tokens) / rate)
+        # Token j of the ``taken`` (1-based) left the balance at tokens + taken - j.
+        waits = [blocked_s + max(0.0, -(tokens + taken - j)) / rate for j in range(1, taken + 1)]
+        if taken > 1:
             now = time.monotonic()
             with self._held_lock:
                 self._held[bucket].extend(now + w for w in waits[1:])
         return waits[0]
 
     def take_slot(self, kind: str) -> tuple[int, str] | None:
-        """One concurrency slot for ``kind`` if one is free to it now: ``(slot, holder)``."""
+        """One concurrency slot for ``kind`` if one is free to it now: ``(slot, holder)``. The
+        caller must ``release`` it; ``request`` also keeps it alive while the request runs."""
         lim = self.limits
         self.ensure()
         holder = uuid.uuid4().hex
@@ -300,8 +345,17 @@ class AccountLimiter:
         return None if slot is None else (int(slot), holder)
 
     def release(self, slot: int, holder: str) -> None:
+        self._renewer.forget(holder)
         with self._engine().begin() as conn:
             conn.execute(_RELEASE, {"account": self.limits.account, "slot": slot, "holder": holder})
+
+    def renew(self, holders: Collection[str]) -> None:
+        """Push the expiry of slots this process holds one TTL out (the renewer's statement)."""
+        if holders:
+            with self._engine().begin() as conn:
+                conn.execute(
+                    _RENEW, {"account": self.limits.account, "holders": list(holders), "ttl": self.limits.slot_ttl_s}
+                )
 
     def block_for(self, seconds: float) -> None:
         """The provider said Retry-After: nobody on this account sends before then."""
@@ -315,83 +369,139 @@ class AccountLimiter:
             with self._engine().begin() as conn:
                 conn.execute(_BLOCK, {"account": self.limits.account, "secs": float(seconds)})
         except _DB_ERRORS as exc:
-            self._degraded(exc)
+            self._unreachable(exc, "the provider's Retry-After is not shared with other processes")
 
-    def _check_wait(self, kind: str, wait: float, deadline: float | None) -> None:
+    def _wait_bound(self, deadline: float | None) -> tuple[float, str]:
+        """How long a request may wait for its slot and token, and what bounds it (for messages)."""
         lease_s = stale_part_age_s()
         left = math.inf if deadline is None else deadline - time.monotonic()
-        if wait <= min(left, lease_s):
-            return
-        bound = (
-            f"the request's deadline ({max(0.0, left):.1f} s left)"
-            if left < lease_s
-            else (f"the run's lease (RECON_LEASE_S={lease_s:g})")
-        )
-        raise TokenWaitTooLong(
-            kind,
-            None,
-            f"account {self.limits.account!r}: the next token comes in {wait:.1f} s, after {bound}; not waited for",
-        )
+        if left < lease_s:
+            return max(0.0, left), f"the request's deadline ({max(0.0, left):.1f} s left)"
+        return lease_s, f"the run's lease (RECON_LEASE_S={lease_s:g})"
 
-    def _degraded(self, exc: BaseException) -> None:
+    def _unreachable(self, exc: BaseException, consequence: str) -> None:
+        """Log (once a minute per account) that the shared tables did not answer."""
         now = time.monotonic()
         if now - self._degraded_at >= 60:
             self._degraded_at = now
+            first = str(exc).splitlines()[0] if str(exc) else ""
             log.error(
-                "shared limits of account %r unavailable (%s: %s); per-process limits only until "
-                "the database answers (is migration 140 applied?)",
-                self.limits.account,
-                type(exc).__name__,
-                str(exc).splitlines()[0] if str(exc) else "",
-            )
+                "shared limits of account %r unreachable (%s: %s); %s until the database answers "
+                "(is migration 140 applied?)",
+                self.limits.account, type(exc).__name__, first, consequence,
+            )  # fmt: skip
         with self._ready_lock:
             self._ready = False
+
+    def _slot_within(self, kind: str, bound_s: float, bound: str) -> tuple[int, str]:
+        """A slot for ``kind`` taken within ``bound_s`` seconds, else ``AccountBusy``."""
+        started = time.monotonic()
+        until = started + min(bound_s, self.SLOT_WAIT_MAX_S)
+        delay, rebuilt = 0.01, False
+        while True:
+            held = self.take_slot(kind)
+            if held is not None:
+                return held
+            if not rebuilt:  # the slot rows may have gone (a wiped table): recreate them once
+                rebuilt = True
+                with self._ready_lock:
+                    self._ready = False
+                self.ensure()
+                continue
+            now = time.monotonic()
+            if now >= until:
+                raise AccountBusy(
+                    kind,
+                    f"account {self.limits.account!r}: no concurrency slot came free in "
+                    f"{now - started:.1f} s, before {bound}; not sent",
+                )
+            self._sleep(min(until - now, delay * random.uniform(0.5, 1.5)))
+            delay = min(0.25, delay * 2)
+
+    def _token_within(self, kind: str, create: bool, bound_s: float, bound: str) -> None:
+        """Wait for a token that comes within ``bound_s``; a later one is not taken: ``NotSent``."""
+        try:
+            wait = self.take_token(create, max_wait=bound_s)
+        except TokenRefused as refused:
+            reason = NotSentReason.LIMITER_REFUSED if refused.blocked_s > bound_s else NotSentReason.TOKEN_WAIT
+            what = (
+                f"the account is blocked by the provider's Retry-After for {refused.blocked_s:.1f} s"
+                if reason is NotSentReason.LIMITER_REFUSED
+                else f"the next token comes in {refused.next_s:.1f} s"
+            )
+            raise TokenWaitTooLong(
+                kind, None, f"account {self.limits.account!r}: {what}, after {bound}; not waited for",
+                retry_in_s=refused.next_s, reason=reason,
+            ) from None  # fmt: skip
+        if wait > 0:
+            self._sleep(wait)
 
     @contextmanager
     def request(self, kind: str, *, create: bool, deadline: float | None = None) -> Iterator[None]:
         """Hold a slot (if the account limits concurrency) and a rate token for one request.
 
-        A token that comes after ``deadline`` (monotonic; the request's own) or after the run's
-        lease (``RECON_LEASE_S``) is not waited for: ``TokenWaitTooLong``.
+        A slot or a token that comes after ``deadline`` (monotonic; the request's own) or after the
+        run's lease (``RECON_LEASE_S``) is not waited for, and a token that would come later is not
+        taken: ``NotSent`` (``TokenWaitTooLong``, ``AccountBusy``). A limiter that cannot reach its
+        tables fails closed: ``NotSent`` with reason ``limiter_database_unreachable``, nothing held.
+        The slot is kept alive while the request runs and released however it ends.
         """
         held: tuple[int, str] | None = None
+        bound_s, bound = self._wait_bound(deadline)
         try:
             if self.limits.concurrency:
-                delay, waited = 0.01, 0.0
-                while True:
-                    held = self.take_slot(kind)
-                    if held is not None:
-                        break
-                    if waited == 0.0:  # the slot rows may have gone (a wiped table): recreate them
-                        with self._ready_lock:
-                            self._ready = False
-                        self.ensure()
-                    if waited >= self.SLOT_WAIT_MAX_S:
-                        raise AccountBusy(f"{kind}: no {self.limits.account} slot free for {waited:.0f} s")
-                    pause = delay * random.uniform(0.5, 1.5)
-                    self._sleep(pause)
-                    waited += pause
-                    delay = min(0.25, delay * 2)
-            wait = self.take_token(create)
-            if wait > 0:
-                self._check_wait(kind, wait, deadline)
-                self._sleep(wait)
+                held = self._slot_within(kind, bound_s, bound)
+                self._renewer.keep(held[1])
+                bound_s, bound = self._wait_bound(deadline)  # what the slot wait left of it
+            self._token_within(kind, create, bound_s, bound)
         except _DB_ERRORS as exc:
-            self._degraded(exc)
-            held = None
+            self._give_back(held)
+            self._unreachable(exc, "requests are not sent")
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise NotSent(
+                kind, NotSentReason.LIMITER_DB, f"account {self.limits.account!r}: {type(exc).__name__}: {first}"
+            ) from None
+        except LimitsConfigError as exc:  # this process's budget differs from the account's
+            self._give_back(held)
+            raise NotSent(kind, NotSentReason.LIMITER_REFUSED, str(exc)) from None
         except BaseException:
-            if held is not None:  # a request that will not be sent gives its slot back at once
-                with contextlib.suppress(*_DB_ERRORS):
-                    self.release(*held)
+            self._give_back(held)  # a request that will not be sent gives its slot back at once
             raise
         try:
             yield
         finally:
-            if held is not None:
-                try:
-                    self.release(*held)
-                except _DB_ERRORS as exc:  # the slot frees itself at its expiry
-                    self._degraded(exc)
+            self._give_back(held)
+
+    def _give_back(self, held: tuple[int, str] | None) -> None:
+        """Release a slot now; if the database does not answer, it is no longer renewed and
+        frees itself at its expiry."""
+        if held is None:
+            return
+        try:
+            self.release(*held)
+        except _DB_ERRORS as exc:
+            self._unreachable(exc, "a slot frees itself at its expiry")
+
+    @property
+    def _renewer(self) -> SlotRenewer:
+        pid = os.getpid()
+        with self._ready_lock:
+            if self._renewer_of is None or self._renewer_of[0] != pid:  # none yet, or a forked child
+                renewer = SlotRenewer(
+                    self.limits.account, self.limits.slot_ttl_s, self.renew,
+                    lambda exc: self._unreachable(exc, "slots in flight are not renewed"), _DB_ERRORS,
+                )  # fmt: skip
+                self._renewer_of = (pid, renewer)
+            return self._renewer_of[1]
+
+
+class TokenRefused(Exception):
+    """``take_token(max_wait=...)``: no token comes in time; none was taken."""
+
+    def __init__(self, blocked_s: float, next_s: float) -> None:
+        super().__init__(f"next token in {next_s:.1f} s")
+        self.blocked_s = blocked_s
+        self.next_s = next_s
 
 
 def verify_account_budgets(environ: dict[str, str] | None = None) -> None:
@@ -445,6 +555,8 @@ __all__ = [
     "budget_migration_requested",
     "chunk_size",
     "parse_account_limits",
+    "poll_budgets",
+    "polls_per_cadence",
     "resource_limit_fields",
     "run_shape",
     "shared_limits_enabled",

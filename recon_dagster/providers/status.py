@@ -82,6 +82,39 @@ class ProviderHTTPError(ProviderError):
         self.status_code = status_code
 
 
+class NotSentReason(StrEnum):
+    """Why this process never sent a request (``NotSent``); recorded with the job's ``not_sent``
+    outcome, and in ``explain`` and ``status``."""
+
+    # The account is blocked by a provider's Retry-After until after the request's deadline.
+    LIMITER_REFUSED = "limiter_refused"
+    # The provider's circuit breaker in this process is open: requests are not let out for now.
+    BREAKER_OPEN = "breaker_open"
+    # The account's next rate token comes after the request's deadline (or the run's lease).
+    TOKEN_WAIT = "token_wait_past_deadline"
+    # No concurrency slot of the account came free before the request's deadline.
+    SLOT_WAIT = "slot_wait_past_deadline"
+    # The shared limiter could not reach its tables in PostgreSQL: it fails closed.
+    LIMITER_DB = "limiter_database_unreachable"
+
+
+class NotSent(ProviderHTTPError):
+    """This process never sent the request: its own limiter or breaker refused it, or its deadline
+    ran out while it waited for a token or a slot. Nothing reached the provider, so the caller may
+    send it again later; reconciliation reschedules the job without counting an attempt.
+
+    ``retry_in_s``: when the refusing limit expects to let a request out again (None: unknown)."""
+
+    def __init__(
+        self, provider_kind: str, reason: NotSentReason, message: str, retry_in_s: float | None = None
+    ) -> None:
+        ProviderError.__init__(self, f"{provider_kind}: not sent ({reason.value}): {message}")
+        self.provider_kind = provider_kind
+        self.status_code = None
+        self.reason = reason
+        self.retry_in_s = retry_in_s
+
+
 class AmbiguousCreateError(ProviderError):
     """A create request may have reached the provider but its answer was lost.
 

@@ -99,6 +99,56 @@ def plan_batches(
     return batches
 
 
+def within_poll_budgets(
+    batches: Sequence[Batch],
+    budgets: Mapping[str, int | None],
+    busy: Mapping[str, int],
+) -> tuple[list[Batch], list[Batch]]:
+    """Split planned batches into those to request now and those that wait their turn (no run,
+    no lease, no attempt): per provider, the polls already in queued or running runs (``busy``)
+    plus the polls requested now stay within the provider's ``budgets`` (the polls its account
+    serves in one cadence; None: no cap). Whole batches only, so a backlog is never cut into
+    many small runs (each run's worker costs seconds to start).
+
+    Batches are taken in turns, fairly across kinds: every kind's first batch, smallest first (a
+    few fresh stuck jobs of one kind go before another kind's backlog), then every kind's second,
+    and so on, until the next one does not fit. A provider with nothing in flight always gets its
+    first batch, however small its budget, so it never stalls."""
+    left = {p: None if cap is None else cap - busy.get(p, 0) for p, cap in budgets.items()}
+    idle = {p for p in budgets if busy.get(p, 0) <= 0}
+    full: set[str] = set()
+    now: list[Batch] = []
+    later: list[Batch] = []
+    for batch in _in_turns(batches):
+        provider = str(KINDS[batch.provider_kind].provider)
+        room = left.get(provider)
+        size = len(batch.claims)
+        if room is None:
+            now.append(batch)
+        elif provider not in full and (size <= room or provider in idle):
+            left[provider] = room - size
+            idle.discard(provider)
+            now.append(batch)
+        else:
+            full.add(provider)  # its later turns wait too: the order stays fair
+            later.append(batch)
+    return now, later
+
+
+def _in_turns(batches: Sequence[Batch]) -> list[Batch]:
+    """Every kind's first batch (smallest first), then every kind's second, and so on."""
+    by_kind: dict[str, list[Batch]] = defaultdict(list)
+    for b in batches:
+        by_kind[b.provider_kind].append(b)
+    turns: list[list[Batch]] = []
+    for kind_batches in by_kind.values():
+        for i, b in enumerate(kind_batches):
+            if i == len(turns):
+                turns.append([])
+            turns[i].append(b)
+    return [b for turn in turns for b in sorted(turn, key=lambda b: (len(b.claims), b.provider_kind))]
+
+
 def claim_at_start(
     conn: sa.Connection, claims: Sequence[Claim], owner: str, ttl: timedelta, *, cap: int | None = None
 ) -> tuple[list[Claim], dict[uuid.UUID, str]]:

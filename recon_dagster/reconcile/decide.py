@@ -39,6 +39,10 @@ class Outcome(StrEnum):
     EXHAUSTED = "exhausted"
     LOST_RACE = "lost_race"  # another writer (worker, webhook, cancel) got there first
     SKIPPED = "skipped"  # not ours any more (lease lost, row no longer in flight)
+    # The poll never left this process (its own limiter or breaker refused it, or its deadline ran
+    # out waiting for a token or a slot): no attempt counted, the job rescheduled. The reason is
+    # the first word of the outcome's detail (``not_sent_reason``).
+    NOT_SENT = "not_sent"
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,20 @@ def decide_after_attempt(attempts_after_bump: int, max_attempts: int = MAX_ATTEM
     return Action.RETRY_LATER
 
 
+def not_sent_detail(reason: str, message: str, due_in_s: float) -> str:
+    """The detail of a ``not_sent`` outcome: the reason first, as ``not_sent_reason`` reads it."""
+    return f"{reason}: {message}; no attempt counted, due again in {due_in_s:.0f} s"
+
+
+def not_sent_reason(detail: str | None) -> str | None:
+    """The reason a ``not_sent`` outcome recorded (``limiter_refused``, ``breaker_open``,
+    ``token_wait_past_deadline``, ``slot_wait_past_deadline``, ``limiter_database_unreachable``)."""
+    if not detail:
+        return None
+    head = detail.split(":", 1)[0].strip()
+    return head if head and " " not in head else None
+
+
 def failure_message(reason: str) -> str:
     """The error_message a reconcile failure leaves on the job row."""
     return f"reconcile: {reason}"
@@ -123,6 +141,24 @@ def unusable_result(*, media: int, result: object, promised: bool) -> str | None
     if media == 0 and not result:
         return "the success carried no media and no result"
     return None
+
+
+def foreign_task(row_task: str | None, result_task: str | None) -> bool:
+    """Whether a result names another upstream task than the one the row persisted. A result
+    without a task id, or a row without one yet, names no conflict."""
+    return row_task is not None and result_task is not None and result_task != row_task
+
+
+def refused_before_download(row: JobRow, status: UpstreamStatus) -> str | None:
+    """Why ``finalize_job_with_media`` refuses this success before any download (None: it goes
+    on to the media): another task's result, or a success that cannot carry what the job promised.
+    The first phase of finalize and the plan (and shadow) apply these same checks, so what they
+    predict for a success is what enforce does: count the attempt, never complete it."""
+    if foreign_task(row.provider_task_id, status.task_id):
+        return f"result of task {status.task_id}, but the row's task is {row.provider_task_id}"
+    return unusable_result(
+        media=len(status.media), result=status.result, promised=promised_media(status.provider_kind, row.job_type)
+    )
 
 
 # --- the per-provider not-found breaker (issue 7 rule 7) -------------------------------------------

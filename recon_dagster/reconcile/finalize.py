@@ -44,9 +44,10 @@ from recon_dagster.media.egress import new_media_client
 from recon_dagster.media.errors import MediaNotImage, MediaNotVideo, MediaUnusable
 from recon_dagster.media.store import MediaStore, StoredObject, guess_ext, media_key
 from recon_dagster.media.transfer import fetch_media_to_store
+from recon_dagster.media.video_limits import VideoBudget, VideoLimits
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
 from recon_dagster.reconcile.completion import reopen_sole_cause_workflow, settle_completion
-from recon_dagster.reconcile.decide import promised_media, unusable_result
+from recon_dagster.reconcile.decide import foreign_task, promised_media, unusable_result
 
 log = logging.getLogger("recon_dagster.finalize")
 
@@ -116,6 +117,9 @@ class MediaPolicy:
     # (None: RECON_MEDIA_MIN_BYTES_PER_S, 1 MiB/s).
     deadline_s: float | None = None
     min_bytes_per_s: float | None = None
+    # Bounds on re-encoding the job's videos (None: RECON_VIDEO_MAX_DURATION_S, _FRAMES, _PIXELS
+    # and RECON_VIDEO_ENCODE_DEADLINE_S).
+    video_limits: VideoLimits | None = None
 
 
 class UnusableResult(ValueError):
@@ -160,12 +164,6 @@ def _refuse_foreign(
             },
         )
     raise ForeignTaskResult(row.id, result.provider_kind, row_task, result.task_id)
-
-
-def foreign_task(row_task: str | None, result_task: str | None) -> bool:
-    """Whether a result names another upstream task than the one the row persisted (pure). A
-    result without a task id, or a row without one yet, names no conflict."""
-    return row_task is not None and result_task is not None and result_task != row_task
 
 
 def _task_of(row: jobs_db.JobRow, result: ProviderResult) -> str | None:
@@ -236,6 +234,7 @@ def finalize_job_with_media(
         return FinalizeResult(False, "job not found")
     if not row.inflight:
         return FinalizeResult(False, f"already {row.status}")
+    # The checks of decide.refused_before_download (the plan and shadow apply them too).
     if row.provider_task_id is not None and foreign_task(row.provider_task_id, result.task_id):
         _refuse_foreign(engine, row, row.provider_task_id, result, source)
     _require_usable(row, result, len(result.media))
@@ -354,6 +353,8 @@ def store_result_media(
     budget_s = policy.deadline_s if policy.deadline_s is not None else media_deadline_s()
     rate = policy.min_bytes_per_s if policy.min_bytes_per_s is not None else media_min_bytes_per_s()
     deadline = time.monotonic() + budget_s
+    # One budget for all the job's videos: hours of tiny frames end here, not past the lease.
+    videos = VideoBudget(policy.video_limits, deadline=deadline)
     for index, ref in enumerate(result.media):
         left = max(0.0, deadline - time.monotonic())
         headers = (
@@ -379,6 +380,7 @@ def store_result_media(
                 client=shared_media_client(),
                 deadline_s=left,
                 min_bytes_per_s=rate,
+                video_budget=videos,
             )
         )
     return out

@@ -99,29 +99,42 @@ def legacy_decision(status: UpstreamStatus) -> str | None:
     return None  # pragma: no cover
 
 
+# In-flight legacy trainings with no task id on their job row, oldest first: what adoption takes.
+_ADOPTABLE = """
+  SELECT c.id, c.training_job_id, c.replicate_training_id, c.training_started_at, c.created_at
+  FROM characters c JOIN jobs j ON j.id = c.training_job_id
+  WHERE c.training_status IN ('pending', 'training') AND c.replicate_training_id IS NOT NULL
+    AND j.provider_task_id IS NULL AND j.status IN ('pending', 'processing')
+  ORDER BY c.created_at LIMIT :limit
+"""
+
+
 def adopt_legacy_trainings(conn: sa.Connection, limit: int = 500) -> list[Adopted]:
     """Give in-flight legacy trainings the columns the sensor needs; never overwrite a task id."""
     rows = conn.execute(
         sa.text(
-            """
+            f"""
             UPDATE jobs j SET provider_kind = :kind,
               provider_task_id = c.replicate_training_id,
               provider_call_started_at = COALESCE(j.provider_call_started_at, c.training_started_at,
                                                   j.started_at, c.created_at),
               updated_at = now()
-            FROM (
-              SELECT c.id, c.training_job_id, c.replicate_training_id, c.training_started_at, c.created_at
-              FROM characters c JOIN jobs j ON j.id = c.training_job_id
-              WHERE c.training_status IN ('pending', 'training') AND c.replicate_training_id IS NOT NULL
-                AND j.provider_task_id IS NULL AND j.status IN ('pending', 'processing')
-              ORDER BY c.created_at LIMIT :limit
-            ) c
+            FROM ({_ADOPTABLE}) c
             WHERE j.id = c.training_job_id AND j.provider_task_id IS NULL
               AND j.status IN ('pending', 'processing')
             RETURNING j.id AS job_id, c.id AS character_id, c.replicate_training_id AS training_id
             """
         ),
         {"kind": KIND, "limit": limit},
+    )
+    return [Adopted(uuid.UUID(str(r.job_id)), uuid.UUID(str(r.character_id)), r.training_id) for r in rows]
+
+
+def adoptable_trainings(conn: sa.Connection, limit: int = 500) -> list[Adopted]:
+    """What ``adopt_legacy_trainings`` would adopt now, read only (the training kind in shadow)."""
+    rows = conn.execute(
+        sa.text(f"SELECT c.training_job_id AS job_id, c.id AS character_id, c.replicate_training_id AS training_id FROM ({_ADOPTABLE}) c"),
+        {"limit": limit},
     )
     return [Adopted(uuid.UUID(str(r.job_id)), uuid.UUID(str(r.character_id)), r.training_id) for r in rows]
 

@@ -82,9 +82,16 @@ class Summary:
     def errors(self) -> int:
         return self.counts[Outcome.ERROR]
 
+    @property
+    def not_sent(self) -> int:
+        """Polls this process never sent: rescheduled, no attempt counted."""
+        return self.counts[Outcome.NOT_SENT]
+
     def line(self) -> str:
         extra = "".join(
-            f" {k}={self.counts[k]}" for k in (Outcome.LOST_RACE, Outcome.SKIPPED) if self.counts[k]
+            f" {k}={self.counts[k]}"
+            for k in (Outcome.LOST_RACE, Outcome.SKIPPED, Outcome.NOT_SENT)
+            if self.counts[k]
         )
         return (
             f"[reconcile] scanned={self.scanned} recovered={self.recovered} failed={self.failed} "
@@ -99,6 +106,7 @@ class Step(StrEnum):
     FAIL = "fail"  # upstream failed / lost the task / result expired: fail + refund
     SWEEP = "sweep"  # sync kind, no task id, unknown kind: nothing to poll, fail + refund (5.6)
     COUNT = "count"  # still running, or this attempt errored: count the attempt
+    DEFER = "defer"  # the poll was never sent: reschedule, no attempt counted
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,10 @@ class Polled:
     status: UpstreamStatus | None = None
     outcome: Outcome = Outcome.STILL_RUNNING  # for COUNT: still_running or error
     poll_ms: int = 0
+    # DEFER: when the refusing limit expects to let a poll out again (None: unknown).
+    retry_in_s: float | None = None
+    # DEFER: the reason (a NotSentReason value).
+    not_sent: str | None = None
 
 
 def outcomes_since(conn: sa.Connection, since_epoch: float) -> Counter[str]:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any, cast
@@ -42,6 +42,7 @@ from recon_dagster.reconcile.decide import (
     decide_after_attempt,
     decide_on_status,
     not_found_breaker_open,
+    refused_before_download,
     route,
 )
 from recon_dagster.reconcile.reconciler import Polled, Reconciler, ReconcileSettings, Step, Upstream
@@ -56,6 +57,8 @@ class PlanAction(StrEnum):
     COUNT = "count"  # this attempt errored: count it
     FORCE_FAIL = "force_fail"  # the attempt that reaches the cap: force-fail + refund
     POLL = "poll"  # --no-poll: the row alone cannot decide, upstream would be asked
+    DEFER = "defer"  # the poll was not sent (its account's limiter refused it): rescheduled, no attempt
+    CLAMP = "clamp"  # a lease / next attempt beyond what we ever write: clamped by the sweep (shadow)
     LEAVE = "leave_alone"  # not due (lease, cadence, threshold), or still running below the cap
 
 
@@ -129,12 +132,16 @@ def action_for(step: Step, outcome: Outcome, attempts_after: int, max_attempts: 
         return PlanAction.FAIL
     if step is Step.SWEEP:
         return PlanAction.SWEEP
+    if step is Step.DEFER:
+        return PlanAction.DEFER
     if decide_after_attempt(attempts_after, max_attempts) is Action.FORCE_FAIL:
         return PlanAction.FORCE_FAIL
     return PlanAction.LEAVE if outcome is Outcome.STILL_RUNNING else PlanAction.COUNT
 
 
-def upstream_answer(status: UpstreamStatus | None, reason: str = "") -> str:
+def upstream_answer(status: UpstreamStatus | None, reason: str = "", step: Step | None = None) -> str:
+    if step is Step.DEFER:
+        return "not sent"
     if status is None:
         return "error" if reason.startswith("poll failed") else "-"
     progress = f" {status.progress}%" if status.progress is not None else ""
@@ -191,8 +198,14 @@ class ReadOnlyReconciler(Reconciler):
     non-finite timestamp anomaly). Only ``poll`` may be called: it has no media store."""
 
     def __init__(self, engine: sa.Engine, upstream: Upstream, settings: ReconcileSettings) -> None:
+        # A plan never waits for its account: a poll the limiter does not let out now is shown
+        # as ``defer`` (a run would wait for it within its account wait, then poll).
         super().__init__(
-            engine, upstream, cast(MediaStore, None), settings=settings, breaker=ReadOnlyBreaker(engine)
+            engine,
+            upstream,
+            cast(MediaStore, None),
+            settings=replace(settings, account_wait=timedelta(0)),
+            breaker=ReadOnlyBreaker(engine),
         )
 
     def _flag_nonfinite(self, row: JobRow) -> None:
@@ -274,6 +287,27 @@ _RESERVED_SQL = sa.text(
 ).bindparams(sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)))
 
 
+# The shadow decisions enforce would have counted as attempts: still running (leave_alone) and
+# errored (count). Shadow writes no attempt counter, so these are how it knows where a job stands.
+COUNTED = frozenset({PlanAction.COUNT, PlanAction.LEAVE})
+_SHADOW_ATTEMPTS_SQL = sa.text(
+    f"""
+    SELECT job_id, count(*) AS n FROM reconcile_decisions
+    WHERE job_id = ANY(:ids) AND mode = 'shadow' AND action IN ({", ".join(f"'{a.value}'" for a in sorted(COUNTED))})
+    GROUP BY job_id
+    """
+).bindparams(sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)))
+
+
+def shadow_attempts(conn: sa.Connection, job_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, int]:
+    """Per job, the attempts its shadow decisions so far stand for (from ``reconcile_decisions``,
+    never from the job row: shadow writes none)."""
+    if not job_ids:
+        return {}
+    rows = conn.execute(_SHADOW_ATTEMPTS_SQL, {"ids": [str(j) for j in job_ids]})
+    return {uuid.UUID(str(r.job_id)): int(r.n) for r in rows}
+
+
 def reserved_logs(conn: sa.Connection, job_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, list[ReservedLog]]:
     """Every job's ``reserved`` usage logs in the settle functions' order, read without a lock."""
     out: dict[uuid.UUID, list[ReservedLog]] = defaultdict(list)
@@ -316,14 +350,17 @@ def build_plan(
     kind: str | None = None,
     limit: int = 5000,
     busy: Collection[uuid.UUID] = (),
+    shadowed: Callable[[str | None], bool] | None = None,
 ) -> Plan:
     """What the next tick would do to each in-flight job (of ``kind``); ``upstream`` None: no poll.
 
-    ``busy``: jobs already carried by queued or running reconcile runs (left alone)."""
+    ``busy``: jobs already carried by queued or running reconcile runs (left alone). ``shadowed``:
+    which kinds only decide (``RECON_MODE``): their attempts so far are their shadow decisions'."""
     with engine.connect() as conn, conn.begin():
         conn.execute(sa.text("SET TRANSACTION READ ONLY"))
         scanned = [r for r in jobs_db.scan_stale(conn, limit) if kind is None or r.provider_kind == kind]
         money = reserved_logs(conn, [r.id for r in scanned])
+        decided = shadow_attempts(conn, [r.id for r in scanned if shadowed and shadowed(r.provider_kind)])
         not_due = conn.execute(
             _NOT_DUE_SQL, {"due": [str(r.id) for r in scanned], "kind": kind, "limit": limit}
         ).all()
@@ -332,7 +369,7 @@ def build_plan(
     to_poll: list[JobRow] = []
     for row in scanned:
         takeover = row.reconcile_lease_owner is not None
-        counter = row.reconcile_attempts + (1 if takeover else 0)
+        counter = row.reconcile_attempts + (1 if takeover else 0) + decided.get(row.id, 0)
         if row.id in busy:
             plan.jobs.append(_job(row, now, "-", PlanAction.LEAVE, "in a queued or running reconcile run"))
         elif takeover and decide_after_attempt(counter, settings.max_attempts) is Action.FORCE_FAIL:
@@ -344,7 +381,11 @@ def build_plan(
             to_poll.append(row)
     rec = ReadOnlyReconciler(engine, upstream or _Unpolled(), settings)
     for p in rec.poll(to_poll):
-        plan.jobs.append(polled_job(p, now, settings.max_attempts, money.get(p.row.id, [])))
+        plan.jobs.append(
+            polled_job(
+                p, now, settings.max_attempts, money.get(p.row.id, []), shadow_counted=decided.get(p.row.id, 0)
+            )
+        )
     for r in not_due:
         age = float(r.age_s) if r.age_s is not None else None
         plan.jobs.append(
@@ -355,16 +396,28 @@ def build_plan(
     return plan
 
 
-def polled_job(p: Polled, now: datetime, max_attempts: int, logs: Sequence[ReservedLog]) -> PlannedJob:
+def polled_job(
+    p: Polled, now: datetime, max_attempts: int, logs: Sequence[ReservedLog], *, shadow_counted: int = 0
+) -> PlannedJob:
+    """What acting on a polled job does, as enforce's act phase would do it. ``shadow_counted``:
+    the attempts shadow decided for this job so far (``shadow_attempts``), added to the counter
+    enforce wrote, since a shadowed job's counter never moves."""
     row = p.row
-    after = row.reconcile_attempts + (1 if row.reconcile_lease_owner is not None else 0) + 1
-    action = action_for(p.step, p.outcome, after, max_attempts)
-    reason = p.reason
+    counter = row.reconcile_attempts + (1 if row.reconcile_lease_owner is not None else 0) + shadow_counted
+    after = counter + 1
+    step, outcome, reason = p.step, p.outcome, p.reason
+    if step is Step.FINALIZE and p.status is not None:
+        refused = refused_before_download(row, p.status)
+        if refused is not None:  # finalize refuses it before any download: the attempt counts
+            step, outcome, reason = Step.COUNT, Outcome.ERROR, f"upstream succeeded, but finalize refuses it: {refused}"
+    action = action_for(step, outcome, after, max_attempts)
     if action is PlanAction.FORCE_FAIL:
-        reason = f"{after} attempts: {p.reason}"
+        reason = f"{after} attempts: {reason}"
     elif action in (PlanAction.COUNT, PlanAction.LEAVE):
-        reason = f"{p.reason}; counts attempt {after} of {max_attempts}"
-    return _job(row, now, upstream_answer(p.status, p.reason), action, reason, logs)
+        reason = f"{reason}; counts attempt {after} of {max_attempts}"
+    elif action is PlanAction.DEFER:
+        reason = f"{p.not_sent}: {reason}; rescheduled, no attempt counted"
+    return _job(row, now, upstream_answer(p.status, p.reason, p.step), action, reason, logs, attempt=after)
 
 
 def _job(
@@ -374,10 +427,13 @@ def _job(
     action: PlanAction,
     reason: str,
     logs: Sequence[ReservedLog] = (),
+    *,
+    attempt: int | None = None,
 ) -> PlannedJob:
     since = row.provider_call_started_at or row.started_at or row.created_at
     age = (now - since).total_seconds() if since is not None else None
-    attempt = row.reconcile_attempts + (1 if row.reconcile_lease_owner is not None else 0) + 1
+    if attempt is None:
+        attempt = row.reconcile_attempts + (1 if row.reconcile_lease_owner is not None else 0) + 1
     return PlannedJob(
         str(row.id), row.provider_kind, age, attempt, upstream, action, reason, settlement(action, logs)
     )

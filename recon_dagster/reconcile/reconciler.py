@@ -24,7 +24,7 @@ from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim, JobRow
 from recon_dagster.media.store import MediaStore
-from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
+from recon_dagster.providers.status import MediaRef, NotSent, UpstreamState, UpstreamStatus
 from recon_dagster.reconcile import lora
 from recon_dagster.reconcile.batches import claim_at_start, claim_isolated, renew_leases
 from recon_dagster.reconcile.breaker import NotFoundBreaker
@@ -34,6 +34,7 @@ from recon_dagster.reconcile.decide import (
     Route,
     decide_after_attempt,
     failure_message,
+    not_sent_detail,
     route,
 )
 from recon_dagster.reconcile.finalize import (
@@ -76,6 +77,19 @@ class ReconcileSettings:
     cadence: timedelta = RECONCILE_CADENCE
     lease_ttl: timedelta = timedelta(minutes=15)
     concurrency: int = 16
+    # A poll its account's limiter did not let out, with a time it will (a Retry-After block, a
+    # token queue), is tried again within the run while the run's poll phase is younger than
+    # this (None: a third of the lease), so the account's budget is used again the moment the
+    # block ends instead of a sensor tick and a run start later. Past it the job is rescheduled.
+    account_wait: timedelta | None = None
+    # A poll that was not sent is due again after the refusing limit's hint, or this when it gave
+    # none (a slot wait, an unreachable limiter); never later than the cadence.
+    not_sent_delay: timedelta = timedelta(seconds=60)
+
+    @property
+    def account_wait_s(self) -> float:
+        wait = self.account_wait if self.account_wait is not None else self.lease_ttl / 3
+        return wait.total_seconds()
 
 
 class Reconciler:
@@ -106,6 +120,9 @@ class Reconciler:
         self.run_id = run_id
         # Outcomes go to reconcile_events in groups; every phase below ends with ``flush``.
         self.events = EventLog(engine, run_id)
+        self._sleep: Callable[[float], None] = time.sleep
+        # When the current poll phase began (the in-run wait for the account is bounded by it).
+        self._poll_phase_started = time.monotonic()
 
     # -- claim: the lease is taken when the run starts ------------------------------------------
 
@@ -178,6 +195,7 @@ class Reconciler:
 
     def poll(self, rows: Sequence[JobRow]) -> list[Polled]:
         """Poll every job concurrently (the provider resource enforces its own rate limits)."""
+        self._poll_phase_started = time.monotonic()
         try:
             return self._map(self._poll_guarded, rows)
         finally:
@@ -211,7 +229,17 @@ class Reconciler:
             return Polled(row, Step.SWEEP, _sweep_reason(row))
         assert row.provider_kind is not None and row.provider_task_id is not None
         try:
-            status = self.upstream.poll(row.provider_kind, row.provider_task_id)
+            status = self._poll_when_let_out(row.provider_kind, row.provider_task_id)
+        except NotSent as exc:  # never left this process: not an attempt (issue 34)
+            return Polled(
+                row,
+                Step.DEFER,
+                str(exc),
+                outcome=Outcome.NOT_SENT,
+                poll_ms=_ms(started),
+                retry_in_s=exc.retry_in_s,
+                not_sent=exc.reason.value,
+            )
         except Exception as exc:
             self.breaker.record_error(row.provider_kind, exc)
             return Polled(
@@ -233,7 +261,21 @@ class Reconciler:
             row, Step.COUNT, f"{decision.reason}{progress}", status, outcome=counted, poll_ms=_ms(started)
         )
 
-    # -- act: finalize, fail + refund, sweep, or count the attempt --------------------------------
+    def _poll_when_let_out(self, kind: str, task_id: str) -> UpstreamStatus:
+        """One poll; one its account did not let out but will within the run's account wait (a
+        Retry-After block, a token queue) is sent then. Anything else not sent is raised."""
+        while True:
+            try:
+                return self.upstream.poll(kind, task_id)
+            except NotSent as exc:
+                wait = exc.retry_in_s
+                left = self._poll_phase_started + self.settings.account_wait_s - time.monotonic()
+                if wait is None or wait > left:
+                    raise
+                log.info("%s poll of task %s not sent (%s); sending it in %.1f s", kind, task_id, exc.reason.value, wait)
+                self._sleep(wait)
+
+    # -- act: finalize, fail + refund, sweep, count the attempt, or reschedule --------------------
 
     def act(self, polled: Sequence[Polled], owner: str) -> list[JobOutcome]:
         """Act on polled jobs whose lease this run still holds (renewed in one statement first);
@@ -314,6 +356,8 @@ class Reconciler:
             )
         if p.step is Step.COUNT:
             return self._attempt_failed(row, owner, p.reason, p.outcome, started)
+        if p.step is Step.DEFER:
+            return self._reschedule(row, owner, p, started)
         assert p.status is not None
         try:
             result = finalize_job_with_media(
@@ -422,6 +466,29 @@ class Reconciler:
                 started,
             )
         return self._outcome(row.id, row.provider_kind, kind, attempts, why, started)
+
+    def _reschedule(self, row: JobRow, owner: str, p: Polled, started: float) -> JobOutcome:
+        """A poll that was never sent: the lease released and the job due again when its account
+        will let a poll out (at most one cadence away); the attempt counter untouched."""
+        delay = self.not_sent_delay(p.retry_in_s)
+        with self.engine.begin() as conn:
+            won = jobs_db.reschedule_not_sent(
+                conn, row.id, expected_attempts=row.reconcile_attempts, owner=owner, next_in=delay
+            )
+        attempt = row.reconcile_attempts + 1
+        if not won:
+            return self._outcome(
+                row.id, row.provider_kind, Outcome.LOST_RACE, attempt,
+                f"row moved on while the unsent poll was rescheduled ({p.reason})", started,
+            )  # fmt: skip
+        detail = not_sent_detail(p.not_sent or "not_sent", p.reason, delay.total_seconds())
+        return self._outcome(row.id, row.provider_kind, Outcome.NOT_SENT, attempt, detail, started)
+
+    def not_sent_delay(self, retry_in_s: float | None) -> timedelta:
+        """When a job whose poll was not sent is due again: the limit's hint (at least a second),
+        else ``not_sent_delay``; never past the cadence."""
+        hint = self.settings.not_sent_delay if retry_in_s is None else timedelta(seconds=max(1.0, retry_in_s))
+        return min(hint, self.settings.cadence)
 
     def _flag_nonfinite(self, row: JobRow) -> None:
         """A timestamp Python cannot hold (BC, after 9999, +/-infinity): logged with the job id and

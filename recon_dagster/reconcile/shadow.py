@@ -31,7 +31,15 @@ from recon_dagster.db.jobs import Claim, JobRow
 from recon_dagster.reconcile import lora
 from recon_dagster.reconcile.batches import claim_isolated, next_attempt
 from recon_dagster.reconcile.decide import Action, Outcome, Route, decide_after_attempt, route
-from recon_dagster.reconcile.plan import PlanAction, PlannedJob, polled_job, reserved_logs, settlement
+from recon_dagster.reconcile.plan import (
+    PlanAction,
+    PlannedJob,
+    polled_job,
+    reserved_logs,
+    settlement,
+    shadow_attempts,
+)
+from recon_dagster.reconcile.poison import KindScope, clamp_impossible_waits, impossible_waits
 from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler
 
 log = logging.getLogger("recon_dagster.reconcile.shadow")
@@ -62,6 +70,10 @@ class Modes:
     @property
     def any_shadow(self) -> bool:
         return self.default == SHADOW or bool(self.shadow)
+
+    def enforced_scope(self) -> KindScope:
+        """The enforced kinds, as the rows a clamp may write (``reconcile.poison``)."""
+        return KindScope(self.default == ENFORCE, self.enforce, self.shadow)
 
 
 def _known_kinds(name: str, names: frozenset[str]) -> frozenset[str]:
@@ -178,6 +190,7 @@ class ShadowReconciler(Reconciler):
         with self.engine.connect() as conn:
             rows = {r.id: r for r in jobs_db.load_jobs(conn, [c.job_id for c in planned])}
             recent = recently_decided(conn, rows.keys(), self.settings.cadence)
+            decided = shadow_attempts(conn, [r.id for r in rows.values() if self._is_shadow(r)])
         shadow = [c for c in planned if c.job_id in rows and self._is_shadow(rows[c.job_id])]
         shadow_ids = {c.job_id for c in shadow}
         enforce = [c for c in planned if c.job_id not in shadow_ids]
@@ -188,9 +201,11 @@ class ShadowReconciler(Reconciler):
             live = row.reconcile_lease_expires_at is not None and row.reconcile_lease_expires_at > now
             if not row.inflight or row.id in recent or live or (c.attempt and next_attempt(row) != c.attempt):
                 why = "shadow: not decided (decided within the cadence, leased, moved on or no longer in flight)"
-                settled.append(self._shadow_outcome(row, next_attempt(row), why, started))
+                settled.append(self._shadow_outcome(row.id, row.provider_kind, next_attempt(row), why, started))
                 continue
-            counter = row.reconcile_attempts + (1 if row.reconcile_lease_owner is not None else 0)
+            counter = (
+                row.reconcile_attempts + (1 if row.reconcile_lease_owner is not None else 0) + decided.get(row.id, 0)
+            )
             if (
                 row.reconcile_lease_owner is not None
                 and decide_after_attempt(counter, self.settings.max_attempts) is Action.FORCE_FAIL
@@ -202,7 +217,7 @@ class ShadowReconciler(Reconciler):
                 job = PlannedJob(
                     str(row.id), row.provider_kind, None, counter, "-", PlanAction.FORCE_FAIL, why, money
                 )
-                settled.append(self._decide(job, row, started))
+                settled.append(self._decide(job, started))
             else:
                 work.append(row)
         return work, settled
@@ -224,26 +239,35 @@ class ShadowReconciler(Reconciler):
         now = datetime.now(UTC)
         with self.engine.connect() as conn:
             money = reserved_logs(conn, [p.row.id for p in polled])
+            # Shadow writes no attempt counter: where a job stands is what its decisions say.
+            decided = shadow_attempts(conn, [p.row.id for p in polled])
         out = []
         for p in polled:
-            job = polled_job(p, now, self.settings.max_attempts, money.get(p.row.id, []))
-            out.append(self._decide(job, p.row, started))
+            job = polled_job(
+                p, now, self.settings.max_attempts, money.get(p.row.id, []), shadow_counted=decided.get(p.row.id, 0)
+            )
+            out.append(self._decide(job, started))
         return out
 
-    def _decide(self, job: PlannedJob, row: JobRow, started: float) -> JobOutcome:
+    def _decide(self, job: PlannedJob, started: float) -> JobOutcome:
+        job_id = uuid.UUID(job.job_id)
         try:
             recorded = record_decision(self.engine, job, self.run_id, self.settings.cadence)
         except Exception as exc:  # one bad row never stops the rest
-            log.exception("could not record the shadow decision of job %s", row.id)
-            return self._shadow_outcome(row, job.attempt, f"shadow: decision not recorded: {exc}", started)
+            log.exception("could not record the shadow decision of job %s", job_id)
+            return self._shadow_outcome(
+                job_id, job.kind, job.attempt, f"shadow: decision not recorded: {exc}", started
+            )
         verb = "would" if recorded else "already decided within the cadence; would"
         return self._shadow_outcome(
-            row, job.attempt, f"shadow: {verb} {job.action.value} ({job.reason})", started
+            job_id, job.kind, job.attempt, f"shadow: {verb} {job.action.value} ({job.reason})", started
         )
 
-    def _shadow_outcome(self, row: JobRow, attempt: int, detail: str, started: float) -> JobOutcome:
+    def _shadow_outcome(
+        self, job_id: uuid.UUID, kind: str | None, attempt: int, detail: str, started: float
+    ) -> JobOutcome:
         # Not a reconcile event: shadow leaves the audit trail (and its error rates) to enforce.
-        o = self._outcome(row.id, row.provider_kind, Outcome.SKIPPED, attempt, detail, started)
+        o = self._outcome(job_id, kind, Outcome.SKIPPED, attempt, detail, started)
         if self.on_outcome is not None:
             self.on_outcome(o)
         return o
@@ -254,8 +278,12 @@ class ShadowReconciler(Reconciler):
         if not self.modes.shadowed(TRAINING_KIND):
             with self.engine.begin() as conn:
                 lora.adopt_legacy_trainings(conn)
-        # The sweep's own read, as in enforce (no backlog of other kinds can fill it); the lease
-        # clamp is skipped, since it would write shadowed kinds' rows.
+        # Enforced kinds' impossible waits are clamped as in enforce (a mixed rollout must not hide
+        # an enforced job forever); a shadowed kind's clamp is a decision, never a write.
+        ttl, cadence = self.settings.lease_ttl, self.settings.cadence
+        clamp_impossible_waits(self.engine, ttl, cadence, self.modes.enforced_scope())
+        clamps = self._decide_clamps()
+        # The sweep's own read, as in enforce (no backlog of other kinds can fill it).
         with self.engine.begin() as conn:
             rows = [r for r in jobs_db.scan_sweepable(conn, limit) if route(r) is Route.SWEEP]
             recent = recently_decided(conn, [r.id for r in rows if self._is_shadow(r)], self.settings.cadence)
@@ -268,7 +296,24 @@ class ShadowReconciler(Reconciler):
             self._record(o, owner)
         enforced = self.reconcile_many([c.job_id for c in won], owner)
         shadowed = [r for r in rows if self._is_shadow(r) and r.id not in recent]
-        return len(rows), failed + enforced + self.decide(self.poll(shadowed))
+        return len(rows), failed + enforced + clamps + self.decide(self.poll(shadowed))
+
+    def _decide_clamps(self) -> list[JobOutcome]:
+        """A ``clamp`` decision (once per cadence) for each shadowed job whose lease or next
+        attempt lies beyond what one of our writes sets: what enforce's sweep would clamp."""
+        started = time.monotonic()
+        ttl, cadence = self.settings.lease_ttl, self.settings.cadence
+        with self.engine.connect() as conn:
+            waits = impossible_waits(conn, ttl, cadence, self.modes.enforced_scope().inverse())
+        out = []
+        for w in waits:
+            why = "; ".join(f"{reason} (was {was})" for reason, was in w.reasons)
+            job = PlannedJob(
+                str(w.job_id), w.provider_kind, None, w.attempts, "-", PlanAction.CLAMP,
+                f"{why}: enforce clamps it to one lease TTL / cadence from now, with an anomaly",
+            )  # fmt: skip
+            out.append(self._decide(job, started))
+        return out
 
 
 def make_reconciler(*args: Any, modes: Modes, **kwargs: Any) -> Reconciler:

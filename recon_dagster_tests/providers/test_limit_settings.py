@@ -161,38 +161,6 @@ def test_the_cli_refuses_to_start_with_a_budget_that_differs_from_the_account_ro
     assert len(err.splitlines()) == 1 and "RECON_LIMIT_KIE" in err and "1/86400" in err and "600/60" in err
 
 
-def test_a_token_past_the_poll_deadline_is_an_error_outcome_with_the_attempt_counted(
-    db, instance, media_dir, sandbox, monkeypatch
-):
-    from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
-    from recon_dagster_tests.support.reconcile import make_defs, tick, usage_status
-
-    raw = f"reads=2/3600,account={_account()}"
-    monkeypatch.setenv("RECON_LIMITS", "database")
-    monkeypatch.setenv("RECON_LIMIT_KIE", raw)
-    monkeypatch.setenv("RECON_POLL_DEADLINE_S", "3")
-    # Another process spent the account's only token: the next one comes in an hour.
-    AccountLimiter(
-        parse_account_limits("RECON_LIMIT_KIE", raw, DEFAULT_LIMITS["kie"]), lambda: db
-    ).take_token(create=False)
-    user = make_user(db)
-    job = make_job(
-        db, user, provider_kind="kie-standard", provider_task_id=sandbox.add_task("kie-standard"),
-        started_minutes_ago=30,
-    )  # fmt: skip
-    reserve(db, job, user, 30)
-
-    started = time.monotonic()
-    report = tick(make_defs(media_dir), instance)
-
-    assert time.monotonic() - started < 60
-    row = job_row(db, job)
-    assert row["status"] == "processing" and row["reconcile_attempts"] == 1
-    assert "token" in row["reconcile_last_error"] and "deadline" in row["reconcile_last_error"]
-    assert usage_status(db, job) == "reserved"
-    assert report.summary.errors == 1
-
-
 def test_setup_statements_run_under_a_statement_timeout_instead_of_waiting_on_a_lock(
     two_engines, monkeypatch
 ):

@@ -436,21 +436,6 @@ def test_deploy_examples_carry_the_same_run_limits_as_dagster_yaml() -> None:
         assert limits == DEFAULT_LIMITS[provider]  # the example spells out the defaults
 
 
-def test_without_a_database_requests_go_on_under_process_limits_and_say_so(caplog) -> None:
-    from recon_dagster.db.engine import get_engine
-
-    engine = get_engine("postgresql://nobody@127.0.0.1:1/none")  # nothing listens on port 1
-    lim = AccountLimiter(AccountLimits(_account(), reads=Budget(10, 1), concurrency=2), lambda: engine)
-    caplog.set_level("ERROR", logger="recon_dagster.providers.limits")
-    with lim.request("kie-standard", create=False):
-        pass
-    assert "per-process limits only" in caplog.text and lim.limits.account in caplog.text
-    caplog.clear()
-    with lim.request("kie-standard", create=False):  # said once a minute, not per request
-        pass
-    assert caplog.text == ""
-
-
 def test_a_wiped_slot_table_is_recreated_instead_of_waited_on(db) -> None:
     lim = _limiter(db, reads=Budget(600, 60), concurrency=2)
     lim.ensure()

@@ -16,6 +16,14 @@ from recon_dagster.sandbox import Scenario
 
 pytestmark = pytest.mark.timeout(60)
 
+
+@pytest.fixture(autouse=True)
+def _process_limits(monkeypatch):
+    """These tests are about one exchange's deadline and size, not the account's shared budget
+    (which needs the limiter's tables: without them it sends nothing)."""
+    monkeypatch.setenv("RECON_LIMITS", "process")
+
+
 # A poll body is a few hundred bytes: at one byte per 0.5 s it would take minutes in full.
 DRIP = Scenario(outcome="run_forever", poll_drip_s=0.5)
 

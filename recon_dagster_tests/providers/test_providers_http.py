@@ -454,6 +454,7 @@ def test_wrong_resource_for_kind_and_bad_payloads(sb):
 def test_providers_from_env_inside_a_dagster_run(sb, monkeypatch):
     for name, value in sb.env().items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RECON_LIMITS", "process")  # no database here: the shared limiter would refuse
     task_id = sb.add_task("kie-suno", Scenario(polls_before_done=0))
     seen: list[UpstreamState] = []
 

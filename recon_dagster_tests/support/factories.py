@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
+from recon_dagster.core.types import JobRow
 from recon_dagster.db.credits import record_reservation, reserve_credits_for_job
 
 Bind = sa.Engine | sa.Connection
@@ -208,3 +210,31 @@ def bulk_jobs(bind: Bind, count: int, *, inflight_fraction: float = 0.01, legacy
             conn.execute(sa.text(legacy), {"user_id": user_id, "count": legacy_inflight})
 
     _run(bind, insert)
+
+
+def job_row_value(
+    *, kind: str | None, task: str | None, job_type: str = "image", attempts: int = 0, **fields: Any
+) -> JobRow:
+    """An in-flight ``JobRow`` in memory (for the pure functions: decide, plan, batches)."""
+    now = datetime.now(UTC)
+    values: dict[str, Any] = {
+        "id": uuid.uuid4(),
+        "status": "processing",
+        "user_id": uuid.uuid4(),
+        "job_type": job_type,
+        "provider_kind": kind,
+        "provider_task_id": task,
+        "provider_call_started_at": now,
+        "reconcile_attempts": attempts,
+        "reconcile_last_error": None,
+        "reconcile_lease_owner": None,
+        "reconcile_lease_expires_at": None,
+        "should_watermark": False,
+        "is_public": None,
+        "workflow_execution_id": None,
+        "node_id": None,
+        "progress": 0,
+        "created_at": now,
+        "started_at": None,
+    }
+    return JobRow(**{**values, **fields})

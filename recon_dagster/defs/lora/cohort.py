@@ -20,16 +20,23 @@ LORA_COHORT = dg.AssetKey("lora_training_cohort")
 def lora_training_cohort(
     context: dg.AssetExecutionContext, database: DatabaseResource
 ) -> dg.MaterializeResult:
+    from recon_dagster.defs.settings_check import shadow_modes
     from recon_dagster.reconcile import lora
 
+    # Adoption writes the app's jobs rows: not while the training kind is only shadowed
+    # (RECON_MODE / RECON_SHADOW_KINDS); then the cohort says what it would adopt.
+    shadowed = shadow_modes().shadowed(lora.KIND)
     with database.get_engine().begin() as conn:
-        adopted = lora.adopt_legacy_trainings(conn)
+        adopted = lora.adoptable_trainings(conn) if shadowed else lora.adopt_legacy_trainings(conn)
         orphans = lora.orphan_trainings(conn)
+    verb = "shadow: would adopt" if shadowed else "adopted"
     for a in adopted:
-        context.log.info(f"adopted training {a.training_id} of character {a.character_id} (job {a.job_id})")
+        context.log.info(f"{verb} training {a.training_id} of character {a.character_id} (job {a.job_id})")
     return dg.MaterializeResult(
         metadata={
-            "adopted_now": len(adopted),
+            "mode": "shadow" if shadowed else "enforce",
+            "adopted_now": 0 if shadowed else len(adopted),
+            "would_adopt": len(adopted) if shadowed else 0,
             "orphans_without_job_row": orphans,
             "adopted": dg.MetadataValue.json(
                 [{"job_id": str(a.job_id), "character_id": str(a.character_id)} for a in adopted[:50]]

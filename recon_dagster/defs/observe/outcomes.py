@@ -40,6 +40,8 @@ SERIES = {
     "still_running": (Outcome.STILL_RUNNING,),
     "errors": (Outcome.ERROR,),
     "lost_race_or_skipped": (Outcome.LOST_RACE, Outcome.SKIPPED),
+    # Polls the account's limiter never let out: rescheduled, no attempt (issue 34).
+    "not_sent": (Outcome.NOT_SENT,),
 }
 
 # Anomalies and error rates are judged over this recent window (the health schedule runs every
@@ -245,7 +247,7 @@ def error_rates(conn: sa.Connection, minutes: int = RECENT_MINUTES) -> dict[str,
             SELECT provider_kind, count(*) AS n, count(*) FILTER (WHERE outcome = 'error') AS errors
             FROM reconcile_events
             WHERE created_at > now() - make_interval(mins => :m)
-              AND outcome NOT IN ('skipped', 'lost_race', 'operator_retry', 'operator_fail')
+              AND outcome NOT IN ('skipped', 'lost_race', 'operator_retry', 'operator_fail', 'not_sent')
               AND provider_kind IS NOT NULL
             GROUP BY provider_kind
             """

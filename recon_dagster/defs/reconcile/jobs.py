@@ -16,7 +16,7 @@ import dagster as dg
 import pydantic
 
 from recon_dagster.core.kinds import KINDS
-from recon_dagster.core.runtags import ROLE_TAG, RUN_KEY_TAG, job_tags, kind_tags
+from recon_dagster.core.runtags import NOT_SENT_TAG, ROLE_TAG, RUN_KEY_TAG, job_tags, kind_tags
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim
 from recon_dagster.defs.observe.health import report_health
@@ -218,7 +218,7 @@ def _due_claims(context: dg.OpExecutionContext, database: DatabaseResource, limi
         "settled": dg.Out(list, io_manager_key=HANDOFF_IO, description="Outcomes decided at the claim: skipped, exhausted on takeover."),
         "succeeded": dg.Out(Handoff, is_required=False, io_manager_key=HANDOFF_IO, description="Upstream succeeded: to finalize."),
         "failed": dg.Out(Handoff, is_required=False, io_manager_key=HANDOFF_IO, description="Upstream failed, or nothing to poll: to fail."),
-        "unfinished": dg.Out(Handoff, is_required=False, io_manager_key=HANDOFF_IO, description="Still running or errored: to count."),
+        "unfinished": dg.Out(Handoff, is_required=False, io_manager_key=HANDOFF_IO, description="Still running or errored: to count; never sent: to reschedule."),
     }
 )
 def claim_and_poll(
@@ -266,7 +266,7 @@ def claim_and_poll(
         "settled",
         metadata={"planned": len(planned), "claimed": len(rows), "job_ids": dg.MetadataValue.json([str(c.job_id) for c in planned])},
     )
-    for name, steps in (("succeeded", {Step.FINALIZE}), ("failed", {Step.FAIL, Step.SWEEP}), ("unfinished", {Step.COUNT})):
+    for name, steps in (("succeeded", {Step.FINALIZE}), ("failed", {Step.FAIL, Step.SWEEP}), ("unfinished", {Step.COUNT, Step.DEFER})):
         items = tuple(p for p in polled if p.step in steps)
         if items:
             yield dg.Output(Handoff(owner, items), name, metadata={"jobs": len(items)})
@@ -281,12 +281,15 @@ def _tag_jobs(context: dg.OpExecutionContext, job_ids: list[uuid.UUID]) -> None:
     whole run body): a 2,000-job batch spent ~2,000 statements here for nothing."""
     run_tags = context.run.tags
     missing = {k: v for k, v in job_tags(job_ids).items() if run_tags.get(k) != v}
-    if not missing:
-        return
+    if missing:
+        _tag_run(context, missing, f"{len(missing)} of its job id(s)")
+
+
+def _tag_run(context: dg.OpExecutionContext, tags: dict[str, str], what: str) -> None:
     try:
-        context.instance.add_run_tags(context.run_id, missing)
+        context.instance.add_run_tags(context.run_id, tags)
     except Exception as exc:  # noqa: BLE001 - a tag is a convenience: never fail the claimed work over it
-        context.log.warning(f"could not tag this run with {len(missing)} of its job id(s): {exc}")
+        context.log.warning(f"could not tag this run with {what}: {exc}")
 
 
 def _act(
@@ -345,7 +348,8 @@ def count_attempts(
     reconcile_settings: ReconcileSettingsResource,
 ) -> dg.Output:
     """Still running or errored: count the attempt and release the lease until the cadence is
-    up; the attempt that reaches the cap force-fails and refunds (``reconcile_exhausted``)."""
+    up; the attempt that reaches the cap force-fails and refunds (``reconcile_exhausted``). A poll
+    this process never sent (its account's limiter refused it) is rescheduled, not counted."""
     return _act(context, unfinished, database, providers, media_store, reconcile_settings)
 
 
@@ -361,7 +365,10 @@ def record_outcomes(
     flag_money(context, flat)
     report_health(context, database, {o.provider_kind for o in flat} | _partition(context))
     output = _report(context, flat, summary)
-    worked = [o for o in flat if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE)]
+    if summary.not_sent:  # claimed, but no attempt left on them: never "ended before claiming"
+        _tag_run(context, {NOT_SENT_TAG: str(summary.not_sent)}, "its count of jobs not sent")
+    # A job whose poll was never sent made no attempt: it neither shows an outage nor hides one.
+    worked = [o for o in flat if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE, Outcome.NOT_SENT)]
     # An outage: no job made progress, each errored or was force-failed after erroring to the cap
     # (a batch in an outage carries a few jobs at their last attempt).
     outage = None

@@ -20,6 +20,8 @@ from recon_dagster.core.runtags import (
     JOB_COUNT_TAG,
     LANE_TAG,
     LEGACY_WORK_TAG,
+    NOT_SENT_TAG,
+    PROVIDER_TAG,
     WORK_TAG,
     job_tags,
     kind_tags,
@@ -28,8 +30,8 @@ from recon_dagster.db.engine import DatabaseUnavailable
 from recon_dagster.defs.reconcile.jobs import reconcile_job
 from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
 from recon_dagster.defs.settings_check import shadow_modes
-from recon_dagster.providers.limits import batch_sizes_within_budgets
-from recon_dagster.reconcile.batches import Batch, plan_batches
+from recon_dagster.providers.limits import batch_sizes_within_budgets, poll_budgets
+from recon_dagster.reconcile.batches import Batch, plan_batches, within_poll_budgets
 from recon_dagster.reconcile.reconciler import Summary, outcomes_since
 from recon_dagster.reconcile.shadow import scan_due
 
@@ -94,6 +96,14 @@ def read_cursor(cursor: str | None) -> float | None:
     return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
 
+def _per_provider(batches: list[Batch]) -> str:
+    """``kie:120,replicate:4``: jobs per provider, for the tick's log line."""
+    counts: Counter[str] = Counter()
+    for b in batches:
+        counts[str(KINDS[b.provider_kind].provider)] += len(b.claims)
+    return ",".join(f"{p}:{n}" for p, n in sorted(counts.items()))
+
+
 def lane_tags(batch: Batch) -> dict[str, str]:
     provider = str(KINDS[batch.provider_kind].provider)
     if len(batch.claims) <= SMALL_RUN_JOBS:
@@ -127,15 +137,22 @@ def run_request_for(batch: Batch) -> dg.RunRequest:
 
 def jobs_in_active_runs(instance: dg.DagsterInstance) -> set[uuid.UUID]:
     """Job ids carried by reconcile runs that are queued or running (read from their run config)."""
-    busy: set[uuid.UUID] = set()
+    return set(active_jobs(instance))
+
+
+def active_jobs(instance: dg.DagsterInstance) -> dict[uuid.UUID, str | None]:
+    """Job ids carried by reconcile runs that are queued or running (read from their run config),
+    each with the provider of its run (its ``recon/provider`` tag)."""
+    busy: dict[uuid.UUID, str | None] = {}
     for run in instance.get_runs(
         filters=dg.RunsFilter(job_name=reconcile_job.name, statuses=ACTIVE_STATUSES)
     ):
         run_config: dict = dict(run.run_config or {})
         config = run_config.get("ops", {}).get("claim_and_poll", {}).get("config", {})
+        provider = run.tags.get(PROVIDER_TAG)
         for job_id in config.get("job_ids") or []:
             try:
-                busy.add(uuid.UUID(str(job_id)))
+                busy[uuid.UUID(str(job_id))] = provider
             except ValueError:
                 continue
     return busy
@@ -148,22 +165,27 @@ def fresh_keys(instance: dg.DagsterInstance, batches: list[Batch]) -> tuple[list
     and that trace changes the next key. A run that failed before its first op (the code server
     unreachable, a launch timeout) left none, so the same work would get the same key, which
     Dagster never launches twice: the retry suffix counts the ended runs of that work instead.
-    ``stubborn`` lists the work that has ended that way ``UNSTARTED_RUNS_LOUD`` times or more.
+    A run whose polls were never sent (its account's limiter refused them) rescheduled its jobs
+    without counting an attempt: it leaves no trace either, so it counts for the suffix too, but
+    it did claim its jobs (its ``NOT_SENT_TAG`` says so): it never makes the work stubborn.
+    ``stubborn`` lists the work that has ended unclaimed ``UNSTARTED_RUNS_LOUD`` times or more.
     """
     if not batches:
         return [], []
     works = sorted({b.work_key for b in batches})
     # Runs requested before the work tag was hidden count too, or their work would get the key
     # of the run that never started again, which Dagster never launches twice.
-    ended = Counter(
-        run.tags.get(key)
+    runs = [
+        (run.tags.get(key), NOT_SENT_TAG in run.tags)
         for key in (WORK_TAG, LEGACY_WORK_TAG)
         for run in instance.get_runs(
             filters=dg.RunsFilter(job_name=reconcile_job.name, tags={key: works}, statuses=FINISHED_STATUSES)
         )
-    )
+    ]
+    ended = Counter(work for work, _ in runs)
+    unclaimed = Counter(work for work, rescheduled in runs if not rescheduled)
     fresh = [b.with_retry(ended[b.work_key]) for b in batches]
-    return fresh, [b for b in fresh if ended[b.work_key] >= UNSTARTED_RUNS_LOUD]
+    return fresh, [b for b in fresh if unclaimed[b.work_key] >= UNSTARTED_RUNS_LOUD]
 
 
 @dg.sensor(
@@ -189,7 +211,8 @@ def stale_inflight_jobs_sensor(
                 f"unreadable cursor {context.cursor!r}: outcomes are counted from this tick on"
             )
         since = now
-    busy = jobs_in_active_runs(context.instance)
+    active = active_jobs(context.instance)
+    busy = set(active)
     # Jobs waiting in queued runs are stale and unleased, so the scan returns them too: look past
     # them, or a deep queue would hide every job behind it.
     limit = min(reconcile_settings.scan_limit + len(busy), MAX_SCAN)
@@ -203,18 +226,25 @@ def stale_inflight_jobs_sensor(
     except DatabaseUnavailable as exc:
         return dg.SkipReason(f"database unavailable, nothing scanned: {exc}")
 
-    due = [r for r in rows if r.id not in busy][: reconcile_settings.scan_limit]
+    scanned = [r for r in rows if r.id not in busy][: reconcile_settings.scan_limit]
     batch_sizes = batch_sizes_within_budgets(
         reconcile_settings.batch_size, reconcile_settings.concurrency, reconcile_settings.lease_seconds
     )
     batches = plan_batches(
-        due,
+        scanned,
         batch_size=reconcile_settings.batch_size,
         single_below=reconcile_settings.single_run_below,
         provider_batch_size=batch_sizes,
     )
-    planned = {c.job_id for b in batches for c in b.claims}
-    unroutable = [r for r in due if r.id not in planned]
+    # Never more polls of a provider requested than its account serves in one cadence; the rest
+    # wait their turn unleased (no attempt), whole batches at a time, fairly across kinds.
+    batches, waiting = within_poll_budgets(
+        batches,
+        poll_budgets(reconcile_settings.settings().cadence.total_seconds()),
+        Counter(p for p in active.values() if p is not None),
+    )
+    planned = {c.job_id for b in batches + waiting for c in b.claims}
+    unroutable = [r for r in scanned if r.id not in planned]
     for row in unroutable:
         # A legacy row (no provider_kind) belongs to the sweep by design; an unknown kind is news.
         log = context.log.info if row.provider_kind is None else context.log.warning
@@ -230,16 +260,19 @@ def stale_inflight_jobs_sensor(
             f"requesting it again as {b.run_key} (see those runs' errors)"
         )
 
-    summary = Summary(scanned=len(due)).add_counts(previous)
+    summary = Summary(scanned=len(scanned)).add_counts(previous)
     summary.elapsed_ms = int((time.monotonic() - started) * 1000)
     context.log.info(
         f"{summary.line()} requested={sum(len(b.claims) for b in batches)} runs={len(batches)} "
         f"inQueuedOrRunningRuns={len(busy)} leftToSweep={len(unroutable)}"
+        + (f" waitingForPollBudget={_per_provider(waiting)}" if waiting else "")
     )
     if not batches:
         return dg.SensorResult(
-            skip_reason=f"no stale job due: scanned={len(due)} (past threshold, not leased, not in a "
-            f"queued or running run), leftToSweep={len(unroutable)}; outcomes since last tick: {summary.line()}",
+            skip_reason=f"no stale job due: scanned={len(scanned)} (past threshold, not leased, not in a "
+            f"queued or running run), leftToSweep={len(unroutable)}"
+            + (f", waitingForPollBudget={_per_provider(waiting)}" if waiting else "")
+            + f"; outcomes since last tick: {summary.line()}",
             cursor=write_cursor(now),
         )
     return dg.SensorResult(run_requests=[run_request_for(b) for b in batches], cursor=write_cursor(now))

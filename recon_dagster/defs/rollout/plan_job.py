@@ -26,6 +26,7 @@ def plan_reconcile_table(
 ) -> dg.Output:
     """What the next tick would do to every in-flight job and every credit; writes nothing."""
     from recon_dagster.defs.reconcile.sensors import jobs_in_active_runs
+    from recon_dagster.defs.settings_check import shadow_modes
 
     if config.kind is not None and config.kind not in KINDS:
         raise dg.Failure(
@@ -39,6 +40,7 @@ def plan_reconcile_table(
         kind=config.kind,
         limit=reconcile_settings.scan_limit,
         busy=jobs_in_active_runs(context.instance),
+        shadowed=shadow_modes().shadowed,
     )
     for line in totals_lines(plan):
         context.log.info(line)
