@@ -188,7 +188,7 @@ def read_failed_runs(
             event_type=dg.DagsterEventType.RUN_FAILURE,
             after_storage_id=after_storage_id,
             after_timestamp=now - FIRST_LOOK_BACK_S if after_storage_id is None else None,
-            job_names=list(job_names),
+            # (no job_names: dagster-postgres refuses that selector; the job is checked below)
         ),
         limit=RUNS_PER_TICK,
         ascending=True,
@@ -199,7 +199,7 @@ def read_failed_runs(
         last = record.storage_id
         entry = record.event_log_entry
         run = instance.get_run_by_id(entry.run_id)
-        if run is None:
+        if run is None or run.job_name not in job_names:
             continue
         steps = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
         reason = failure_reason([e.dagster_event for e in steps if e.dagster_event], entry.message)

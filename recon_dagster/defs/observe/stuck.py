@@ -1,5 +1,5 @@
 """The console's retries tab: ``stuck_jobs`` (in-flight jobs past their threshold, with attempt
-n/max, next attempt, lease holder and the last upstream answer) and the operator's actions on one
+n/max, next attempt, lease holder and the last reason, whole) and the operator's actions on one
 job from the Launchpad, ``retry_job_now`` and ``fail_and_refund_job`` (``recon_dagster.operator.actions``).
 """
 
@@ -67,7 +67,7 @@ def _markdown(rows: list[dict]) -> str:
     if not rows:
         return "_no job in flight past its threshold_"
     head = (
-        "| job_id | kind | attempt | next attempt | lease | last upstream answer |\n|---|---|---|---|---|---|"
+        "| job_id | kind | attempt | next attempt | lease | last reason (what upstream said, or why the result was unusable) |\n|---|---|---|---|---|---|"
     )
     body = [
         f"| {r['job_id']} | {r['provider_kind']} | {r['attempt']} | {r['next_attempt']} | {r['lease']} | {r['last_upstream']} |"
@@ -80,7 +80,7 @@ def _markdown(rows: list[dict]) -> str:
     key=STUCK,
     group_name="reconciliation",
     description="In-flight jobs past their stale threshold (the retries tab): attempt n/max, next "
-    "attempt, lease holder, last upstream answer. Act on one from the Launchpad with retry_job_now or "
+    "attempt, lease holder, the last reason (what upstream said, or why its result was unusable). Act on one from the Launchpad with retry_job_now or "
     "fail_and_refund_job, or `recon-dagster retry|fail JOB_ID`.",
 )
 def stuck_jobs(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult:
