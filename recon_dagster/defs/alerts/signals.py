@@ -81,10 +81,16 @@ def _check_signal(
     asset = key.asset_key.to_user_string()
     details = _simple(evaluation.metadata) if evaluation is not None else {}
     description = (evaluation.description if evaluation is not None else None) or ""
-    if not description:
+    provider = key.name if asset == HEALTH_ASSET else None
+    if evaluation is None:  # skipped by a run that did its work
+        description = (
+            f"{provider} idle: no job of it polled in the health window, nothing failing"
+            if provider
+            else f"{asset} check {key.name} skipped by its run: nothing failing"
+        )
+    elif not description:
         shown = ", ".join(f"{k} {v}" for k, v in list(details.items())[:4])
         description = f"{asset} check {key.name} {'failed' if failing else 'passed'}" + (f": {shown}" if shown else "")
-    provider = key.name if asset == HEALTH_ASSET else None
     title = (
         f"{key.name} is DOWN (provider_health)"
         if provider and failing
