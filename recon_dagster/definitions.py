@@ -5,6 +5,8 @@ from typing import Any
 
 import dagster as dg
 
+from recon_dagster.defs.alerts import definitions as alerts_feature
+from recon_dagster.defs.alerts.resource import alert_targets_from_env
 from recon_dagster.defs.explain import definitions as explain_feature
 from recon_dagster.defs.lora import definitions as lora_feature
 from recon_dagster.defs.observe import definitions as observe_feature
@@ -22,7 +24,7 @@ from recon_dagster.providers import providers_from_env
 
 # Modules, not their Definitions objects: a code location module holds exactly one Definitions at
 # its top level (`dg check defs` refuses more), and each feature's module keeps its own.
-FEATURES = (reconcile_feature, observe_feature, lora_feature, rollout_feature, explain_feature)
+FEATURES = (reconcile_feature, observe_feature, lora_feature, rollout_feature, explain_feature, alerts_feature)
 
 
 def default_resources() -> dict[str, Any]:
@@ -32,6 +34,7 @@ def default_resources() -> dict[str, Any]:
         "providers": providers_from_env(),
         "media_store": media_store_from_env(),
         "reconcile_settings": ReconcileSettingsResource.from_config(),
+        "alert_targets": alert_targets_from_env(),
         HANDOFF_IO: dg.mem_io_manager,
     }
 

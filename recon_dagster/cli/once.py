@@ -109,9 +109,9 @@ def _fix_for(messages: list[str]) -> str:
         return "set it (docs/configuration.md) and run `recon-dagster reconcile --once` again"
     if any("database unavailable" in m for m in messages):
         return FIX_UNAVAILABLE
-    if messages and all("every job of this run errored" in m for m in messages):
+    if messages and all(" outage: none of the " in m for m in messages):
         # An outage run fails on purpose (the UI shows it red); its jobs' attempts were counted.
-        return "the provider (or the media path) is failing; each job is retried after the cadence (`recon-dagster status` shows when)"
+        return "the provider is not answering; each job is retried after the cadence (`recon-dagster status` shows when)"
     return f"{FIX_DEBUG} and Dagster's log of the run"
 
 

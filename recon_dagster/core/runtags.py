@@ -23,6 +23,12 @@ PROVIDER_TAG = "recon/provider"
 # The run queue's lane: "<provider>/small" or "<provider>/batch" (dagster.yaml limits batch runs).
 LANE_TAG = "recon/provider_lane"
 PARTITION_TAG = "dagster/partition"
+# Visible on a reconcile run's row and filterable: what its end says about money and blame
+# (provider_outage, internal_errors, refunded_at_cap, job_errors; recon_dagster.reconcile.verdict).
+OUTCOME_TAG = "recon/outcome"
+# Visible on an operator action's run: who acted (Dagster OSS has no users) and on which job.
+OPERATOR_TAG = "recon/operator"
+ACTION_JOB_TAG = "recon/job"
 # The run key Dagster records on a sensor-requested run (``reconcile.batches.run_key_for``).
 RUN_KEY_TAG = "dagster/run_key"
 # Dagster leaves keys with this prefix out of every run's visible tags (TagType.HIDDEN).

@@ -34,6 +34,7 @@ _SVG = re.compile(
     rb"^(?:<\?xml[^>]*>|<!--.*?-->|<!doctype svg[^>]*>|\s)*<svg[\s>]", re.IGNORECASE | re.DOTALL
 )
 _TEXT_CONTROLS = frozenset(b"\t\n\r\f")
+_PROMISED_PHRASE = {"image": "an image", "video": "a video", "audio": "audio"}
 
 
 def promised_kind(ref_kind: str, folder: str) -> str | None:
@@ -53,15 +54,15 @@ def declared_kind(content_type: str | None) -> str | None:
 def check_headers(
     content_type: str | None, content_encoding: str | None, content_length: int | None, promised: str | None
 ) -> str | None:
-    """Why the response cannot be the promised media, judged on headers alone (None: read on)."""
+    """Why the response cannot be the promised media, judged on headers alone (None: read on).
+
+    A text Content-Type where media was promised is judged once its first bytes are read
+    (``checked_chunks``), so the reason can say what the body was."""
     encoding = (content_encoding or "").strip().lower()
     if encoding and encoding != "identity":
         return f"Content-Encoding {encoding!r} although identity was asked for"
     if content_length == 0:
-        return "the object is empty (Content-Length: 0)"
-    media_type = _media_type(content_type)
-    if promised is not None and _is_text_type(media_type):
-        return f"{promised} promised, Content-Type {media_type!r} served"
+        return f"{_media_type(content_type) or 'no Content-Type'}, 0 bytes (an empty object)" + _where(promised)
     return None
 
 
@@ -71,13 +72,19 @@ def sniff_problem(head: bytes, promised: str | None) -> str | None:
         return None
     if promised == "image" and _SVG.match(head.lstrip(b"\xef\xbb\xbf")):
         return None
-    shape = _text_shape(head)
-    return f"{promised} promised, the body is {shape}"
+    return f"{promised} promised, the body is {_text_shape(head)}"
 
 
-def checked_chunks(chunks: Iterator[bytes], promised: str | None, url: object) -> Iterator[bytes]:
+def checked_chunks(
+    chunks: Iterator[bytes],
+    promised: str | None,
+    url: object,
+    content_type: str | None = None,
+    content_length: int | None = None,
+) -> Iterator[bytes]:
     """``chunks`` passed on unchanged once the first ``SNIFF_BYTES`` are judged to be media;
-    ``MediaUnusable`` for an empty body or a text body where media was promised."""
+    ``MediaUnusable`` for an empty body, or a text body (or a text Content-Type) where media was
+    promised, naming the type, the size and what the bytes look like."""
     head = b""
     held: list[bytes] = []
     judged = False
@@ -88,21 +95,57 @@ def checked_chunks(chunks: Iterator[bytes], promised: str | None, url: object) -
         held.append(chunk)
         head += chunk[: SNIFF_BYTES - len(head)]
         if len(head) >= SNIFF_BYTES:
-            _judge(head, promised, url)
+            _judge(head, promised, url, content_type, content_length, complete=False)
             judged = True
             yield from held
             held = []
     if not judged:  # the whole body was shorter than the sniff window
-        _judge(head, promised, url)
+        _judge(head, promised, url, content_type, content_length, complete=True)
         yield from held
 
 
-def _judge(head: bytes, promised: str | None, url: object) -> None:
+def _judge(
+    head: bytes,
+    promised: str | None,
+    url: object,
+    content_type: str | None,
+    content_length: int | None,
+    *,
+    complete: bool,
+) -> None:
+    media_type = _media_type(content_type)
     if not head:
-        raise MediaUnusable(url, "the object is empty (0 bytes)")
-    problem = sniff_problem(head, promised)
-    if problem is not None:
-        raise MediaUnusable(url, problem)
+        raise MediaUnusable(url, f"{media_type or 'no Content-Type'}, 0 bytes (an empty object)" + _where(promised))
+    declared_text = promised is not None and _is_text_type(media_type)
+    if declared_text or sniff_problem(head, promised) is not None:
+        raise MediaUnusable(url, describe_body(media_type, head, complete, content_length) + _where(promised))
+
+
+def describe_body(media_type: str, head: bytes, complete: bool, content_length: int | None = None) -> str:
+    """What a response body is, for a person: its declared type, its size and what its first
+    bytes read as, e.g. 'text/plain, 52 bytes, reads as plain text: upstream error' (pure)."""
+    if complete:
+        size = f"{len(head)} bytes"
+    elif content_length is not None:
+        size = f"{content_length} bytes"
+    else:
+        size = f"over {len(head)} bytes"
+    if not _looks_like_text(head):
+        return f"{media_type or 'no Content-Type'}, {size}, binary"
+    excerpt = " ".join(_as_text(head).split())
+    excerpt = excerpt if len(excerpt) <= 60 else excerpt[:59] + "…"
+    return f"{media_type or 'no Content-Type'}, {size}, reads as {_text_shape(head)}: {excerpt}"
+
+
+def _where(promised: str | None) -> str:
+    return f", where {_PROMISED_PHRASE.get(promised, promised)} was promised" if promised else ""
+
+
+def _as_text(head: bytes) -> str:
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        encoding = "utf-16-be" if head[0] == 0xFE else "utf-16-le"
+        return head[2 : len(head) - len(head) % 2].decode(encoding, errors="replace")
+    return head.decode("utf-8", errors="replace").lstrip("\ufeff")
 
 
 def _media_type(content_type: str | None) -> str:
@@ -140,4 +183,4 @@ def _text_shape(head: bytes) -> str:
         return "an XML document"
     if start.startswith((b"{", b"[")):
         return "a JSON document"
-    return "text"
+    return "plain text"

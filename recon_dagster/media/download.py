@@ -256,10 +256,13 @@ class MediaStream:
         return f"MediaStream(url={self.url!r}, content_type={self.content_type!r}, content_length={self.content_length!r})"
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, timeout_s: float | None = None) -> str:
     """Class name plus the error text, any query string in it redacted (TLS and socket reasons
-    help operators; httpx texts rarely name the URL, but a signed query must never leak)."""
+    help operators; httpx texts rarely name the URL, but a signed query must never leak). A bare
+    "timed out" names the timeout that ran out, when the caller knows it."""
     text = re.sub(r"\?\S*", "?<redacted>", str(exc))[:300]
+    if timeout_s is not None and isinstance(exc, httpx.TimeoutException) and text.startswith("timed out"):
+        text = f"no answer within the {timeout_s:.3g} s media timeout"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -353,7 +356,7 @@ def _open(
         try:
             response = http.send(request, stream=True)
         except httpx.HTTPError as exc:
-            raise MediaFetchError(hop.url, f"request failed: {_describe(exc)}") from None
+            raise MediaFetchError(hop.url, f"request failed: {_describe(exc, timeout_s)}") from None
         status = response.status_code
         if status in _REDIRECT_CODES:
             location = response.headers.get("location")

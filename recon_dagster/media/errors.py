@@ -31,7 +31,12 @@ class MediaError(Exception):
 
     def __init__(self, url: object, message: str) -> None:
         self.url = redact_url(url) if url is not None else None
+        self.message = message
         super().__init__(f"{self.url}: {message}" if self.url else message)
+
+    def reason(self) -> str:
+        """What went wrong first, then where: the order a person reads a reason in."""
+        return f"{self.message} (from {self.url})" if self.url else self.message
 
 
 class MediaRefused(MediaError):

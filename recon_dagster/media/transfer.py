@@ -33,7 +33,9 @@ def checked_body(stream: MediaStream, promised: str | None) -> Iterator[bytes]:
     problem = check_headers(stream.content_type, stream.content_encoding, stream.content_length, promised)
     if problem is not None:
         raise MediaUnusable(stream.url, problem)
-    return checked_chunks(stream.iter_chunks(), promised, stream.url)
+    return checked_chunks(
+        stream.iter_chunks(), promised, stream.url, stream.content_type, stream.content_length
+    )
 
 
 def fetch_to_store(

@@ -60,10 +60,23 @@ def _job_id(raw: str | uuid.UUID) -> uuid.UUID:
 
 
 def _refuse(conn: sa.Connection, job_id: uuid.UUID, action: str) -> OperatorError:
+    """Why an action on ``job_id`` is refused, with how the job ended (who failed it, when), so a
+    job id left over from an earlier action is recognised as such."""
     row = jobs_db.load_job(conn, job_id)
     if row is None:
         return OperatorError(f"no job {job_id}")
-    return OperatorError(f"job {job_id} is already {row.status}; nothing to {action}")
+    ended = conn.execute(
+        sa.text(
+            "SELECT error_message, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') || ' UTC' AS at "
+            "FROM jobs WHERE id = :id"
+        ),
+        {"id": str(job_id)},
+    ).first()
+    how = ""
+    if ended is not None:
+        message = " ".join((ended.error_message or "").split())
+        how = f" ({message[:160] + ('…' if len(message) > 160 else '')}; {ended.at})" if message else f" ({ended.at})"
+    return OperatorError(f"job {job_id} is already {row.status}{how}; nothing to {action}")
 
 
 def _refuse_if_shadowed(row: jobs_db.JobRow | None, action: str) -> None:
@@ -109,7 +122,7 @@ def retry_now(
     A run holding the job's lease keeps it: the job is due again once that run lets go.
     """
     jid = _job_id(job_id)
-    why = why.strip() or "retry now"
+    why = " ".join(why.split())[:MAX_REASON] or "retry now"
     with engine.begin() as conn:
         row = jobs_db.load_job(conn, jid)
         _refuse_if_shadowed(row, "retry")

@@ -355,6 +355,27 @@ def _schedule_facts(story: JobStory) -> list[tuple[str, str]]:
     ]
 
 
+def runs_in_order(story: JobStory) -> list[tuple[str, str]]:
+    """``(label, run id)`` of every run that worked the job, the first one first: "run 1 (attempt
+    1)", "run 2 (attempts 2-3)"... (numbered by when each run first acted, never by its id)."""
+    seen: dict[str, list[int]] = {}
+    for a in sorted(story.attempts, key=lambda a: (a.at is None, a.at or datetime.min)):
+        if a.run_id:
+            seen.setdefault(a.run_id, []).append(a.attempt)
+    out = []
+    width = len(str(len(seen)))
+    for i, (run_id, attempts) in enumerate(seen.items(), start=1):
+        numbers = sorted({n for n in attempts if n > 0})
+        if not numbers:
+            which = "no attempt"
+        elif len(numbers) == 1:
+            which = f"attempt {numbers[0]}"
+        else:
+            which = f"attempts {numbers[0]}-{numbers[-1]}"
+        out.append((f"run {i:0{width}d} ({which})", run_id))
+    return out
+
+
 def to_markdown(story: JobStory, base_url: str | None) -> str:
     """The story as two markdown tables: facts, then one row per attempt with its run link."""
     lines = ["| | |", "|---|---|"]

@@ -52,6 +52,13 @@ AMBIGUOUS_CREATE_STATUSES = frozenset({504})
 # Failures that happen before a single byte of the request left this process (a proxy that
 # refuses the tunnel never passes the request on either).
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError)
+# What each timeout means, for the reason a person reads: (httpx's timeout key, what did not happen).
+_TIMEOUT_PHASES: dict[type[Exception], tuple[str, str]] = {
+    httpx.ConnectTimeout: ("connect", "no connection"),
+    httpx.ReadTimeout: ("read", "no answer"),
+    httpx.WriteTimeout: ("write", "request not sent"),
+    httpx.PoolTimeout: ("pool", "no free connection"),
+}
 # Errors in our own configuration (a base URL without a scheme...): retrying cannot help.
 _CONFIG_ERRORS = (httpx.UnsupportedProtocol, httpx.InvalidURL, httpx.LocalProtocolError)
 
@@ -396,7 +403,7 @@ class ProviderHttp:
                 raise ProviderHTTPError(
                     exc.label,
                     None,
-                    f"{method} {path}: no answer within the {limit:g} s deadline ({exc.detail})",
+                    f"{method} {path}: no answer within the {limit:g} s poll deadline ({exc.detail})",
                 ) from None
             raise ProviderHTTPError(exc.label, None, exc.detail) from None
 
@@ -424,23 +431,24 @@ class ProviderHttp:
             if self._account
             else nullcontext()
         )
+        timeout: httpx.Timeout | None = None  # the one in effect, for a timeout's message
         try:
             with account, self._limiter.semaphore:
                 if sent is not None:
                     sent.append(True)
+                timeout = self._timeout_until(deadline)
                 response = self._send_capped(
                     method, path, label, idempotent, deadline,
                     self.client.build_request(
-                        method, path, json=json, params=params, headers=all_headers,
-                        timeout=self._timeout_until(deadline),
+                        method, path, json=json, params=params, headers=all_headers, timeout=timeout,
                     ),
                 )  # fmt: skip
         except _NOT_SENT as exc:
-            raise _Transient(label, f"{method} {path}: {type(exc).__name__}: {self._clean(exc)}") from None
+            raise _Transient(label, f"{method} {path}: {self._transport_failure(exc, timeout)}") from None
         except _CONFIG_ERRORS as exc:
             raise ProviderHTTPError(label, None, f"{method} {path}: {self._clean(exc)}") from None
         except httpx.TransportError as exc:
-            detail = f"{method} {path}: {type(exc).__name__}: {self._clean(exc)}"
+            detail = f"{method} {path}: {self._transport_failure(exc, timeout)}"
             if not idempotent:
                 raise AmbiguousCreateError(
                     f"{label}: the request may have reached {self.provider} but its answer was lost "
@@ -478,6 +486,17 @@ class ProviderHttp:
             )  # fmt: skip
         if wait > 0:
             self._sleep(wait)
+    def _transport_failure(self, exc: httpx.TransportError, timeout: httpx.Timeout | None) -> str:
+        """A transport failure in words: a timeout names the timeout that ran out and its length
+        (the overall poll deadline says so itself), anything else keeps its own message."""
+        name = type(exc).__name__
+        text = self._clean(exc)
+        phase = _TIMEOUT_PHASES.get(type(exc))
+        if phase is None or not text.startswith("timed out"):
+            return f"{name}: {text}"
+        limit = getattr(timeout, phase[0], None)
+        within = f" within the {limit:.3g} s {phase[0]} timeout" if isinstance(limit, int | float) else ""
+        return f"{phase[1]}{within} ({name})"
 
     def _timeout_until(self, deadline: float | None) -> httpx.Timeout:
         """The client's timeouts, each cut to what is left before ``deadline``."""
@@ -525,7 +544,7 @@ class ProviderHttp:
                     raise ProviderHTTPError(
                         label,
                         None,
-                        f"{method} {path}: answer still arriving at the {limit:g} s deadline "
+                        f"{method} {path}: answer still arriving at the {limit:g} s poll deadline "
                         f"({size} bytes; waited {waited:.1f} s)",
                     )
                 chunks.append(chunk)

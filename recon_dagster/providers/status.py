@@ -77,7 +77,9 @@ class ProviderHTTPError(ProviderError):
     """A provider call failed at the HTTP level after the retry policy gave up."""
 
     def __init__(self, provider_kind: str, status_code: int | None, message: str) -> None:
-        super().__init__(f"{provider_kind}: HTTP {status_code}: {message}")
+        # No status: nothing was answered (a timeout, a refused connection), so no "HTTP None".
+        status = f"HTTP {status_code}: " if status_code is not None else ""
+        super().__init__(f"{provider_kind}: {status}{message}")
         self.provider_kind = provider_kind
         self.status_code = status_code
 

@@ -5,6 +5,7 @@ Kept apart from the effects so every branch of spec 5.5/5.6 is a plain function 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -116,8 +117,14 @@ def failure_message(reason: str) -> str:
 # --- what a success must carry -------------------------------------------------------------------
 
 
-def promised_media(provider_kind: str | None, job_type: str) -> bool:
-    """Whether a job of this kind and type can only be completed with stored media.
+_PROMISED_BY_FOLDER = {"images": "image", "videos": "video", "audio": "audio", "loras": "weights"}
+# How a reason names what was promised: "where an image was promised".
+_PROMISED_PHRASE = {"image": "an image", "video": "a video", "audio": "audio", "weights": "model weights"}
+
+
+def promised_kind(provider_kind: str | None, job_type: str) -> str | None:
+    """What a job of this kind and type can only be completed with: ``image``, ``video``,
+    ``audio``, ``weights`` or ``media`` (a type naming none of them); None when it promises no media.
 
     Every async kind promises media, except the text-capable ones (``TEXT_RESULT_KINDS``), where the
     job type decides: a type naming images, video, audio or weights promises media. Sync and unknown
@@ -125,21 +132,52 @@ def promised_media(provider_kind: str | None, job_type: str) -> bool:
     """
     kind = KINDS.get(provider_kind or "")
     if kind is None or not kind.is_async:
-        return False
-    if kind.name in TEXT_RESULT_KINDS:
-        return media_folder(job_type) != "files"
-    return True
+        return None
+    folder = media_folder(job_type)
+    if kind.name in TEXT_RESULT_KINDS and folder == "files":
+        return None
+    return _PROMISED_BY_FOLDER.get(folder, "media")
 
 
-def unusable_result(*, media: int, result: object, promised: bool) -> str | None:
-    """Why a success cannot be completed and charged (None: it can).
+def promised_media(provider_kind: str | None, job_type: str) -> bool:
+    """Whether a job of this kind and type can only be completed with stored media."""
+    return promised_kind(provider_kind, job_type) is not None
 
-    ``media`` is the number of objects stored (or about to be); ``result`` the text result.
+
+def promised_phrase(promised: str) -> str:
+    """``image`` -> "an image", as in "where an image was promised"."""
+    return _PROMISED_PHRASE.get(promised, promised)
+
+
+def describe_result(result: object, limit: int = 80) -> str:
+    """What a success carried instead of media, for a person: its shape, size and a short start,
+    e.g. 'a JSON object of 31 bytes: {"text": "sandbox text result"}' (pure)."""
+    if result is None or result == {} or result == [] or result == "":
+        return "nothing"
+    if isinstance(result, str):
+        text, shape = result, f"a text of {len(result)} characters"
+    else:
+        try:
+            text = json.dumps(result, ensure_ascii=False, sort_keys=True, default=str)
+        except (TypeError, ValueError):
+            text = repr(result)
+        name = "object" if isinstance(result, dict) else "array" if isinstance(result, list) else type(result).__name__
+        shape = f"a JSON {name} of {len(text.encode())} bytes"
+    flat = " ".join(text.split())
+    return f"{shape}: {flat if len(flat) <= limit else flat[: limit - 1] + '…'}"
+
+
+def unusable_result(*, media: int, result: object, promised: str | bool | None) -> str | None:
+    """Why a success cannot be completed and charged (None: it can), saying what came back.
+
+    ``media`` is the number of objects stored (or about to be); ``result`` the text result;
+    ``promised`` what the job promised (``promised_kind``; True: media of any kind).
     """
     if promised and media == 0:
-        return "the job promised media and none was stored"
+        what = promised_phrase(promised) if isinstance(promised, str) else "media"
+        return f"upstream succeeded with no media, only {describe_result(result)}, where {what} was promised"
     if media == 0 and not result:
-        return "the success carried no media and no result"
+        return "upstream succeeded with no media and no result"
     return None
 
 
@@ -157,7 +195,7 @@ def refused_before_download(row: JobRow, status: UpstreamStatus) -> str | None:
     if foreign_task(row.provider_task_id, status.task_id):
         return f"result of task {status.task_id}, but the row's task is {row.provider_task_id}"
     return unusable_result(
-        media=len(status.media), result=status.result, promised=promised_media(status.provider_kind, row.job_type)
+        media=len(status.media), result=status.result, promised=promised_kind(status.provider_kind, row.job_type)
     )
 
 

@@ -47,7 +47,8 @@ from recon_dagster.media.transfer import fetch_media_to_store
 from recon_dagster.media.video_limits import VideoBudget, VideoLimits
 from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStatus
 from recon_dagster.reconcile.completion import reopen_sole_cause_workflow, settle_completion
-from recon_dagster.reconcile.decide import foreign_task, promised_media, unusable_result
+from recon_dagster.reconcile.decide import foreign_task, unusable_result
+from recon_dagster.reconcile.decide import promised_kind as promised_by_job
 
 log = logging.getLogger("recon_dagster.finalize")
 
@@ -173,7 +174,7 @@ def _task_of(row: jobs_db.JobRow, result: ProviderResult) -> str | None:
 
 def _require_usable(row: jobs_db.JobRow, result: ProviderResult, media: int) -> None:
     problem = unusable_result(
-        media=media, result=result.result, promised=promised_media(result.provider_kind, row.job_type)
+        media=media, result=result.result, promised=promised_by_job(result.provider_kind, row.job_type)
     )
     if problem is not None:
         raise UnusableResult(row.id, result.provider_kind, problem)
@@ -244,7 +245,7 @@ def finalize_job_with_media(
     try:
         stored = store_result_media(store, row, result, should_watermark=watermark, policy=policy)
     except MediaUnusable as exc:
-        raise UnusableResult(row.id, result.provider_kind, str(exc)) from None
+        raise UnusableResult(row.id, result.provider_kind, exc.reason()) from None
     except (MediaNotImage, MediaNotVideo) as exc:
         _watermark_failed(engine, row, result, exc)
         raise UnusableResult(row.id, result.provider_kind, str(exc)) from None

@@ -21,6 +21,7 @@ from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.types import JobRow
 from recon_dagster.db.sqltext import sql
 from recon_dagster.providers.status import UpstreamStatus
+from recon_dagster.reconcile.cause import Cause
 from recon_dagster.reconcile.decide import Outcome
 
 log = logging.getLogger("recon_dagster.reconcile")
@@ -34,14 +35,23 @@ class JobOutcome:
     attempt: int
     detail: str
     duration_ms: int
+    # Whose fault the end of the attempt was (``reconcile.cause``); None: not recorded, never
+    # counted in provider health.
+    cause: Cause | None = None
 
 
 def make_outcome(
-    job_id: uuid.UUID, kind: str | None, outcome: Outcome, attempt: int, detail: str, started: float
+    job_id: uuid.UUID,
+    kind: str | None,
+    outcome: Outcome,
+    attempt: int,
+    detail: str,
+    started: float,
+    cause: Cause | None = None,
 ) -> JobOutcome:
     # Every outcome detail (reconcile_events, Dagster logs and metadata) passes here.
     detail = redact_secrets(detail)
-    return JobOutcome(job_id, kind, outcome, attempt, detail, int((time.monotonic() - started) * 1000))
+    return JobOutcome(job_id, kind, outcome, attempt, detail, int((time.monotonic() - started) * 1000), cause)
 
 
 @dataclass
@@ -123,6 +133,7 @@ class Polled:
     retry_in_s: float | None = None
     # DEFER: the reason (a NotSentReason value).
     not_sent: str | None = None
+    cause: Cause = Cause.ANSWERED  # whose fault a COUNT's error is; every other step was answered
 
 
 def outcomes_since(conn: sa.Connection, since_epoch: float) -> Counter[str]:
@@ -141,11 +152,11 @@ def outcomes_since(conn: sa.Connection, since_epoch: float) -> Counter[str]:
 _INSERT_EVENTS = sql(
     """
     INSERT INTO reconcile_events
-      (job_id, provider_kind, attempt, outcome, detail, run_key, run_id, duration_ms, created_at)
+      (job_id, provider_kind, attempt, outcome, detail, run_key, run_id, duration_ms, created_at, cause)
     SELECT e.job_id, e.kind, e.attempt, e.outcome, e.detail, :r, :run, e.ms,
-           clock_timestamp() - make_interval(secs => e.age_s)
-    FROM unnest(:ids, :kinds, :attempts, :outcomes, :details, :ms, :ages)
-      AS e(job_id, kind, attempt, outcome, detail, ms, age_s)
+           clock_timestamp() - make_interval(secs => e.age_s), e.cause
+    FROM unnest(:ids, :kinds, :attempts, :outcomes, :details, :ms, :ages, :causes)
+      AS e(job_id, kind, attempt, outcome, detail, ms, age_s, cause)
     ORDER BY e.age_s DESC
     """
 ).bindparams(
@@ -156,6 +167,7 @@ _INSERT_EVENTS = sql(
     sa.bindparam("details", type_=pg.ARRAY(sa.Text)),
     sa.bindparam("ms", type_=pg.ARRAY(sa.Integer)),
     sa.bindparam("ages", type_=pg.ARRAY(sa.Float)),
+    sa.bindparam("causes", type_=pg.ARRAY(sa.Text)),
 )
 
 
@@ -225,6 +237,7 @@ class EventLog:
                     "details": [o.detail[:2000] for o, _ in rows],
                     "ms": [o.duration_ms for o, _ in rows],
                     "ages": [max(0.0, now - at) for _, at in rows],
+                    "causes": [o.cause.value if o.cause is not None else None for o, _ in rows],
                     "r": owner,
                     "run": self._run_id,
                 },

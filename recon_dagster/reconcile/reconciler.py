@@ -23,11 +23,13 @@ from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim, JobRow
+from recon_dagster.media.errors import MediaError
 from recon_dagster.media.store import MediaStore
 from recon_dagster.providers.status import MediaRef, NotSent, UpstreamState, UpstreamStatus
 from recon_dagster.reconcile import lora
 from recon_dagster.reconcile.batches import claim_at_start, claim_isolated, renew_leases
 from recon_dagster.reconcile.breaker import NotFoundBreaker
+from recon_dagster.reconcile.cause import Cause, finalize_error_cause, poll_error_cause
 from recon_dagster.reconcile.decide import (
     Action,
     Outcome,
@@ -38,8 +40,10 @@ from recon_dagster.reconcile.decide import (
     route,
 )
 from recon_dagster.reconcile.finalize import (
+    ForeignTaskResult,
     MediaPolicy,
     ProviderResult,
+    UnusableResult,
     fail_and_refund,
     finalize_job_with_media,
     force_fail_and_refund,
@@ -145,6 +149,7 @@ class Reconciler:
                 errors.get(c.job_id)
                 or "not claimed: another run holds it, an attempt was counted since, or it is no longer in flight",
                 started,
+                Cause.INTERNAL if c.job_id in errors else Cause.NOT_ASKED,
             )
             for c in planned
             if c.job_id not in won_ids
@@ -171,6 +176,7 @@ class Reconciler:
                             row.reconcile_attempts,
                             f"force_fail raised {type(exc).__name__}: {exc}",
                             started,
+                            Cause.INTERNAL,
                         )  # fmt: skip
                     )
                     continue
@@ -182,6 +188,7 @@ class Reconciler:
                         row.reconcile_attempts,
                         f"{row.reconcile_attempts} attempts: {why}",
                         started,
+                        Cause.INTERNAL,  # the run that made the last attempt died before recording it
                     )
                 )
             else:
@@ -208,7 +215,12 @@ class Reconciler:
         except Exception as exc:  # one bad job never takes the batch down
             log.exception("poll of job %s failed unexpectedly", row.id)
             return Polled(
-                row, Step.COUNT, f"{type(exc).__name__}: {exc}", outcome=Outcome.ERROR, poll_ms=_ms(started)
+                row,
+                Step.COUNT,
+                f"{type(exc).__name__}: {exc}",
+                outcome=Outcome.ERROR,
+                poll_ms=_ms(started),
+                cause=Cause.INTERNAL,
             )
 
     def _poll_one(self, row: JobRow) -> Polled:
@@ -217,16 +229,16 @@ class Reconciler:
             # A count at or past the cap (or negative) before this attempt: counting it (capped)
             # force-fails and refunds it, whatever its route.
             why = f"attempt counter {row.reconcile_attempts} is outside 0..{self.settings.max_attempts - 1}"
-            return Polled(row, Step.COUNT, why, outcome=Outcome.ERROR)
+            return Polled(row, Step.COUNT, why, outcome=Outcome.ERROR, cause=Cause.INTERNAL)
         if row.nonfinite:
             self._flag_nonfinite(row)
             if route(row) is Route.SWEEP:
                 # Its age is unknowable: no sweep on it. Counted attempts still end it (the cap
                 # fails and refunds it with an anomaly), so it never sits in flight forever.
                 why = f"non-finite {', '.join(row.nonfinite)}: not swept on an unknowable age"
-                return Polled(row, Step.COUNT, why, outcome=Outcome.ERROR)
+                return Polled(row, Step.COUNT, why, outcome=Outcome.ERROR, cause=Cause.INTERNAL)
         if route(row) is Route.SWEEP:
-            return Polled(row, Step.SWEEP, _sweep_reason(row))
+            return Polled(row, Step.SWEEP, _sweep_reason(row), cause=Cause.NOT_ASKED)
         assert row.provider_kind is not None and row.provider_task_id is not None
         try:
             status = self._poll_when_let_out(row.provider_kind, row.provider_task_id)
@@ -248,6 +260,7 @@ class Reconciler:
                 f"poll failed: {type(exc).__name__}: {exc}",
                 outcome=Outcome.ERROR,
                 poll_ms=_ms(started),
+                cause=poll_error_cause(exc),
             )
         crash_point("reconcile.after_poll")
         decision = self.breaker.judge(status)
@@ -295,6 +308,7 @@ class Reconciler:
                 p.row.reconcile_attempts + 1,
                 "lease lost between poll and act",
                 started,
+                Cause.NOT_ASKED,
             )
             for p in polled
             if p.row.id not in ours
@@ -318,7 +332,7 @@ class Reconciler:
         except Exception as exc:  # one bad job never takes the batch down
             log.exception("reconcile of job %s failed unexpectedly", p.row.id)
             outcome = self._attempt_failed(
-                p.row, owner, f"{type(exc).__name__}: {exc}", Outcome.ERROR, started
+                p.row, owner, f"{type(exc).__name__}: {exc}", Outcome.ERROR, started, Cause.INTERNAL
             )
         self._record(outcome, owner)
         return outcome
@@ -340,6 +354,7 @@ class Reconciler:
                 attempt,
                 p.reason,
                 started,
+                Cause.NOT_ASKED,
             )
         if p.step is Step.FAIL:
             try:
@@ -353,9 +368,10 @@ class Reconciler:
                 attempt,
                 p.reason,
                 started,
+                Cause.ANSWERED,
             )
         if p.step is Step.COUNT:
-            return self._attempt_failed(row, owner, p.reason, p.outcome, started)
+            return self._attempt_failed(row, owner, p.reason, p.outcome, started, p.cause)
         if p.step is Step.DEFER:
             return self._reschedule(row, owner, p, started)
         assert p.status is not None
@@ -372,7 +388,7 @@ class Reconciler:
         except Exception as exc:
             # An expired signed URL or a refused host: never complete without the media.
             return self._attempt_failed(
-                row, owner, f"finalize failed: {type(exc).__name__}: {exc}", Outcome.ERROR, started
+                row, owner, finalize_failure(exc), Outcome.ERROR, started, finalize_error_cause(exc)
             )
         if result.ok:
             return self._outcome(
@@ -382,8 +398,11 @@ class Reconciler:
                 attempt,
                 f"completed; {len(result.stored)} media object(s) stored",
                 started,
+                Cause.ANSWERED,
             )
-        return self._outcome(row.id, row.provider_kind, Outcome.LOST_RACE, attempt, result.reason, started)
+        return self._outcome(
+            row.id, row.provider_kind, Outcome.LOST_RACE, attempt, result.reason, started, Cause.ANSWERED
+        )
 
     # -- one job: the phases composed -----------------------------------------------------------
 
@@ -402,7 +421,9 @@ class Reconciler:
             outcome = self._reconcile_leased(job_id, owner, started)
         except Exception as exc:  # last resort: the database itself failed us for this job
             log.exception("reconcile of job %s failed and could not be counted", job_id)
-            outcome = self._outcome(job_id, None, Outcome.ERROR, -1, f"{type(exc).__name__}: {exc}", started)
+            outcome = self._outcome(
+                job_id, None, Outcome.ERROR, -1, f"{type(exc).__name__}: {exc}", started, Cause.INTERNAL
+            )
         self._record(outcome, owner)
         return outcome
 
@@ -411,7 +432,13 @@ class Reconciler:
             row = jobs_db.renew_lease(conn, job_id, owner, self.settings.lease_ttl)
         if row is None:
             outcome = self._outcome(
-                job_id, None, Outcome.SKIPPED, -1, "not leased to this run or no longer in flight", started
+                job_id,
+                None,
+                Outcome.SKIPPED,
+                -1,
+                "not leased to this run or no longer in flight",
+                started,
+                Cause.NOT_ASKED,
             )
         else:
             try:
@@ -419,14 +446,18 @@ class Reconciler:
             except Exception as exc:  # one bad job never takes the batch down
                 log.exception("reconcile of job %s failed unexpectedly", job_id)
                 outcome = self._attempt_failed(
-                    row, owner, f"{type(exc).__name__}: {exc}", Outcome.ERROR, started
+                    row, owner, f"{type(exc).__name__}: {exc}", Outcome.ERROR, started, Cause.INTERNAL
                 )
         return outcome
 
     def _reconcile_row(self, row: JobRow, owner: str, started: float) -> JobOutcome:
         return self._act_one(self._poll_guarded(row), owner, started)
 
-    def _attempt_failed(self, row: JobRow, owner: str, why: str, kind: Outcome, started: float) -> JobOutcome:
+    def _attempt_failed(
+        self, row: JobRow, owner: str, why: str, kind: Outcome, started: float, cause: Cause
+    ) -> JobOutcome:
+        """Count the attempt (an error or still running, whose fault ``cause`` says); the one that
+        reaches the cap force-fails and refunds, keeping the cause of that last attempt."""
         why = redact_secrets(why)  # before it is cut to length, so no half key survives
         with self.engine.begin() as conn:
             attempts = jobs_db.bump_attempts(
@@ -446,6 +477,7 @@ class Reconciler:
                 row.reconcile_attempts + 1,
                 f"row moved on while attempt was counted ({why})",
                 started,
+                cause,
             )
         if decide_after_attempt(attempts, self.settings.max_attempts) is Action.FORCE_FAIL:
             try:
@@ -456,6 +488,7 @@ class Reconciler:
                 return self._outcome(
                     row.id, row.provider_kind, Outcome.ERROR, attempts,
                     f"{attempts} attempts: force_fail raised {type(exc).__name__}: {exc} ({why})", started,
+                    Cause.INTERNAL,
                 )  # fmt: skip
             return self._outcome(
                 row.id,
@@ -464,8 +497,9 @@ class Reconciler:
                 attempts,
                 f"{attempts} attempts: {why}",
                 started,
+                cause,
             )
-        return self._outcome(row.id, row.provider_kind, kind, attempts, why, started)
+        return self._outcome(row.id, row.provider_kind, kind, attempts, why, started, cause)
 
     def _reschedule(self, row: JobRow, owner: str, p: Polled, started: float) -> JobOutcome:
         """A poll that was never sent: the lease released and the job due again when its account
@@ -482,7 +516,7 @@ class Reconciler:
                 f"row moved on while the unsent poll was rescheduled ({p.reason})", started,
             )  # fmt: skip
         detail = not_sent_detail(p.not_sent or "not_sent", p.reason, delay.total_seconds())
-        return self._outcome(row.id, row.provider_kind, Outcome.NOT_SENT, attempt, detail, started)
+        return self._outcome(row.id, row.provider_kind, Outcome.NOT_SENT, attempt, detail, started, Cause.NOT_ASKED)
 
     def not_sent_delay(self, retry_in_s: float | None) -> timedelta:
         """When a job whose poll was not sent is due again: the limit's hint (at least a second),
@@ -512,7 +546,12 @@ class Reconciler:
         """A fail/refund/sweep that raised: an anomaly, and the attempt counted (capped)."""
         self._settle_anomaly(row, step, exc, row.reconcile_attempts + 1)
         return self._attempt_failed(
-            row, owner, f"settle step {step} raised {type(exc).__name__}: {exc}", Outcome.ERROR, started
+            row,
+            owner,
+            f"settle step {step} raised {type(exc).__name__}: {exc}",
+            Outcome.ERROR,
+            started,
+            Cause.INTERNAL,
         )
 
     def _settle_anomaly(self, row: JobRow, step: str, exc: Exception, attempts: int) -> None:
@@ -575,17 +614,17 @@ class Reconciler:
             won, errors = claim_isolated(
                 conn, claims, owner, self.settings.lease_ttl, planned=False, cap=self.settings.max_attempts
             )
-        failed = [self._outcome(j, None, Outcome.ERROR, -1, e, time.monotonic()) for j, e in errors.items()]
+        failed = [
+            self._outcome(j, None, Outcome.ERROR, -1, e, time.monotonic(), Cause.INTERNAL) for j, e in errors.items()
+        ]
         for o in failed:
             self._record(o, owner)
         return len(rows), failed + self.reconcile_many([c.job_id for c in won], owner)
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
-    def _outcome(
-        self, job_id: uuid.UUID, kind: str | None, outcome: Outcome, attempt: int, detail: str, started: float
-    ) -> JobOutcome:
-        return make_outcome(job_id, kind, outcome, attempt, detail, started)
+    # Every outcome of this reconciler (and of its shadow subclass) is made here.
+    _outcome = staticmethod(make_outcome)
 
     def _record(self, o: JobOutcome, owner: str) -> None:
         self.events.add(o, owner)
@@ -602,6 +641,18 @@ class Reconciler:
 
 def _ms(started: float) -> int:
     return int((time.monotonic() - started) * 1000)
+
+
+def finalize_failure(exc: BaseException) -> str:
+    """Why a success could not be completed, in the words an operator reads first: what came back
+    and what was promised (``UnusableResult``), or the media error with its URL last."""
+    if isinstance(exc, ForeignTaskResult):
+        return f"another task's result: {exc.problem}; not completed, nothing charged"
+    if isinstance(exc, UnusableResult):
+        return f"unusable result: {exc.problem}; not completed, nothing charged"
+    if isinstance(exc, MediaError):
+        return f"media not stored: {type(exc).__name__}: {exc.reason()}; not completed, nothing charged"
+    return f"finalize failed: {type(exc).__name__}: {exc}"
 
 
 def _sweep_reason(row: JobRow) -> str:

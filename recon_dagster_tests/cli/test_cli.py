@@ -261,10 +261,12 @@ def test_a_provider_outage_is_a_summary_line(db, tmp_path):
         env={**keys, "KIE_BASE_URL": "http://127.0.0.1:1", "RECON_MEDIA_DIR": str(tmp_path)},
     )  # fmt: skip
 
-    # A run in which every job errored fails on purpose (an outage is red in the UI): one line.
+    # A run whose provider answered none of its jobs fails on purpose (an outage is red in the UI): one line.
     what, fix = one_line_failure(out, "reconcile")
-    assert what.startswith("1 of 2 runs failed: reconcile_job (kie-standard): Failure: every job of this run errored (1)")
-    assert fix.startswith("the provider (or the media path) is failing; each job is retried after the cadence")
+    assert what.startswith(
+        "1 of 2 runs failed: reconcile_job (kie-standard): Failure: kie outage: none of the 1 job(s) of this run got an answer"
+    )
+    assert fix.startswith("the provider is not answering; each job is retried after the cadence")
     assert "errors=1" in out.stdout
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("errors: "))
     assert re.fullmatch(

@@ -110,29 +110,82 @@ def test_the_cli_retry_and_fail_commands_print_one_line_and_refuse_with_one_line
     assert "carol" in _events(db, job, FAIL)[0].detail
 
 
-def test_the_launchpad_jobs_record_the_run_and_fail_a_terminal_job_with_a_one_line_reason(
+def _action(job: object, **fields: str) -> dict:
+    return {"job_id": str(job), "operator": "erin", "reason": "dead task", **fields}
+
+
+def test_the_launchpad_jobs_record_the_operator_and_the_run_and_fail_a_terminal_job_with_a_one_line_reason(
     db, instance, media_dir, sandbox
 ):
+    """Issue 41 item 5: Dagster OSS has no users. The operator's name is a required field, recorded
+    with the action and the run (and shown on the run's row); the reason is required too."""
     user, job = _stuck(db, sandbox)
     defs = make_defs(media_dir)
-    cfg = {"ops": {"fail_and_refund_now_op": {"config": {"job_id": str(job), "reason": "dead task"}}}}
+    cfg = {"ops": {"fail_and_refund_now_op": {"config": _action(job)}}}
 
     res = defs.resolve_job_def(fail_and_refund_job.name).execute_in_process(run_config=cfg, instance=instance)
     again = defs.resolve_job_def(fail_and_refund_job.name).execute_in_process(
         run_config=cfg, instance=instance, raise_on_error=False
     )
     retry = defs.resolve_job_def(retry_job_now.name).execute_in_process(
-        run_config={"ops": {"retry_now_op": {"config": {"job_id": str(job)}}}},
+        run_config={"ops": {"retry_now_op": {"config": _action(job, reason="again")}}},
         instance=instance,
         raise_on_error=False,
     )
 
     assert res.success and job_row(db, job)["status"] == "failed"
-    assert _events(db, job, FAIL)[0].run_id == res.run_id
+    [event] = _events(db, job, FAIL)
+    assert event.run_id == res.run_id
+    assert event.detail == f"by erin (Dagster run {res.run_id[:8]}): dead task"
+    assert f"operator_failed by erin (Dagster run {res.run_id[:8]}): dead task" in job_row(db, job)["error_message"]
+    run = instance.get_run_by_id(res.run_id)
+    assert (run.tags["recon/operator"], run.tags["recon/job"]) == ("erin", str(job))
     assert not again.success and not retry.success
     [failure] = [e for e in again.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
-    assert "already failed" in failure.step_failure_data.user_failure_data.description
+    refused = failure.step_failure_data.user_failure_data.description
+    # The refusal says how the job ended and by whom: a job id left over in the Launchpad shows.
+    assert refused.startswith(f"job {job} is already failed (operator_failed by erin (Dagster run ")
+    assert refused.endswith("UTC); nothing to fail")
     assert balances(db, user) == (Decimal(100), Decimal(0))
+
+
+@pytest.mark.parametrize("job_name", ["fail_and_refund_job", "retry_job_now"])
+@pytest.mark.parametrize("missing", ["job_id", "operator", "reason"])
+def test_a_launchpad_action_needs_a_job_id_an_operator_and_a_reason_with_no_default(
+    db, instance, media_dir, sandbox, job_name, missing
+):
+    _, job = _stuck(db, sandbox)
+    defs = make_defs(media_dir)
+    op = "fail_and_refund_now_op" if job_name == "fail_and_refund_job" else "retry_now_op"
+    config = {k: v for k, v in _action(job).items() if k != missing}
+
+    with pytest.raises(dg.DagsterInvalidConfigError, match=missing):
+        defs.resolve_job_def(job_name).execute_in_process(
+            run_config={"ops": {op: {"config": config}}}, instance=instance
+        )
+    # Nothing to pre-fill: the job's config has no default for any of the three.
+    fields = defs.resolve_job_def(job_name).get_config_schema_snapshot()
+    assert fields is not None
+    assert job_row(db, job)["status"] == "processing"
+
+
+@pytest.mark.parametrize("job_name", ["fail_and_refund_job", "retry_job_now"])
+@pytest.mark.parametrize("blank", ["operator", "reason"])
+def test_a_blank_operator_or_reason_is_refused_in_one_line_and_changes_nothing(
+    db, instance, media_dir, sandbox, job_name, blank
+):
+    _, job = _stuck(db, sandbox)
+    defs = make_defs(media_dir)
+    op = "fail_and_refund_now_op" if job_name == "fail_and_refund_job" else "retry_now_op"
+
+    res = defs.resolve_job_def(job_name).execute_in_process(
+        run_config={"ops": {op: {"config": _action(job, **{blank: "   "})}}}, instance=instance, raise_on_error=False
+    )
+
+    assert not res.success
+    [failure] = [e for e in res.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    assert failure.step_failure_data.user_failure_data.description.startswith(f"{blank} is required")
+    assert job_row(db, job)["status"] == "processing" and _events(db, job, FAIL) == []
 
 
 @pytest.mark.parametrize("round_", range(6))

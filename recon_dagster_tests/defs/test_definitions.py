@@ -25,7 +25,7 @@ def test_definitions_load_with_every_job_sensor_and_schedule():
     }
     assert {s.name for s in repo.sensor_defs} == {
         "stale_inflight_jobs_sensor",
-        "reconcile_run_failure_alert",
+        "reconcile_alerts",
         "provider_health_at_startup",
     }
     assert {s.name for s in repo.schedule_defs} == {
@@ -34,7 +34,9 @@ def test_definitions_load_with_every_job_sensor_and_schedule():
         "lora_training_migration_schedule",
         "shadow_agreement_schedule",
     }
-    assert set(defs.resources) >= {"database", "providers", "media_store", "reconcile_settings", "handoff_io_manager"}
+    assert set(defs.resources) >= {
+        "database", "providers", "media_store", "reconcile_settings", "handoff_io_manager", "alert_targets"
+    }
 
 
 def test_reconcile_job_is_partitioned_by_every_provider_kind_and_runs_in_process():

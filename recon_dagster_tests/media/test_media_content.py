@@ -92,13 +92,23 @@ def test_a_text_or_empty_body_under_a_media_content_type_is_unusable(
 @pytest.mark.parametrize("content_type", sorted(TEXT_TYPES))
 @pytest.mark.parametrize("promise", sorted(PROMISES))
 def test_an_error_page_served_as_text_is_unusable(db, served, media_dir, promise, content_type):
+    """Issue 41 item 3: the reason says what came back (its type, its size, what it reads as)
+    and what was promised, not only that nothing was stored."""
     kind, job_type, _, name = PROMISES[promise]
-    url = served.add(HTML if "html" in content_type else JSON, TEXT_TYPES[content_type], name=name)
+    body = HTML if "html" in content_type else JSON
+    url = served.add(body, TEXT_TYPES[content_type], name=name)
 
     user, job, out = reconcile_served(db, served, media_dir, kind, job_type, url)
 
     assert out.outcome is Outcome.ERROR, out.detail
-    assert "Content-Type" in out.detail
+    shape = "an HTML page" if body is HTML else "a JSON document"
+    promised = {"image": "an image", "video": "a video", "audio": "audio"}[promise.split("-")[0]]
+    assert out.detail.startswith(
+        f"unusable result: {TEXT_TYPES[content_type].split(';')[0]}, {len(body)} bytes, reads as {shape}: "
+    ), out.detail
+    assert f", where {promised} was promised (from http://" in out.detail
+    assert ("502 Bad Gateway" if body is HTML else '"message": "internal error') in out.detail
+    assert job_row(db, job)["reconcile_last_error"] == out.detail
     _in_flight_with_an_attempt(db, user, job, media_dir)
 
 

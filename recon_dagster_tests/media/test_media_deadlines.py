@@ -105,3 +105,40 @@ def test_a_declared_size_gets_its_share_of_the_budget_never_more():
     assert sized_deadline_s(2048 * mib, 600, mib) == 600  # a 2 GiB video: capped by the budget
     assert sized_deadline_s(10 * mib, 5, mib) == 5  # what an earlier object left over
     assert sized_deadline_s(10 * mib, 600, None) == 600
+
+
+def test_a_media_host_that_never_answers_names_the_timeout_that_ran_out(tmp_path):
+    """Issue 41 item 3: "ReadTimeout: timed out" said nothing of which timeout; the reason says it."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:  # accept and say nothing
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    port = server.getsockname()[1]
+    try:
+        with pytest.raises(MediaFetchError) as caught:
+            fetch_to_store(
+                f"http://127.0.0.1:{port}/m/0.png", FolderWriter(tmp_path), "images/x/0.png",
+                max_bytes=1 << 20, timeout_s=0.5, allowed_hosts=frozenset({f"127.0.0.1:{port}"}),
+            )  # fmt: skip
+    finally:
+        stop.set()
+        thread.join()
+        for s in held:
+            s.close()
+        server.close()
+    assert "no answer within the 0.5 s media timeout" in str(caught.value), caught.value

@@ -93,3 +93,52 @@ def test_a_billed_sync_answer_is_not_held_to_the_poll_cap(sandbox, monkeypatch):
     finally:
         sandbox.set_default_scenario("elevenlabs-sync", None)
     assert len(audio) >= 256 * 1024
+
+
+# --- issue 41 item 3: a timeout says which deadline ---------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["kie-standard", "replicate-prediction", "elevenlabs-async"])
+def test_a_read_timeout_names_the_read_timeout_and_never_says_http_none(sandbox, monkeypatch, kind):
+    monkeypatch.setenv("RECON_POLL_DEADLINE_S", "30")
+    providers = providers_from_env()
+    resource = providers.for_kind(kind).model_copy(update={"read_timeout_s": 0.5, "max_attempts": 1})
+    task = sandbox.add_task(kind, Scenario(outcome="run_forever", latency_s=3))
+
+    with pytest.raises(ProviderHTTPError) as caught:
+        resource.poll(kind, task)
+
+    message = str(caught.value)
+    assert "HTTP None" not in message
+    assert "no answer within the 0.5 s read timeout (ReadTimeout)" in message, message
+    assert message.startswith(f"{kind}: GET ")
+
+
+def test_the_overall_deadline_names_itself_as_the_poll_deadline(sandbox, monkeypatch):
+    monkeypatch.setenv("RECON_POLL_DEADLINE_S", "1")
+    providers = providers_from_env()
+    task = sandbox.add_task("kie-standard", Scenario(outcome="run_forever", latency_s=4))
+
+    with pytest.raises(ProviderHTTPError) as caught:
+        providers.poll("kie-standard", task)
+
+    message = str(caught.value)
+    assert "HTTP None" not in message
+    assert "1 s poll deadline" in message or "overall deadline of 1 s passed" in message, message
+
+
+def test_a_refused_connection_says_so_without_an_http_status(monkeypatch):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("KIE_BASE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("KIE_API_KEY", "k")
+    kie = providers_from_env().kie.model_copy(update={"max_attempts": 1})
+
+    with pytest.raises(ProviderHTTPError) as caught:
+        kie.poll("kie-standard", "task-1")
+
+    message = str(caught.value)
+    assert "HTTP None" not in message and "ConnectError" in message, message

@@ -12,7 +12,9 @@ from recon_dagster.reconcile.decide import (
     Action,
     BreakerPolicy,
     decide_on_status,
+    describe_result,
     not_found_breaker_open,
+    promised_kind,
     promised_media,
     unusable_result,
 )
@@ -48,16 +50,47 @@ def test_kinds_without_a_task_promise_nothing_here(kind):
 
 
 def test_unusable_result_names_what_is_missing():
-    assert (
-        unusable_result(media=0, result=None, promised=False) == "the success carried no media and no result"
-    )
-    assert unusable_result(media=0, result={}, promised=False) == "the success carried no media and no result"
-    assert (
-        unusable_result(media=0, result={"t": 1}, promised=True)
-        == "the job promised media and none was stored"
-    )
-    assert unusable_result(media=0, result={"t": 1}, promised=False) is None
-    assert unusable_result(media=2, result=None, promised=True) is None
+    nothing = "upstream succeeded with no media and no result"
+    assert unusable_result(media=0, result=None, promised=None) == nothing
+    assert unusable_result(media=0, result={}, promised=None) == nothing
+    assert unusable_result(media=0, result={"t": 1}, promised=None) is None
+    assert unusable_result(media=2, result=None, promised="image") is None
+
+
+@pytest.mark.parametrize(
+    ("promised", "result", "reason"),
+    [
+        (
+            "image",
+            {"text": "sandbox text result"},
+            'upstream succeeded with no media, only a JSON object of 31 bytes: {"text": "sandbox text result"}, '
+            "where an image was promised",
+        ),
+        ("video", None, "upstream succeeded with no media, only nothing, where a video was promised"),
+        ("audio", "a poem", "upstream succeeded with no media, only a text of 6 characters: a poem, where audio was promised"),
+        ("weights", [1, 2], "upstream succeeded with no media, only a JSON array of 6 bytes: [1, 2], where model weights was promised"),
+        (True, {}, "upstream succeeded with no media, only nothing, where media was promised"),
+    ],
+)
+def test_a_success_without_the_promised_media_says_what_came_instead(promised, result, reason):
+    """Issue 41 item 3: 'the job promised media and none was stored' said nothing of what came."""
+    assert unusable_result(media=0, result=result, promised=promised) == reason
+
+
+def test_a_long_result_is_cut_at_its_limit_with_an_ellipsis():
+    described = describe_result({"text": "word " * 100})
+    assert described.startswith("a JSON object of 512 bytes: {\"text\": \"word word")
+    assert described.endswith("…") and len(described.split(": ", 1)[1]) == 80
+
+
+@pytest.mark.parametrize(
+    ("kind", "job_type", "promised"),
+    [("kie-standard", "image", "image"), ("kie-veo", "video", "video"), ("kie-suno", "audio", "audio"),
+     ("replicate-training", "lora-training", "weights"), ("kie-runway", "upscale", "media"), ("replicate-prediction", "text", None),
+     ("anthropic-sync", "image", None)],
+)
+def test_promised_kind_names_what_a_job_can_only_complete_with(kind, job_type, promised):
+    assert promised_kind(kind, job_type) == promised
 
 
 # --- Issue 7 rule 7: the not-found breaker, as a pure decision ---------------------------------

@@ -11,6 +11,7 @@ from recon_dagster.operator.explain import (
     explain,
     facts,
     run_url,
+    runs_in_order,
     to_json,
     to_markdown,
     ui_base_url,
@@ -39,7 +40,6 @@ def explain_job_story(
     for a in story.attempts:
         run = run_url(a.run_id, base) if a.run_id else f"run key {a.run_key} (run not found)"
         context.log.info(f"attempt {a.attempt} at {a.at:%Y-%m-%d %H:%M:%S}: {a.outcome} - {a.detail} [{run}]")
-    runs = sorted({a.run_id for a in story.attempts if a.run_id})
     return dg.Output(
         to_json(story, base),
         metadata={
@@ -47,9 +47,12 @@ def explain_job_story(
             "outcome": story.outcome,
             "provider_kind": story.provider_kind or "none",
             "provider_task_id": story.provider_task_id or "none",
-            "attempts": len(story.attempts),
+            # The job's own counter (what the cap counts), and the rows of its story (operator
+            # actions and skipped claims included): two numbers, named so they are never confused.
+            "reconcile_attempts": story.reconcile_attempts,
+            "story_events": len(story.attempts),
             "story": dg.MetadataValue.md(to_markdown(story, base)),
-            **{f"run {i + 1}": dg.MetadataValue.url(run_url(r, base)) for i, r in enumerate(runs[:20])},
+            **{label: dg.MetadataValue.url(run_url(r, base)) for label, r in runs_in_order(story)[:20]},
         },
     )
 

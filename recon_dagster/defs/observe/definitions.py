@@ -14,12 +14,10 @@ from recon_dagster.defs.observe.backlog import (
 from recon_dagster.defs.observe.health import provider_health, provider_health_at_startup, provider_health_job
 from recon_dagster.defs.observe.outcomes import (
     credit_anomalies,
-    error_rate_checks,
     no_new_exhausted_jobs,
     provider_outcome_specs,
     reconcile_error_rates,
     reconcile_outcomes,
-    reconcile_run_failure_alert,
 )
 from recon_dagster.defs.observe.severity import no_settle_errors
 from recon_dagster.defs.observe.stuck import fail_and_refund_job, retry_job_now, stuck_jobs
@@ -40,9 +38,8 @@ defs = dg.Definitions(
         no_not_found_burst,
         no_new_exhausted_jobs,
         no_settle_errors,
-        *error_rate_checks,
     ],
     jobs=[reconcile_health_job, retry_job_now, fail_and_refund_job, provider_health_job],
-    sensors=[reconcile_run_failure_alert, provider_health_at_startup],
+    sensors=[provider_health_at_startup],
     schedules=[reconcile_health_schedule],
 )

@@ -1,86 +1,104 @@
 """Which provider is down, at a glance: ``provider_health`` with one check per provider.
 
-A check is red while more than ``ERROR_RATE_LIMIT`` of its provider's recent reconcile attempts
-errored (from ``ERROR_RATE_MIN_ATTEMPTS`` attempts on) and green otherwise, and its name is the
-provider's, so the catalog and the asset's page say "replicate" rather than an error-rate key.
-Every reconcile run refreshes the asset and the checks of the providers it polled, as soon as it
-has recorded its attempts (not only at the health schedule's next pass), and ``provider_health_at_startup``
-materializes it once when a deployment has never done so, so nothing says "Never materialized".
+A check fails while its provider is DOWN (``recon_dagster.operator.health``: most of the distinct
+jobs polled in the window got no answer, from ``RECON_HEALTH_MIN_JOBS`` jobs on), passes while it
+answers, and is left unevaluated while the provider is idle (no job of it polled in the window): a
+provider nobody asked is neither red nor green. The check's name is the provider's, so the catalog
+and the asset's page say "elevenlabs" rather than an error-rate key.
+
+Every reconcile run re-evaluates the checks of every provider that is not idle as soon as it has
+recorded its attempts (so an outage is red within the tick that saw it); the health schedule
+materializes the asset (its table) and evaluates every check, a check of an idle provider showing
+as skipped. ``provider_health_at_startup`` materializes it once when a deployment never did.
+
+Why reconcile runs log check evaluations but no materialization: the console shows a check's
+result only if Dagster counts it as one of the asset's latest materialization. A run that logged
+a materialization and then its evaluations left every check "Not evaluated" in between (seconds
+under load), and two runs doing so at once could leave them so until the next run. Evaluations
+alone always count for the latest materialization (they are newer than it).
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import dagster as dg
 
 from recon_dagster.core.kinds import KINDS, Provider
-from recon_dagster.defs.observe.outcomes import (
-    ERROR_RATE_LIMIT,
-    ERROR_RATE_MIN_ATTEMPTS,
-    RECENT_MINUTES,
-    error_rates,
-)
 from recon_dagster.defs.resources import DatabaseResource
+from recon_dagster.operator.health import HealthPolicy, State, Verdict, verdicts
 
 HEALTH = dg.AssetKey("provider_health")
 
 
-def verdict(provider: str, attempts: int, errors: int) -> tuple[bool, str]:
-    """(healthy, one line) for a provider's recent attempts (pure)."""
-    rate = errors / attempts if attempts else 0.0
-    if attempts < ERROR_RATE_MIN_ATTEMPTS:
-        return True, f"{provider}: {attempts} attempt(s) in {RECENT_MINUTES} min, too few to judge"
-    ok = rate <= ERROR_RATE_LIMIT
-    state = "healthy" if ok else "DOWN"
-    return (
-        ok,
-        f"{provider} {state}: {errors} of {attempts} attempts errored ({rate:.0%}) in {RECENT_MINUTES} min",
-    )
-
-
-def _evaluation(provider: str, attempts: int, errors: int) -> dg.AssetCheckEvaluation:
-    ok, line = verdict(provider, attempts, errors)
+def _evaluation(v: Verdict, policy: HealthPolicy) -> dg.AssetCheckEvaluation:
+    f = v.figures
     return dg.AssetCheckEvaluation(
         asset_key=HEALTH,
-        check_name=provider,
-        passed=ok,
+        check_name=v.provider,
+        passed=v.passed,
         severity=dg.AssetCheckSeverity.ERROR,
-        description=line,
+        description=v.line,
         metadata={
-            "attempts": attempts,
-            "errors": errors,
-            "error_rate": round(errors / attempts, 4) if attempts else 0.0,
+            "state": v.state.value,
+            "jobs": f.jobs,
+            "jobs_without_answer": f.unanswered,
+            "jobs_failed_by_their_own_result": f.own_errors,
+            "window_s": policy.window_s,
+            "last_reason": f.last_reason or "-",
+            **{f"jobs/{k}": n for k, (n, _) in sorted(f.kinds.items())},
         },
     )
 
 
-def _metadata(rates: dict[str, tuple[int, int]]) -> dict:
-    down = [p for p, (n, e) in sorted(rates.items()) if not verdict(p, n, e)[0]]
-    meta: dict = {"down": ", ".join(down) or "none"}
-    for p, (n, e) in sorted(rates.items()):
-        meta[f"error_rate/{p}"] = round(e / n, 4) if n else 0.0
-        meta[f"attempts/{p}"] = n
+def _table(judged: list[Verdict]) -> str:
+    lines = [
+        "| provider | state | jobs polled | no answer | own bad result | last reason |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for v in judged:
+        f = v.figures
+        reason = (f.last_reason or "-").replace("|", "/").replace("\n", " ")
+        lines.append(
+            f"| {v.provider} | {v.state.value.upper()} | {f.jobs} | {f.unanswered} | {f.own_errors} | {reason} |"
+        )
+    return "\n".join(lines)
+
+
+def _metadata(judged: list[Verdict], policy: HealthPolicy) -> dict:
+    def named(state: State) -> str:
+        return ", ".join(v.provider for v in judged if v.state is state) or "none"
+
+    meta: dict = {
+        "down": named(State.DOWN),
+        "healthy": named(State.HEALTHY),
+        "idle": named(State.IDLE),
+        "providers": dg.MetadataValue.md(_table(judged)),
+        "window_s": policy.window_s,
+    }
+    for v in judged:
+        meta[f"jobs/{v.provider}"] = v.figures.jobs
+        meta[f"jobs_without_answer/{v.provider}"] = v.figures.unanswered
     return meta
 
 
 def report_health(
     context: dg.OpExecutionContext, database: DatabaseResource, kinds: Iterable[str | None]
 ) -> None:
-    """From a reconcile run that polled a provider: refresh provider_health and every provider's
-    check. Every one, not only the polled ones: the console shows a check's result only for the
-    asset's latest materialization, so a KIE run evaluating kie alone would turn a Replicate
-    outage's red check into "Not evaluated"."""
+    """From a reconcile run that polled a provider: re-evaluate the check of every provider that
+    is not idle (every one, not only the polled ones, so a recovering provider turns green with
+    any run). Idle providers keep what the health schedule said of them."""
     if not any(k in KINDS for k in kinds):
         return
+    policy = HealthPolicy.from_config()
     try:
         with database.get_engine().connect() as conn:
-            rates = error_rates(conn)
+            judged = verdicts(conn, policy)
     except Exception as exc:  # noqa: BLE001 - health figures must not fail a run that did its work
         context.log.warning(f"provider health could not be read: {exc}")
         return
-    context.log_event(dg.AssetMaterialization(asset_key=HEALTH, metadata=_metadata(rates)))
-    for p in Provider:
-        # log_event takes a check evaluation at runtime (Dagster's own annotation lags behind it).
-        context.log_event(_evaluation(p.value, *rates.get(p.value, (0, 0))))  # type: ignore[arg-type]
+    for v in judged:
+        if v.state is not State.IDLE:
+            # log_event takes a check evaluation at runtime (Dagster's own annotation lags behind it).
+            context.log_event(_evaluation(v, policy))  # type: ignore[arg-type]
 
 
 @dg.multi_asset(
@@ -88,22 +106,36 @@ def report_health(
         dg.AssetSpec(
             HEALTH,
             group_name="reconciliation",
-            description=f"Each provider red or green: a check per provider fails while more than "
-            f"{ERROR_RATE_LIMIT:.0%} of its reconcile attempts in the last {RECENT_MINUTES} minutes "
-            "errored. Refreshed by every reconcile run and the health schedule.",
+            description="Each provider DOWN, healthy or idle, judged by its answers to reconcile polls "
+            "over the distinct jobs polled in the last RECON_HEALTH_WINDOW_S (30 min): a check per "
+            "provider fails while most of them got no answer (5xx, 429, timeouts, refused connections; "
+            "from RECON_HEALTH_MIN_JOBS jobs on). A job's own bad result never counts. An idle provider's "
+            "check is skipped. The checks are re-evaluated by every reconcile run, this table by the "
+            "health schedule.",
         )
     ],
     check_specs=[
-        dg.AssetCheckSpec(p.value, asset=HEALTH, description=f"{p.value} answers reconcile polls")
+        dg.AssetCheckSpec(
+            p.value,
+            asset=HEALTH,
+            description=f"{p.value} answers reconcile polls (fails while it is DOWN; skipped while idle)",
+        )
         for p in Provider
     ],
+    # Checks are optional outputs: an idle provider's is not yielded, and shows as skipped.
+    can_subset=True,
 )
-def provider_health(context: dg.AssetExecutionContext, database: DatabaseResource):  # noqa: ANN201
+def provider_health(context: dg.AssetExecutionContext, database: DatabaseResource) -> Iterator:
+    policy = HealthPolicy.from_config()
     with database.get_engine().connect() as conn:
-        rates = error_rates(conn)
-    yield dg.MaterializeResult(asset_key=HEALTH, metadata=_metadata(rates))
-    for p in Provider:
-        ev = _evaluation(p.value, *rates.get(p.value, (0, 0)))
+        judged = verdicts(conn, policy)
+    selected = context.selected_asset_check_keys
+    # The evaluations first: in this run they count for the materialization that follows them.
+    for v in judged:
+        key = dg.AssetCheckKey(HEALTH, v.provider)
+        if v.state is State.IDLE or key not in selected:
+            continue
+        ev = _evaluation(v, policy)
         yield dg.AssetCheckResult(
             asset_key=HEALTH,
             check_name=ev.check_name,
@@ -112,6 +144,9 @@ def provider_health(context: dg.AssetExecutionContext, database: DatabaseResourc
             description=ev.description,
             metadata=dict(ev.metadata),
         )
+    if HEALTH in context.selected_asset_keys:
+        context.log.info("; ".join(v.line for v in judged))
+        yield dg.MaterializeResult(asset_key=HEALTH, metadata=_metadata(judged, policy))
 
 
 provider_health_job = dg.define_asset_job(

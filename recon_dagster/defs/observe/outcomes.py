@@ -1,5 +1,5 @@
-"""What reconciliation did, as assets the UI plots: outcomes per provider kind, credit anomalies,
-error rates per provider, and a run-failure sensor deployments can wire to their alerting.
+"""What reconciliation did, as assets the UI plots: outcomes per provider kind, credit anomalies and
+error rates per provider.
 
 ``reconcile_outcomes`` is materialized by every reconcile and sweep run (one materialization per
 provider kind the run touched); ``credit_anomalies`` and ``reconcile_error_rates`` are refreshed by
@@ -16,11 +16,10 @@ import dagster as dg
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from recon_dagster import config
-from recon_dagster.config import ALERT_HOOK_ENV
 from recon_dagster.core.kinds import KIND_NAMES, KINDS, Provider
-from recon_dagster.core.runtags import run_label
+from recon_dagster.db.sqltext import sql
 from recon_dagster.defs.resources import DatabaseResource
+from recon_dagster.operator.health import HealthPolicy, provider_figures
 from recon_dagster.reconcile.decide import Outcome
 from recon_dagster.reconcile.reconciler import JobOutcome
 
@@ -44,13 +43,9 @@ SERIES = {
     "not_sent": (Outcome.NOT_SENT,),
 }
 
-# Anomalies and error rates are judged over this recent window (the health schedule runs every
-# 5 minutes, so an exhaustion or an outage stays red for a few of its runs).
+# Anomalies are judged over this recent window (the health schedule runs every 5 minutes, so an
+# exhaustion stays red for a few of its runs).
 RECENT_MINUTES = 30
-# A provider fails its error-rate check when more than this share of its recent attempts errored,
-# over at least ERROR_RATE_MIN_ATTEMPTS attempts (a single flaky poll is not an outage).
-ERROR_RATE_LIMIT = 0.5
-ERROR_RATE_MIN_ATTEMPTS = 5
 
 WRITERS = ("reconcile_job", "sync_sweep_job")
 # Dagster calls an asset that runs of an op job report "External Asset" and, without a sensor
@@ -89,24 +84,28 @@ def provider_outcomes_key(provider: str) -> dg.AssetKey:
 
 
 # Not partitioned, so the asset's plots are time series: one point per reconcile run that touched
-# the provider, one series per kind and outcome (zeros included, so every series is continuous).
-# The partitioned reconcile_outcomes plots by partition instead, which hides time.
+# the provider, one series per kind the run worked and outcome (zeros included for those kinds, so
+# a kind's series is continuous over the runs that worked it). A kind the run did not work adds no
+# point: a kind with no traffic never draws a flat zero line.
+# The partitioned reconcile_outcomes plots by partition by default (Dagster's choice for a
+# partitioned asset); these are the time series.
 provider_outcome_specs = [
     _written_by_runs(
         key=provider_outcomes_key(p.value),
         description=f"Written by every reconcile_job and sync_sweep_job run that touched {p.value} "
         f"(not launched on its own). What each such run did to {p.value}'s jobs, over time: one "
-        "outcome/kind count per run (recovered, failed_refunded, force_failed, still_running, errors, ...).",
+        "outcome/kind count per run for each kind it worked (recovered, failed_refunded, force_failed, "
+        "still_running, errors, ...).",
     )
     for p in Provider
 ]
 
 
 def provider_metadata(provider: str, by_kind: dict[str, list[JobOutcome]], credits: dict) -> dict:
-    """Every series of ``provider``'s kinds for one run (pure): ``<outcome>/<kind>`` counts."""
+    """The series of ``provider``'s kinds this run worked (pure): ``<outcome>/<kind>`` counts."""
     meta: dict = {}
-    for kind in sorted(k for k, spec in KINDS.items() if str(spec.provider) == provider):
-        figures = outcome_metadata(by_kind.get(kind, []), credits)
+    for kind in sorted(k for k, spec in KINDS.items() if str(spec.provider) == provider and by_kind.get(k)):
+        figures = outcome_metadata(by_kind[kind], credits)
         for name in (*SERIES, "jobs"):
             meta[f"{name}/{kind}"] = figures[name]
     return meta
@@ -239,108 +238,47 @@ def recent_anomalies_check(
     )
 
 
-def error_rates(conn: sa.Connection, minutes: int = RECENT_MINUTES) -> dict[str, tuple[int, int]]:
-    """Per provider: (attempts, errored attempts) recorded in the last ``minutes``."""
-    rows = conn.execute(
-        sa.text(
-            """
-            SELECT provider_kind, count(*) AS n, count(*) FILTER (WHERE outcome = 'error') AS errors
-            FROM reconcile_events
-            WHERE created_at > now() - make_interval(mins => :m)
-              AND outcome NOT IN ('skipped', 'lost_race', 'operator_retry', 'operator_fail', 'not_sent')
-              AND provider_kind IS NOT NULL
-            GROUP BY provider_kind
-            """
-        ),
-        {"m": minutes},
-    ).all()
-    out: dict[str, tuple[int, int]] = {p.value: (0, 0) for p in Provider}
-    for r in rows:
-        kind = KINDS.get(r.provider_kind)
-        if kind is not None:
-            n, e = out[kind.provider.value]
-            out[kind.provider.value] = (n + int(r.n), e + int(r.errors))
-    return out
+# Attempts per provider kind and cause in the window (each attempt once, unlike the judged figures).
+_ATTEMPTS = sql(
+    """
+    SELECT provider_kind, count(*) AS n, count(*) FILTER (WHERE cause = 'provider') AS unanswered,
+           count(*) FILTER (WHERE cause = 'job') AS own
+    FROM reconcile_events
+    WHERE created_at > now() - make_interval(secs => :window_s) AND provider_kind IS NOT NULL
+      AND cause IS NOT NULL AND cause <> 'not_asked'
+    GROUP BY provider_kind
+    """
+)
 
 
 @dg.asset(
     key=ERROR_RATES,
     group_name="reconciliation",
-    description=f"Reconcile attempts and errored attempts per provider over the last {RECENT_MINUTES} minutes.",
+    description="Per provider over the last RECON_HEALTH_WINDOW_S (30 min): the distinct jobs polled, "
+    "those whose latest poll got no answer, those failed by their own result (never the provider's "
+    "fault), and the attempts behind them. provider_health's checks judge the same figures.",
 )
 def reconcile_error_rates(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult:
+    policy = HealthPolicy.from_config()
     with database.get_engine().connect() as conn:
-        rates = error_rates(conn)
-    meta: dict = {}
-    for provider, (n, e) in sorted(rates.items()):
-        meta[f"attempts/{provider}"] = n
-        meta[f"errors/{provider}"] = e
-        meta[f"error_rate/{provider}"] = round(e / n, 4) if n else 0.0
+        figures = provider_figures(conn, policy.window_s)
+        attempts: dict[str, list[int]] = {p.value: [0, 0, 0] for p in Provider}
+        for r in conn.execute(_ATTEMPTS, {"window_s": policy.window_s}):
+            kind = KINDS.get(r.provider_kind)
+            if kind is not None:
+                totals = attempts[kind.provider.value]
+                for i, n in enumerate((r.n, r.unanswered, r.own)):
+                    totals[i] += int(n)
+    meta: dict = {"window_s": policy.window_s}
+    for provider, f in sorted(figures.items()):
+        meta[f"jobs/{provider}"] = f.jobs
+        meta[f"jobs_without_answer/{provider}"] = f.unanswered
+        meta[f"jobs_failed_by_own_result/{provider}"] = f.own_errors
+        meta[f"no_answer_rate/{provider}"] = round(f.unanswered / f.jobs, 4) if f.jobs else 0.0
+        meta[f"attempts/{provider}"] = attempts[provider][0]
+        meta[f"attempts_without_answer/{provider}"] = attempts[provider][1]
+        meta[f"attempts_failed_by_own_result/{provider}"] = attempts[provider][2]
     return dg.MaterializeResult(metadata=meta)
 
 
-def _error_rate_check(provider: Provider) -> dg.AssetChecksDefinition:
-    @dg.asset_check(
-        asset=ERROR_RATES,
-        name=f"{provider.value}_error_rate",
-        description=f"At most {ERROR_RATE_LIMIT:.0%} of {provider.value}'s reconcile attempts in the last "
-        f"{RECENT_MINUTES} minutes errored (checked from {ERROR_RATE_MIN_ATTEMPTS} attempts on): more "
-        "is an outage or a misconfiguration, not bad luck.",
-    )
-    def check(database: DatabaseResource) -> dg.AssetCheckResult:
-        with database.get_engine().connect() as conn:
-            n, e = error_rates(conn)[provider.value]
-        rate = e / n if n else 0.0
-        return dg.AssetCheckResult(
-            passed=n < ERROR_RATE_MIN_ATTEMPTS or rate <= ERROR_RATE_LIMIT,
-            severity=dg.AssetCheckSeverity.ERROR,
-            metadata={"attempts": n, "errors": e, "error_rate": round(rate, 4)},
-        )
-
-    return check
-
-
-error_rate_checks = [_error_rate_check(p) for p in Provider]
-
 HEALTH_ASSETS = (ANOMALIES, ERROR_RATES)
-
-
-# --- alerting hook ------------------------------------------------------------------------------
-
-def _alert_hook():  # noqa: ANN202
-    """``RECON_ALERT_HOOK=package.module:function``: called with the failure context. Unset: the
-    sensor only logs (no outbound call is made by default). Checked when the definitions load."""
-    return config.get(ALERT_HOOK_ENV)
-
-
-def failure_reason(step_failures: Sequence[dg.DagsterEvent], fallback: str | None) -> str:
-    """The one-line reason a run failed: its failing step's own description (a ``dg.Failure``'s),
-    else the first line of the error, never Dagster's "Steps failed: [...]" or a stack trace."""
-    for ev in step_failures:
-        data = ev.step_failure_data
-        if data is None:
-            continue
-        if data.user_failure_data is not None and data.user_failure_data.description:
-            return data.user_failure_data.description.strip().splitlines()[0]
-        if data.error is not None and data.error.message.strip():
-            return data.error.message.strip().splitlines()[0]
-    return (fallback or "run failed").strip().splitlines()[0]
-
-
-@dg.run_failure_sensor(
-    name="reconcile_run_failure_alert",
-    description="Fires on every failed reconcile or sweep run (an outage: every job of the run "
-    f"errored). Logs at ERROR; set {ALERT_HOOK_ENV}=package.module:function to forward it to "
-    "your alerting (the function receives the RunFailureSensorContext). No outbound call by default.",
-    monitor_all_code_locations=False,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-)
-def reconcile_run_failure_alert(context: dg.RunFailureSensorContext) -> None:
-    run = context.dagster_run
-    if run.job_name not in ("reconcile_job", "sync_sweep_job"):
-        return
-    message = failure_reason(context.get_step_failure_events(), context.failure_event.message)
-    context.log.error(f"reconcile run {run.run_id} ({run_label(run)}) failed: {message}")
-    hook = _alert_hook()
-    if hook is not None:
-        hook(context)

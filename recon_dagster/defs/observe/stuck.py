@@ -1,17 +1,20 @@
 """The console's retries tab: ``stuck_jobs`` (in-flight jobs past their threshold, with attempt
-n/max, next attempt, lease holder and the last upstream answer) and the operator's actions on one
+n/max, next attempt, lease holder and the last reason, whole) and the operator's actions on one
 job from the Launchpad, ``retry_job_now`` and ``fail_and_refund_job`` (``recon_dagster.operator.actions``).
 """
+
+from collections.abc import Callable
 
 import dagster as dg
 import sqlalchemy as sa
 from pydantic import Field
 
 from recon_dagster.core.kinds import MAX_ATTEMPTS
-from recon_dagster.core.runtags import ROLE_TAG
+from recon_dagster.core.runtags import ACTION_JOB_TAG, OPERATOR_TAG, ROLE_TAG
+from recon_dagster.core.text import short_reason
 from recon_dagster.db.jobs import _threshold_case
 from recon_dagster.defs.resources import DatabaseResource
-from recon_dagster.operator.actions import OperatorError, fail_now, retry_now
+from recon_dagster.operator.actions import Done, OperatorError, fail_now, retry_now
 
 STUCK = dg.AssetKey("stuck_jobs")
 TABLE_ROWS = 100
@@ -37,9 +40,9 @@ def _when(value) -> str:  # noqa: ANN001
         return str(value)
 
 
-def _cell(text: str | None, width: int = 120) -> str:
-    flat = " ".join((text or "-").split()).replace("|", "/")
-    return flat if len(flat) <= width else flat[: width - 1] + "…"
+def _cell(text: str | None, width: int = 400) -> str:
+    """A table cell: one line, never a "|", cut at a word boundary (a reason is read whole)."""
+    return short_reason(text, width).replace("|", "/")
 
 
 def stuck_rows(conn: sa.Connection, limit: int = TABLE_ROWS) -> list[dict]:
@@ -64,7 +67,7 @@ def _markdown(rows: list[dict]) -> str:
     if not rows:
         return "_no job in flight past its threshold_"
     head = (
-        "| job_id | kind | attempt | next attempt | lease | last upstream answer |\n|---|---|---|---|---|---|"
+        "| job_id | kind | attempt | next attempt | lease | last reason (what upstream said, or why the result was unusable) |\n|---|---|---|---|---|---|"
     )
     body = [
         f"| {r['job_id']} | {r['provider_kind']} | {r['attempt']} | {r['next_attempt']} | {r['lease']} | {r['last_upstream']} |"
@@ -77,7 +80,7 @@ def _markdown(rows: list[dict]) -> str:
     key=STUCK,
     group_name="reconciliation",
     description="In-flight jobs past their stale threshold (the retries tab): attempt n/max, next "
-    "attempt, lease holder, last upstream answer. Act on one from the Launchpad with retry_job_now or "
+    "attempt, lease holder, the last reason (what upstream said, or why its result was unusable). Act on one from the Launchpad with retry_job_now or "
     "fail_and_refund_job, or `recon-dagster retry|fail JOB_ID`.",
 )
 def stuck_jobs(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult:
@@ -94,53 +97,79 @@ def stuck_jobs(context: dg.AssetExecutionContext, database: DatabaseResource) ->
     )
 
 
-class OneJobConfig(dg.Config):
-    job_id: str = Field(description="The app's jobs.id (a UUID).")
-    reason: str = Field(default="", description="Why: recorded with the job (required to fail it).")
+class OperatorActionConfig(dg.Config):
+    """One action on one job from the Launchpad. Dagster OSS has no users: nothing in a run says who
+    launched it, so the operator says it here, and it is recorded with the action and this run."""
+
+    job_id: str = Field(
+        description="The app's jobs.id (a UUID). No default: the Launchpad keeps the last config launched "
+        "from this browser, so check it names the job you mean."
+    )
+    operator: str = Field(
+        description="Who acts: your name or handle, recorded with the action and this run's id "
+        "(Dagster OSS has no users to say it for you)."
+    )
+    reason: str = Field(description="Why: recorded with the job and shown by explain. Required.")
 
 
-def _who(context: dg.OpExecutionContext) -> str:
-    user = context.run.tags.get("dagster/user") or context.run.tags.get("user")
-    return f"{user} (run {context.run_id})" if user else f"run {context.run_id}"
+def _who(context: dg.OpExecutionContext, config: OperatorActionConfig) -> str:
+    """The operator as given, and the run that acted for them: "alice (Dagster run 1a2b3c4d)"."""
+    operator = " ".join(config.operator.split())[:100]
+    if not operator:
+        raise dg.Failure(description="operator is required: the name of who acts, recorded with the action", allow_retries=False)
+    if not config.reason.strip():
+        raise dg.Failure(description="reason is required: why, recorded with the job", allow_retries=False)
+    return f"{operator} (Dagster run {context.run_id[:8]})"
 
 
-def _act(context: dg.OpExecutionContext, fn, config: OneJobConfig, database: DatabaseResource) -> dict:  # noqa: ANN001
+def _act(
+    context: dg.OpExecutionContext,
+    config: OperatorActionConfig,
+    act: Callable[[str], Done],
+) -> dict:
+    who = _who(context, config)
     try:
-        done = fn(context, database.get_engine(), config)
+        done = act(who)
     except OperatorError as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from None
-    context.log.info(done.line)
-    return {"job_id": str(done.job_id), "result": done.line}
+    # Visible on the Runs page: who acted on which job (the run has no user of its own).
+    tags = {OPERATOR_TAG: config.operator.strip()[:100], ACTION_JOB_TAG: str(done.job_id)}
+    try:
+        context.instance.add_run_tags(context.run_id, tags)
+    except Exception as exc:  # noqa: BLE001 - the action is done and recorded; a tag is a convenience
+        context.log.warning(f"could not tag this run with {tags}: {exc}")
+    context.log.info(f"{done.line} by {who}")
+    return {"job_id": str(done.job_id), "result": done.line, "by": who}
 
 
 @dg.op(out=dg.Out(dict))
-def retry_now_op(context: dg.OpExecutionContext, config: OneJobConfig, database: DatabaseResource) -> dict:
+def retry_now_op(context: dg.OpExecutionContext, config: OperatorActionConfig, database: DatabaseResource) -> dict:
     """Make the job due now: the next sensor tick requests its attempt (counted as usual)."""
+    engine = database.get_engine()
     return _act(
         context,
-        lambda ctx, eng, c: retry_now(eng, c.job_id, who=_who(ctx), why=c.reason, run_id=ctx.run_id),
         config,
-        database,
+        lambda who: retry_now(engine, config.job_id, who=who, why=config.reason, run_id=context.run_id),
     )
 
 
 @dg.op(out=dg.Out(dict))
 def fail_and_refund_now_op(
-    context: dg.OpExecutionContext, config: OneJobConfig, database: DatabaseResource
+    context: dg.OpExecutionContext, config: OperatorActionConfig, database: DatabaseResource
 ) -> dict:
     """Fail the job and refund its credits (guarded: refused on a terminal job)."""
+    engine = database.get_engine()
     return _act(
         context,
-        lambda ctx, eng, c: fail_now(eng, c.job_id, who=_who(ctx), reason=c.reason, run_id=ctx.run_id),
         config,
-        database,
+        lambda who: fail_now(engine, config.job_id, who=who, reason=config.reason, run_id=context.run_id),
     )
 
 
 @dg.job(
     executor_def=dg.in_process_executor,
-    description="Retry one job now: set ops.retry_now_op.config.job_id (and a reason). Its cadence wait "
-    "is skipped; the attempt is counted as any other.",
+    description="Retry one job now: set ops.retry_now_op.config job_id, operator (your name: Dagster OSS "
+    "has no users) and reason. Its cadence wait is skipped; the attempt is counted as any other.",
     tags={ROLE_TAG: "operator"},
 )
 def retry_job_now() -> None:
@@ -150,7 +179,9 @@ def retry_job_now() -> None:
 @dg.job(
     executor_def=dg.in_process_executor,
     description="Fail one in-flight job and refund its credits: set ops.fail_and_refund_now_op.config "
-    "job_id and reason. Refused on a terminal job; recorded in reconcile_events with who and why.",
+    "job_id, operator (your name: Dagster OSS has no users) and reason. The Launchpad keeps your last "
+    "config: check the job id before you launch. Refused on a terminal job; recorded in "
+    "reconcile_events with who, why and this run.",
     tags={ROLE_TAG: "operator"},
 )
 def fail_and_refund_job() -> None:

@@ -16,12 +16,13 @@ import dagster as dg
 import pydantic
 
 from recon_dagster.core.kinds import KINDS
-from recon_dagster.core.runtags import NOT_SENT_TAG, ROLE_TAG, RUN_KEY_TAG, job_tags, kind_tags
+from recon_dagster.core.runtags import NOT_SENT_TAG, OUTCOME_TAG, ROLE_TAG, RUN_KEY_TAG, job_tags, kind_tags
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim
 from recon_dagster.defs.observe.health import report_health
 from recon_dagster.defs.observe.outcomes import provider_kind_partitions, report_outcomes
 from recon_dagster.defs.observe.severity import flag_money
+from recon_dagster.defs.reconcile.console import CONSOLE_RUN_CONFIG, concise_console_logger
 from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
 from recon_dagster.defs.settings_check import breaker_policy, shadow_modes
 from recon_dagster.media.store import MediaStore
@@ -31,6 +32,7 @@ from recon_dagster.reconcile.breaker import NotFoundBreaker
 from recon_dagster.reconcile.decide import Outcome
 from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler, Step, Summary
 from recon_dagster.reconcile.shadow import make_reconciler
+from recon_dagster.reconcile.verdict import run_verdict
 
 # Dagster's tag for a sensor's run key (the lease owner of a sensor-requested run).
 # The ops of a reconcile run hand each other in-memory values: the run is one process (in-process
@@ -272,6 +274,14 @@ def claim_and_poll(
             yield dg.Output(Handoff(owner, items), name, metadata={"jobs": len(items)})
 
 
+def _tag_run(context: dg.OpExecutionContext, tags: dict[str, str]) -> None:
+    """Add tags the Runs page shows and filters by (a run's outcome is known only at its end)."""
+    try:
+        context.instance.add_run_tags(context.run_id, tags)
+    except Exception as exc:  # noqa: BLE001 - a tag is a convenience: never fail the run's work over it
+        context.log.warning(f"could not tag this run with {tags}: {exc}")
+
+
 def _tag_jobs(context: dg.OpExecutionContext, job_ids: list[uuid.UUID]) -> None:
     """One hidden tag per job this run holds, added once claimed (a Launchpad or backfill run
     learns its jobs only now), so the Runs page's tag filter finds the run by any of its jobs.
@@ -282,14 +292,7 @@ def _tag_jobs(context: dg.OpExecutionContext, job_ids: list[uuid.UUID]) -> None:
     run_tags = context.run.tags
     missing = {k: v for k, v in job_tags(job_ids).items() if run_tags.get(k) != v}
     if missing:
-        _tag_run(context, missing, f"{len(missing)} of its job id(s)")
-
-
-def _tag_run(context: dg.OpExecutionContext, tags: dict[str, str], what: str) -> None:
-    try:
-        context.instance.add_run_tags(context.run_id, tags)
-    except Exception as exc:  # noqa: BLE001 - a tag is a convenience: never fail the claimed work over it
-        context.log.warning(f"could not tag this run with {what}: {exc}")
+        _tag_run(context, missing)
 
 
 def _act(
@@ -358,7 +361,8 @@ def record_outcomes(
     context: dg.OpExecutionContext, outcomes: list[list[JobOutcome]], database: DatabaseResource
 ) -> dg.Output:
     """Record what the run did: the outcome assets per provider kind, the run's summary and job
-    ids, and whether the run was an outage (judged by ``outage_check``, the step after this)."""
+    ids, its ``recon/outcome`` tag, and whether it was an outage (failed by ``outage_check``, the
+    step after this)."""
     flat = [o for group in outcomes for o in group]
     summary = Summary(scanned=len(flat)).add(flat)
     report_outcomes(context, flat, database)
@@ -366,36 +370,35 @@ def record_outcomes(
     report_health(context, database, {o.provider_kind for o in flat} | _partition(context))
     output = _report(context, flat, summary)
     if summary.not_sent:  # claimed, but no attempt left on them: never "ended before claiming"
-        _tag_run(context, {NOT_SENT_TAG: str(summary.not_sent)}, "its count of jobs not sent")
-    # A job whose poll was never sent made no attempt: it neither shows an outage nor hides one.
-    worked = [o for o in flat if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE, Outcome.NOT_SENT)]
-    # An outage: no job made progress, each errored or was force-failed after erroring to the cap
-    # (a batch in an outage carries a few jobs at their last attempt).
+        _tag_run(context, {NOT_SENT_TAG: str(summary.not_sent)})
+    verdict = run_verdict(flat)
+    if verdict.tag is not None:
+        _tag_run(context, {OUTCOME_TAG: verdict.tag})
     outage = None
-    if summary.errors and all(o.outcome in (Outcome.ERROR, Outcome.EXHAUSTED) for o in worked):
-        outage = {
-            "reason": f"every job of this run errored ({summary.errors}) or was force-failed "
-            f"({summary.exhausted}): the provider or the media path is failing; attempts were counted",
-            "jobs": len(worked),
-            "sample": [o.detail.splitlines()[0][:300] for o in worked[:5] if o.detail],
-        }
+    if verdict.failure is not None:
+        outage = {"reason": verdict.failure, "jobs": verdict.jobs, "sample": list(verdict.sample), "tag": verdict.tag}
     elif summary.errors:
-        context.log.warning(f"{summary.errors} of {len(worked)} job(s) errored: {summary.line()}")
+        context.log.warning(f"{summary.errors} of {verdict.jobs} job(s) errored: {summary.line()}")
     return dg.Output({**output.value, "outage": outage}, metadata=output.metadata)
 
 
 @dg.op
 def outage_check(context: dg.OpExecutionContext, recorded: dict) -> None:
-    """Fails the run when no job of it made progress (every one errored or was force-failed), so
-    an outage is a red run with a one-line reason. Its own step, after the outcomes were recorded:
-    the run's failure names this check, not the bookkeeping that succeeded."""
+    """Fails the run when none of its jobs got anywhere because their provider did not answer (or
+    every one failed inside reconciliation): a red run with a one-line reason naming the provider.
+    A job's own bad result never fails it (``recon_dagster.reconcile.verdict``). Its own step,
+    after the outcomes were recorded: the run's failure names this check, not the bookkeeping."""
     outage = recorded.get("outage")
     if not outage:
-        context.log.debug("not an outage: some job of this run made progress or none errored")
+        context.log.debug("not an outage: some job of this run got an answer or none errored")
         return
     raise dg.Failure(
         description=outage["reason"],
-        metadata={"errored_jobs": outage["jobs"], "first_errors": dg.MetadataValue.json(outage["sample"])},
+        metadata={
+            "errored_jobs": outage["jobs"],
+            "first_errors": dg.MetadataValue.json(outage["sample"]),
+            "recon/outcome": outage.get("tag") or "-",
+        },
         allow_retries=False,
     )
 
@@ -432,7 +435,7 @@ def sweep_unrecoverable_jobs(
 # carry them too): without them the per-provider run limits of dagster.yaml would not apply.
 reconcile_partitions = dg.PartitionedConfig(
     partitions_def=provider_kind_partitions,
-    run_config_for_partition_key_fn=lambda _key: {},
+    run_config_for_partition_key_fn=lambda _key: dict(CONSOLE_RUN_CONFIG),
     tags_for_partition_key_fn=kind_tags,
 )
 
@@ -440,8 +443,10 @@ reconcile_partitions = dg.PartitionedConfig(
 @dg.job(
     config=reconcile_partitions,
     executor_def=dg.in_process_executor,
+    logger_defs={"console": concise_console_logger},
     description="Reconcile stale in-flight jobs of one provider kind: claim and poll, then finalize, "
-    "fail and refund, or count the attempt; record the outcomes; fail the run if every job errored "
+    "fail and refund, or count the attempt; record the outcomes and tag the run (recon/outcome); fail the run "
+    "when its provider answered none of its jobs "
     "(outage_check). Runs are requested by the sensor; "
     "launched without job ids (Launchpad, backfill) a run works its partition's due jobs.",
     tags={ROLE_TAG: "reconcile"},
@@ -454,7 +459,9 @@ def reconcile_job() -> None:
 
 
 @dg.job(
+    config=CONSOLE_RUN_CONFIG,
     executor_def=dg.in_process_executor,
+    logger_defs={"console": concise_console_logger},
     description="Phase 2 sweep: stale rows that cannot be recovered are failed and refunded.",
     tags={ROLE_TAG: "sweep"},
 )

@@ -27,6 +27,7 @@ from recon_dagster.core.runtags import (
     kind_tags,
 )
 from recon_dagster.db.engine import DatabaseUnavailable
+from recon_dagster.defs.reconcile.console import CONSOLE_RUN_CONFIG
 from recon_dagster.defs.reconcile.jobs import reconcile_job
 from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
 from recon_dagster.defs.settings_check import shadow_modes
@@ -129,7 +130,8 @@ def run_request_for(batch: Batch) -> dg.RunRequest:
         run_key=batch.run_key,
         partition_key=batch.provider_kind,
         run_config={
-            "ops": {"claim_and_poll": {"config": {"job_ids": batch.job_ids, "attempts": batch.attempts}}}
+            "ops": {"claim_and_poll": {"config": {"job_ids": batch.job_ids, "attempts": batch.attempts}}},
+            **CONSOLE_RUN_CONFIG,
         },
         tags=tags,
     )

@@ -1,0 +1,166 @@
+"""``reconcile_alerts``: alerts that reach a person, without Dagster+.
+
+Dagster OSS alerts on nothing by itself: a run-failure sensor never sees a check that fails
+without failing its run, and alert policies are a Dagster+ feature. This sensor reads, each tick,
+every asset check evaluation and every failed run since its cursor (``signals``), turns them into
+incidents (``recon_dagster.alerting.incidents``: one alert when one opens, one when it resolves,
+nothing in between), and delivers each alert to the targets that are configured (Slack,
+PagerDuty, Microsoft Teams, a JSON webhook; ``AlertTargetsResource``) and to ``RECON_ALERT_HOOK``.
+
+Its cursor (JSON) holds the last check record id per check, the last failed-run storage id, the
+open incidents and the deliveries still owed to a target that failed (retried each tick, at most
+``MAX_TRIES`` times). It holds no secret. With no target configured, it still logs each alert at
+ERROR (trigger) or INFO (resolve), so the sensor's tick history is the alert log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import dagster as dg
+import httpx
+
+from recon_dagster import config
+from recon_dagster.alerting.incidents import Alert, IncidentBook, Signal
+from recon_dagster.alerting.targets import Target, deliver
+from recon_dagster.config import ALERT_HOOK_ENV
+from recon_dagster.core.redaction import redact_secrets
+from recon_dagster.core.tls import shared_tls_context
+from recon_dagster.defs.alerts.resource import AlertTargetsResource
+from recon_dagster.defs.alerts.signals import alerted_jobs, read_checks, read_failed_runs, read_recoveries
+
+SENSOR_NAME = "reconcile_alerts"
+MAX_TRIES = 10
+MAX_PENDING = 50
+
+
+def load_cursor(raw: str | None) -> dict[str, Any]:
+    state: dict[str, Any] = {"checks": {}, "runs": None, "open": {}, "pending": [], "since": None}
+    if raw:
+        # A cursor from another version or edited by hand is read as none: start over.
+        with contextlib.suppress(ValueError, TypeError):
+            state.update(json.loads(raw))
+    return state
+
+
+def _alert_from(data: dict[str, Any]) -> Alert:
+    fields = {k: v for k, v in data.items() if k in Alert.__dataclass_fields__}
+    fields["links"] = tuple((link["text"], link["href"]) for link in data.get("links", []))
+    return Alert(**fields)
+
+
+def _hook() -> Callable[[Alert], Any] | None:
+    hook: Callable[[Alert], Any] | None = config.get(ALERT_HOOK_ENV)
+    return hook
+
+
+def _log(context: dg.SensorEvaluationContext, alert: Alert) -> None:
+    line = redact_secrets(f"{alert.action} {alert.key}: {alert.title}: {alert.summary}")
+    if alert.action == "trigger":
+        context.log.error(line)
+    else:
+        context.log.info(line)
+
+
+def run_tick(
+    context: dg.SensorEvaluationContext,
+    targets: list[Target],
+    *,
+    timeout_s: float,
+    ui_url: str | None,
+    now: float | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """One tick: read, decide, deliver. Returns the new cursor state and one line per thing done."""
+    now = time.time() if now is None else now
+    state = load_cursor(context.cursor)
+    repository = context.repository_def
+    assert repository is not None, "the alert sensor needs its code location"
+    include_warn = config.get("RECON_ALERT_MIN_SEVERITY") == "warn"
+
+    check_keys = sorted(repository.asset_graph.asset_check_keys, key=lambda k: k.to_user_string())
+    check_signals, state["checks"] = read_checks(
+        context.instance, check_keys, state["checks"], since=state["since"], include_warn=include_warn, ui_url=ui_url
+    )
+    if state["since"] is None:
+        state["since"] = now  # from now on a check seen for the first time is read from here
+    run_signals, state["runs"] = read_failed_runs(
+        context.instance, alerted_jobs(repository), state["runs"], now=now, ui_url=ui_url
+    )
+    book = IncidentBook(state["open"])
+    alerts: list[Alert] = []
+    # In the order they happened: a failed check opens the provider's incident before the failed
+    # runs of the same outage arrive and are counted into it.
+    signals: list[Signal] = sorted(check_signals + run_signals, key=lambda s: s.at)
+    for signal in signals:
+        alerts += book.observe(signal)
+    for signal in read_recoveries(context.instance, book.state(), ui_url=ui_url):
+        alerts += book.observe(signal)
+    state["open"] = book.state()
+
+    done: list[str] = []
+    hook = _hook()
+    by_name = {t.name: t for t in targets}
+    owed: list[dict[str, Any]] = []
+    if not alerts and not state.get("pending"):
+        state["pending"] = []
+        return state, done
+    # The process's shared TLS context: a client's own costs ~30 ms of CPU to load the CA bundle.
+    with httpx.Client(timeout=timeout_s, verify=shared_tls_context()) as client:
+        for item in state.get("pending", []):
+            alert = _alert_from(item["alert"])
+            failed = deliver(client, alert, [by_name[n] for n in item["targets"] if n in by_name])
+            done.append(f"retried {alert.action} {alert.key}: " + (", ".join(failed.values()) or "delivered"))
+            _owe(context, owed, alert, failed, int(item.get("tries", 1)) + 1)
+        for alert in alerts:
+            _log(context, alert)
+            failed = deliver(client, alert, targets)
+            sent = [t.name for t in targets if t.name not in failed]
+            done.append(
+                f"{alert.action} {alert.key}"
+                + (f" -> {', '.join(sent)}" if sent else "")
+                + (f"; failed: {'; '.join(failed.values())}" if failed else "")
+            )
+            _owe(context, owed, alert, failed, 1)
+            if hook is not None:
+                try:
+                    hook(alert)
+                except Exception as exc:  # noqa: BLE001 - custom code must not stop the built-in targets
+                    context.log.error(redact_secrets(f"{ALERT_HOOK_ENV} raised on {alert.key}: {type(exc).__name__}: {exc}"))
+    state["pending"] = owed[-MAX_PENDING:]
+    return state, done
+
+
+def _owe(
+    context: dg.SensorEvaluationContext, owed: list[dict[str, Any]], alert: Alert, failed: dict[str, str], tries: int
+) -> None:
+    if not failed:
+        return
+    if tries >= MAX_TRIES:
+        context.log.error(f"gave up delivering {alert.action} {alert.key} to {', '.join(failed)} after {tries} tries")
+        return
+    owed.append({"alert": alert.as_json(), "targets": sorted(failed), "tries": tries})
+
+
+@dg.sensor(
+    name=SENSOR_NAME,
+    minimum_interval_seconds=30,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Alerts without Dagster+: every failed asset check (ERROR severity; WARN too with "
+    "RECON_ALERT_MIN_SEVERITY=warn) and every failed run of this location (the operator's own actions "
+    "excepted) opens an incident; one alert when it opens, one when it turns green, to Slack, PagerDuty "
+    "(dedup_key per check and provider), Microsoft Teams, a JSON webhook (RECON_ALERT_* settings) and "
+    "RECON_ALERT_HOOK. A reconcile run failed by its provider's outage belongs to that provider's "
+    "health incident. With no target set, each alert is logged here.",
+)
+def reconcile_alerts(context: dg.SensorEvaluationContext, alert_targets: AlertTargetsResource) -> dg.SkipReason:
+    targets = alert_targets.targets()
+    state, done = run_tick(context, targets, timeout_s=alert_targets.timeout_s, ui_url=alert_targets.ui_url)
+    context.update_cursor(json.dumps(state, sort_keys=True))
+    open_now = ", ".join(sorted(state["open"])) or "none"
+    if not targets:
+        done.append("no alert target configured: alerts are only logged here")
+    return dg.SkipReason(redact_secrets("; ".join(done + [f"open incidents: {open_now}"])))
