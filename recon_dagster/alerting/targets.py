@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from recon_dagster.alerting.incidents import Alert
-from recon_dagster.core.redaction import redact_secrets, register_secret
+from recon_dagster.core.redaction import redact_secrets, register_secret, register_url_secret
 
 SOURCE = "recon_dagster"
 _SLACK_HEADER_MAX = 150
@@ -216,8 +216,10 @@ def build_targets(
     client_url: str | None = None,
 ) -> list[Target]:
     """The targets that are configured (blank values are not), each secret registered for masking."""
-    for secret in (slack_webhook_url, pagerduty_routing_key, teams_webhook_url, webhook_url, webhook_secret):
+    for secret in (pagerduty_routing_key, webhook_secret):
         register_secret(secret)
+    for url in (slack_webhook_url, teams_webhook_url, webhook_url):
+        register_url_secret(url)  # the token in it, not every URL of its host
     targets = []
     if slack_webhook_url:
         targets.append(Target("slack", slack_webhook_url.strip()))

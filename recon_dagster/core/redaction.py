@@ -32,6 +32,7 @@ import logging
 import re
 import threading
 import traceback
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -180,6 +181,34 @@ def register_secret(secret: str | None) -> None:
             starts=tuple(sorted({s[:CUT_PREFIX] for s in found})),
         )
     _install_log_factory()
+
+
+def register_url_secret(url: str | None) -> None:
+    """Mask what is secret in a URL that carries a credential (a webhook URL): its password and
+    each token-like path segment or query value, never the URL as a whole.
+
+    A whole URL registered as one secret would mask every text starting with its first
+    ``CUT_PREFIX`` characters (``https://ho``, ``http://127``): every other URL of that scheme and
+    host. The host, the port and words such as ``services`` or ``triggers`` are not secret; the
+    token is."""
+    if not url or not isinstance(url, str):
+        return
+    parts = urllib.parse.urlsplit(url.strip())
+    register_secret(parts.password)
+    for segment in parts.path.split("/"):
+        if _token_like(urllib.parse.unquote(segment)):
+            register_secret(urllib.parse.unquote(segment))
+    for _key, value in urllib.parse.parse_qsl(parts.query):
+        if _token_like(value):
+            register_secret(value)
+
+
+def _token_like(text: str) -> bool:
+    """A value long enough to be a credential, with a digit in it or long enough to be random,
+    and not a date, a version or a number (``2016-06-01``, ``1.0``)."""
+    if len(text) < MIN_SECRET_LENGTH or re.fullmatch(r"[0-9.:-]+", text):
+        return False
+    return any(c.isdigit() for c in text) or len(text) >= 20
 
 
 def redact_secrets(text: str) -> str:

@@ -128,21 +128,21 @@ def print_status() -> int:
         return 0
     cap = config.get("RECON_MAX_ATTEMPTS")
     header = (
-        f"{'provider_kind':<21} {'inflight':>8} {'stale':>5} {'due':>5} {'leased':>6} {'cadence':>7} "
+        f"{'provider_kind':<20} {'inflight':>8} {'stale':>5} {'due':>3} {'leased':>6} {'cadence':>7} "
         f"{'notsent':>7} {'precall':>7} {'attempts':>8}  next attempt (UTC)"
     )
     print(header)
-    print("-" * 107)
+    print("-" * 100)
     for r in rows:
         attempts = f"{r['attempts']}/{cap}"
         print(
-            f"{r['provider_kind']:<21} {r['inflight']:>8} {r['stale']:>5} {r['due']:>5} {r['leased']:>6} "
+            f"{r['provider_kind']:<20} {r['inflight']:>8} {r['stale']:>5} {r['due']:>3} {r['leased']:>6} "
             f"{r['cadence']:>7} {r['not_sent']:>7} {r['precall']:>7} {attempts:>8}  {_clock(r['next_at'], now)}"
         )
     notes = [line for r in rows if (line := explain(r, now))]
     print(
-        "\nstale: past its kind's threshold; due: the next sensor tick takes it; notsent: rescheduled "
-        "after a poll the account's limiter never let out (not an attempt)"
+        "\nstale: past its kind's threshold; due: the next sensor tick takes it;\n"
+        "notsent: rescheduled after a poll the account's limiter never let out (not an attempt)"
         + ("" if notes else "; every stale job is due")
     )
     for line in notes:

@@ -315,10 +315,10 @@ def test_status_explains_due_versus_stale_per_kind(db):
     assert out.returncode == 0, out.stderr
     assert all(len(line) <= 100 for line in out.stdout.splitlines()), out.stdout
     veo = next(ln for ln in out.stdout.splitlines() if ln.startswith("kie-veo")).split()
-    # inflight stale due leased cadence precall attempts next-attempt
-    assert veo[1:8] == ["3", "3", "1", "1", "1", "0", "5/18"], out.stdout
-    assert re.fullmatch(r"\d\d:\d\d:\d\d", veo[8]) and re.fullmatch(
-        r"\(in [34]m\d\ds\)", " ".join(veo[9:11])
+    # inflight stale due leased cadence notsent precall attempts next-attempt
+    assert veo[1:9] == ["3", "3", "1", "1", "1", "0", "0", "5/18"], out.stdout
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", veo[9]) and re.fullmatch(
+        r"\(in [34]m\d\ds\)", " ".join(veo[10:12])
     ), veo
     lines = out.stdout.splitlines()
     at = lines.index("kie-veo: 2 stale, not due:")
@@ -330,5 +330,5 @@ def test_status_explains_due_versus_stale_per_kind(db):
     ), lines[at + 2]
     none = next(ln for ln in out.stdout.splitlines() if ln.startswith("(none)")).split()
     # A row with no provider call is not stale before the pre-call budget (3 h) is spent.
-    assert none[1:7] == ["1", "0", "0", "0", "0", "0"], out.stdout
+    assert none[1:8] == ["1", "0", "0", "0", "0", "0", "0"], out.stdout
     assert not any(ln.startswith("(none):") for ln in lines), out.stdout

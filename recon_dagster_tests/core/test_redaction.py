@@ -254,3 +254,22 @@ def test_generic_error_messages_mask_before_they_cut():
     body = "x" * 280 + secret
     message = generic_error_message(httpx.Response(500, text=body))
     assert secret[:CUT_PREFIX] not in message
+
+
+def test_a_webhook_url_masks_its_token_and_never_every_url_of_its_host():
+    """A webhook URL carries its credential in a path segment or a query value. Registering the
+    URL whole masked every text that began like it: any other URL of that host, a media URL
+    included ("from [redacted]747/m/..."), once a test or a deployment configured an alert target."""
+    from recon_dagster.core.redaction import register_url_secret
+
+    register_url_secret("http://127.0.0.1:34567/slack/services/T0/B0/slackwebhooktoken0123")
+    register_url_secret("https://x.logic.azure.com:443/workflows/5c0f/triggers/manual/paths/invoke?api-version=2016-06-01&sig=teamswebhooksig0123")
+    text = (
+        "media from http://127.0.0.1:34747/m/0.png; posted to "
+        "http://127.0.0.1:34567/slack/services/T0/B0/slackwebhooktoken0123 and "
+        "https://x.logic.azure.com:443/workflows/5c0f/triggers/manual/paths/invoke?api-version=2016-06-01&sig=teamswebhooksig0123"
+    )
+    masked = redact_secrets(text)
+    assert "media from http://127.0.0.1:34747/m/0.png;" in masked
+    assert "slackwebhooktoken0123" not in masked and "teamswebhooksig0123" not in masked
+    assert "api-version=2016-06-01" in masked

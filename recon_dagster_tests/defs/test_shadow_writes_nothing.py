@@ -30,7 +30,7 @@ pytestmark = pytest.mark.timeout(600)
 
 # Values for config fields the definitions ask for by name; a required field not here fails the
 # test with its path, so a new job's config is a one-line addition, never a silent skip.
-KNOWN_FIELDS: dict[str, Any] = {"reason": "shadow probe", "kind": None, "no_poll": False}
+KNOWN_FIELDS: dict[str, Any] = {"reason": "shadow probe", "operator": "shadow-probe", "kind": None, "no_poll": False}
 
 
 def _legacy_training(db: sa.Engine, sandbox: Any) -> uuid.UUID:

@@ -57,7 +57,7 @@ def test_every_outcome_and_every_cause_has_one_line_in_the_classification():
         (KieEnvelopeError("kie-standard", 422, "record is invalid"), Cause.JOB),
         # Nothing was sent: the account's own budget refused it.
         (TokenWaitTooLong("kie-standard", None, "next token after the deadline"), Cause.NOT_ASKED),
-        (AccountBusy("kie-standard: no kie slot free for 30 s"), Cause.NOT_ASKED),
+        (AccountBusy("kie-standard", "no kie slot free for 30 s"), Cause.NOT_ASKED),
         # Ours.
         (RuntimeError("bug"), Cause.INTERNAL),
         (ValueError("bad row"), Cause.INTERNAL),
