@@ -14,7 +14,6 @@ code location's import in every run worker of a deployment with local media.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
@@ -26,6 +25,7 @@ from recon_dagster.media.base import (
     DEFAULT_PART_SIZE,
     MIB,
     S3_MIN_PART_SIZE,
+    DelegatesToWriter,
     MediaStore,
     StoredObject,
     guess_ext,
@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_PART_SIZE",
     "MIB",
     "S3_MIN_PART_SIZE",
+    "DelegatesToWriter",
     "LocalMediaStore",
     "MediaStore",
     "StoredObject",
@@ -55,30 +56,6 @@ __all__ = [
 
 
 # --- local folder -----------------------------------------------------------------------------
-
-
-class DelegatesToWriter:
-    """The ``MediaStore`` protocol for a resource whose ``writer()`` does the work."""
-
-    def writer(self) -> MediaStore:
-        raise NotImplementedError
-
-    def put_stream(self, key: str, chunks: Iterable[bytes], content_type: str) -> StoredObject:
-        """Write ``chunks`` to ``key``, all-or-nothing (folder: temp file + rename; S3: single
-        PutObject when small, else a multipart upload aborted on error)."""
-        return self.writer().put_stream(key, chunks, content_type)
-
-    def exists(self, key: str) -> bool:
-        """True when an object is stored at ``key``."""
-        return self.writer().exists(key)
-
-    def read_bytes(self, key: str) -> bytes:
-        """The whole object (meant for tests and small objects); ``FileNotFoundError`` if absent."""
-        return self.writer().read_bytes(key)
-
-    def delete(self, key: str) -> None:
-        """Remove the object at ``key``; absent is fine."""
-        self.writer().delete(key)
 
 
 class LocalMediaStore(DelegatesToWriter, dg.ConfigurableResource):
@@ -102,7 +79,9 @@ def media_store_from_env() -> LocalMediaStore | S3MediaStore:
     """
     bucket = config.get("RECON_S3_BUCKET")
     if not bucket:
-        return LocalMediaStore(base_dir=config.get("RECON_MEDIA_DIR") or os.path.join(os.getcwd(), DEFAULT_MEDIA_DIR))
+        return LocalMediaStore(
+            base_dir=config.get("RECON_MEDIA_DIR") or os.path.join(os.getcwd(), DEFAULT_MEDIA_DIR)
+        )
     from dagster_aws.s3 import S3Resource
 
     from recon_dagster.media.s3_store import S3MediaStore

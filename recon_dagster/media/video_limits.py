@@ -49,7 +49,9 @@ class VideoBudget:
         self.pixels = 0
         self.wall_s = 0.0
 
-    def refusal(self, *, duration_s: float = 0.0, frames: int = 0, pixels: int = 0, wall_s: float = 0.0) -> str | None:
+    def refusal(
+        self, *, duration_s: float = 0.0, frames: int = 0, pixels: int = 0, wall_s: float = 0.0
+    ) -> str | None:
         """Why re-encoding may not go on once this much more is spent (None: it may)."""
         lim = self.limits
         for spent, bound, what, env in (
@@ -61,7 +63,9 @@ class VideoBudget:
             if spent > bound:
                 return f"cannot watermark: the job's video passes {_num(bound)} {what} ({env})"
         if self.deadline is not None and time.monotonic() > self.deadline:
-            return "cannot watermark: the encode ran past the finalize's media deadline (RECON_MEDIA_DEADLINE_S)"
+            return (
+                "cannot watermark: the encode ran past the finalize's media deadline (RECON_MEDIA_DEADLINE_S)"
+            )
         return None
 
     def spend(self, *, duration_s: float, frames: int, pixels: int, wall_s: float) -> None:
