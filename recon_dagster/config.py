@@ -510,9 +510,14 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
 _LIVE = Settings(os.environ)
 
 
+def limit_name(provider: str) -> str:
+    """``RECON_LIMIT_<PROVIDER>`` (``limit_name("*")``: all of them, in a message)."""
+    return f"{PREFIX}LIMIT_{provider.upper()}"
+
+
 def limit_var(provider: str) -> Var[dict[str, Any]]:
     """The declaration of ``RECON_LIMIT_<PROVIDER>`` (a ``KeyError`` for an unknown provider)."""
-    var: Var[dict[str, Any]] = SETTINGS[f"{PREFIX}LIMIT_{provider.upper()}"]
+    var: Var[dict[str, Any]] = SETTINGS[limit_name(provider)]
     return var
 
 

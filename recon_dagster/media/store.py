@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 from pydantic import Field
 
-from recon_dagster import config
+from recon_dagster.config import Settings, is_set, settings
 from recon_dagster.media.base import (
     DEFAULT_MEDIA_DIR,
     DEFAULT_PART_SIZE,
@@ -77,30 +77,29 @@ def media_store_from_env() -> LocalMediaStore | S3MediaStore:
     Credentials and endpoint are passed as ``dg.EnvVar`` so their values never enter run config.
     Optional: ``RECON_S3_PREFIX``, ``RECON_S3_PUBLIC_BASE_URL``.
     """
-    bucket = config.get("RECON_S3_BUCKET")
+    now = settings()
+    bucket = now.s3_bucket
     if not bucket:
-        return LocalMediaStore(
-            base_dir=config.get("RECON_MEDIA_DIR") or os.path.join(os.getcwd(), DEFAULT_MEDIA_DIR)
-        )
+        return LocalMediaStore(base_dir=now.media_dir or os.path.join(os.getcwd(), DEFAULT_MEDIA_DIR))
     from dagster_aws.s3 import S3Resource
 
     from recon_dagster.media.s3_store import S3MediaStore
 
     s3_fields: dict[str, Any] = {}
     for field, var in (
-        ("endpoint_url", "RECON_S3_ENDPOINT_URL"),
+        ("endpoint_url", Settings.s3_endpoint_url.name),
         ("aws_access_key_id", "AWS_ACCESS_KEY_ID"),
         ("aws_secret_access_key", "AWS_SECRET_ACCESS_KEY"),
         ("region_name", "AWS_REGION"),
     ):
         # Unset variables stay unset so boto3's own credential chain (roles, profiles) applies.
-        if config.is_set(var):
+        if is_set(var):
             s3_fields[field] = dg.EnvVar(var)
     return S3MediaStore(
         s3=S3Resource(**s3_fields),
         bucket=bucket,
-        prefix=config.get("RECON_S3_PREFIX"),
-        public_base_url=config.get("RECON_S3_PUBLIC_BASE_URL") or None,
+        prefix=now.s3_prefix,
+        public_base_url=now.s3_public_base_url or None,
     )
 
 

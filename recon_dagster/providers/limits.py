@@ -37,6 +37,7 @@ from contextlib import contextmanager
 
 import sqlalchemy as sa
 
+from recon_dagster.config import Settings, limit_name
 from recon_dagster.core.deadlines import stale_part_age_s
 from recon_dagster.db.engine import DatabaseUnavailable, get_engine
 from recon_dagster.providers.limit_config import (
@@ -268,7 +269,7 @@ class AccountLimiter:
         field_name = "reads" if name == "read" else "creates"
         if not budget_migration_requested():
             raise LimitsConfigError(
-                f"{lim.source or 'RECON_LIMIT_*'}: {field_name}={budget.requests}/{budget.window_s:g} "
+                f"{lim.source or limit_name('*')}: {field_name}={budget.requests}/{budget.window_s:g} "
                 f"({_describe_bucket(rate, burst)}) differs from account {lim.account!r}'s shared {name} "
                 f"budget in the database ({_as_budget(have_rate, have_burst)}, "
                 f"{_describe_bucket(have_rate, have_burst)}); configure the same budget, or set "
@@ -354,7 +355,8 @@ class AccountLimiter:
         if holders:
             with self._engine().begin() as conn:
                 conn.execute(
-                    _RENEW, {"account": self.limits.account, "holders": list(holders), "ttl": self.limits.slot_ttl_s}
+                    _RENEW,
+                    {"account": self.limits.account, "holders": list(holders), "ttl": self.limits.slot_ttl_s},
                 )
 
     def block_for(self, seconds: float) -> None:
@@ -377,7 +379,7 @@ class AccountLimiter:
         left = math.inf if deadline is None else deadline - time.monotonic()
         if left < lease_s:
             return max(0.0, left), f"the request's deadline ({max(0.0, left):.1f} s left)"
-        return lease_s, f"the run's lease (RECON_LEASE_S={lease_s:g})"
+        return lease_s, f"the run's lease ({Settings.lease_s.name}={lease_s:g})"
 
     def _unreachable(self, exc: BaseException, consequence: str) -> None:
         """Log (once a minute per account) that the shared tables did not answer."""
@@ -423,7 +425,9 @@ class AccountLimiter:
         try:
             wait = self.take_token(create, max_wait=bound_s)
         except TokenRefused as refused:
-            reason = NotSentReason.LIMITER_REFUSED if refused.blocked_s > bound_s else NotSentReason.TOKEN_WAIT
+            reason = (
+                NotSentReason.LIMITER_REFUSED if refused.blocked_s > bound_s else NotSentReason.TOKEN_WAIT
+            )
             what = (
                 f"the account is blocked by the provider's Retry-After for {refused.blocked_s:.1f} s"
                 if reason is NotSentReason.LIMITER_REFUSED
@@ -459,7 +463,9 @@ class AccountLimiter:
             self._unreachable(exc, "requests are not sent")
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise NotSent(
-                kind, NotSentReason.LIMITER_DB, f"account {self.limits.account!r}: {type(exc).__name__}: {first}"
+                kind,
+                NotSentReason.LIMITER_DB,
+                f"account {self.limits.account!r}: {type(exc).__name__}: {first}",
             ) from None
         except LimitsConfigError as exc:  # this process's budget differs from the account's
             self._give_back(held)

@@ -44,9 +44,6 @@ from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler
 
 log = logging.getLogger("recon_dagster.reconcile.shadow")
 
-MODE_ENV = "RECON_MODE"
-ENFORCE_KINDS_ENV = "RECON_ENFORCE_KINDS"
-SHADOW_KINDS_ENV = "RECON_SHADOW_KINDS"
 SHADOW, ENFORCE = "shadow", "enforce"
 # The training kind's legacy rows are adopted by the sweep (a jobs write): not while it is shadowed.
 TRAINING_KIND = "replicate-training"
@@ -85,14 +82,22 @@ def _known_kinds(name: str, names: frozenset[str]) -> frozenset[str]:
     return names
 
 
-def modes_from_values(default: str, enforce: frozenset[str], shadow: frozenset[str]) -> Modes:
+def modes_from_values(
+    default: str,
+    enforce: frozenset[str],
+    shadow: frozenset[str],
+    *,
+    names: tuple[str, str] = ("enforce", "shadow"),
+) -> Modes:
     """The modes of ``RECON_MODE`` / ``RECON_ENFORCE_KINDS`` / ``RECON_SHADOW_KINDS`` as read by the
     caller (``recon_dagster.config``); a kind unknown, or in both lists, is a ValueError naming the
-    variable."""
-    enforce, shadow = _known_kinds(ENFORCE_KINDS_ENV, enforce), _known_kinds(SHADOW_KINDS_ENV, shadow)
+    list, as ``names`` (enforce's, shadow's: the caller's variables) call them."""
+    enforce_name, shadow_name = names
+    enforce, shadow = _known_kinds(enforce_name, enforce), _known_kinds(shadow_name, shadow)
     both = sorted(enforce & shadow)
     if both:
-        raise ValueError(f"{SHADOW_KINDS_ENV} and {ENFORCE_KINDS_ENV} both name {', '.join(both)}")
+        raise ValueError(f"{shadow_name} and {enforce_name} both name {', '.join(both)}")
+
     return Modes(default, enforce, shadow)
 
 
@@ -201,10 +206,14 @@ class ShadowReconciler(Reconciler):
             live = row.reconcile_lease_expires_at is not None and row.reconcile_lease_expires_at > now
             if not row.inflight or row.id in recent or live or (c.attempt and next_attempt(row) != c.attempt):
                 why = "shadow: not decided (decided within the cadence, leased, moved on or no longer in flight)"
-                settled.append(self._shadow_outcome(row.id, row.provider_kind, next_attempt(row), why, started))
+                settled.append(
+                    self._shadow_outcome(row.id, row.provider_kind, next_attempt(row), why, started)
+                )
                 continue
             counter = (
-                row.reconcile_attempts + (1 if row.reconcile_lease_owner is not None else 0) + decided.get(row.id, 0)
+                row.reconcile_attempts
+                + (1 if row.reconcile_lease_owner is not None else 0)
+                + decided.get(row.id, 0)
             )
             if (
                 row.reconcile_lease_owner is not None
@@ -244,7 +253,11 @@ class ShadowReconciler(Reconciler):
         out = []
         for p in polled:
             job = polled_job(
-                p, now, self.settings.max_attempts, money.get(p.row.id, []), shadow_counted=decided.get(p.row.id, 0)
+                p,
+                now,
+                self.settings.max_attempts,
+                money.get(p.row.id, []),
+                shadow_counted=decided.get(p.row.id, 0),
             )
             out.append(self._decide(job, started))
         return out

@@ -6,7 +6,6 @@ provider kind the run touched); ``credit_anomalies`` and ``reconcile_error_rates
 the health schedule and carry the checks that turn red during an outage.
 """
 
-
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from decimal import Decimal
@@ -16,6 +15,7 @@ import dagster as dg
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
+from recon_dagster.config import Settings
 from recon_dagster.core.kinds import KIND_NAMES, KINDS, Provider
 from recon_dagster.db.sqltext import sql
 from recon_dagster.defs.resources import DatabaseResource
@@ -161,12 +161,15 @@ def report_outcomes(
         credits = {}
     for kind, group in sorted(by_kind.items()):
         context.log_event(
-            dg.AssetMaterialization(asset_key=OUTCOMES, partition=kind, metadata=outcome_metadata(group, credits))
+            dg.AssetMaterialization(
+                asset_key=OUTCOMES, partition=kind, metadata=outcome_metadata(group, credits)
+            )
         )
     for provider in sorted({str(KINDS[k].provider) for k in by_kind}):
         context.log_event(
             dg.AssetMaterialization(
-                asset_key=provider_outcomes_key(provider), metadata=provider_metadata(provider, by_kind, credits)
+                asset_key=provider_outcomes_key(provider),
+                metadata=provider_metadata(provider, by_kind, credits),
             )
         )
 
@@ -197,7 +200,9 @@ def credit_anomalies(context: dg.AssetExecutionContext, database: DatabaseResour
     for r in rows:
         meta[f"{r.reason}/total"] = int(r.total)
         meta[f"{r.reason}/recent"] = int(r.recent)
-    context.log.info(f"{meta['total']} credit anomalies, {meta['recent']} in the last {RECENT_MINUTES} minutes")
+    context.log.info(
+        f"{meta['total']} credit anomalies, {meta['recent']} in the last {RECENT_MINUTES} minutes"
+    )
     return dg.MaterializeResult(metadata=meta)
 
 
@@ -254,11 +259,13 @@ _ATTEMPTS = sql(
 @dg.asset(
     key=ERROR_RATES,
     group_name="reconciliation",
-    description="Per provider over the last RECON_HEALTH_WINDOW_S (30 min): the distinct jobs polled, "
+    description=f"Per provider over the last {Settings.health_window_s.name} (30 min): the distinct jobs polled, "
     "those whose latest poll got no answer, those failed by their own result (never the provider's "
     "fault), and the attempts behind them. provider_health's checks judge the same figures.",
 )
-def reconcile_error_rates(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult:
+def reconcile_error_rates(
+    context: dg.AssetExecutionContext, database: DatabaseResource
+) -> dg.MaterializeResult:
     policy = HealthPolicy.from_config()
     with database.get_engine().connect() as conn:
         figures = provider_figures(conn, policy.window_s)
