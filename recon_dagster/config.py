@@ -149,11 +149,7 @@ def _sensor_seconds(name: str, raw: str) -> int:
 
 
 def _choice(
-    choices: Mapping[str, Any],
-    expected: str,
-    error: type[ValueError] = ValueError,
-    *,
-    echo_as_given: bool = False,
+    choices: Mapping[str, Any], expected: str, error: type[ValueError] = ValueError, *, echo_as_given: bool = False
 ) -> Parse:
     """One of ``choices`` (case-insensitive); the error echoes the value lowercased unless
     ``echo_as_given``."""
@@ -246,13 +242,9 @@ def _parse_budget(name: str, text: str) -> tuple[int, float] | None:
     except ValueError:
         raise LimitsConfigError(f"{shape}, got {text!r}") from None
     if not 1 <= requests <= MAX_REQUESTS:
-        raise LimitsConfigError(
-            f"{shape}, with N from 1 to {MAX_REQUESTS} ('none' for unlimited), got {text!r}"
-        )
+        raise LimitsConfigError(f"{shape}, with N from 1 to {MAX_REQUESTS} ('none' for unlimited), got {text!r}")
     if not (math.isfinite(window_s) and MIN_WINDOW_S <= window_s <= MAX_WINDOW_S):
-        raise LimitsConfigError(
-            f"{shape}, with SECONDS from {MIN_WINDOW_S:g} to {MAX_WINDOW_S:g}, got {text!r}"
-        )
+        raise LimitsConfigError(f"{shape}, with SECONDS from {MIN_WINDOW_S:g} to {MAX_WINDOW_S:g}, got {text!r}")
     return requests, window_s
 
 
@@ -291,9 +283,7 @@ def parse_limit_overrides(name: str, raw: str) -> dict[str, Any]:
         elif key == "account":
             fields[key] = value
         else:
-            raise LimitsConfigError(
-                f"{name}: unknown field {key!r} (reads, creates, concurrency, kind_share, account)"
-            )
+            raise LimitsConfigError(f"{name}: unknown field {key!r} (reads, creates, concurrency, kind_share, account)")
     return fields
 
 
@@ -578,10 +568,7 @@ def markdown() -> str:
         groups.setdefault(setting.group, []).append(setting)
     for group, settings in groups.items():
         lines += ["", f"## {group[0].upper()}{group[1:]}", ""]
-        lines += [
-            "| variable | type | default | bounds | meaning | read by |",
-            "| --- | --- | --- | --- | --- | --- |",
-        ]
+        lines += ["| variable | type | default | bounds | meaning | read by |", "| --- | --- | --- | --- | --- | --- |"]
         for s in settings:
             kind = f"{s.type} (dg.EnvVar, never printed)" if s.secret else s.type
             cells = (f"`{s.name}`", kind, _shown(s), s.bounds or "—", s.doc, s.readers)

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 from recon_dagster.config import Settings, settings
 
+_DURATION, _FRAMES = Settings.video_max_duration_s, Settings.video_max_frames
+_PIXELS, _ENCODE = Settings.video_max_pixels, Settings.video_encode_deadline_s
+
 
 @dataclass(frozen=True)
 class VideoLimits:
@@ -17,17 +20,15 @@ class VideoLimits:
     long video (hours of tiny frames) is cheap per frame and endless in all; a long 4K one is
     expensive per frame. Past any bound the job is not completed: ``MediaNotVideo``."""
 
-    max_duration_s: float = Settings.video_max_duration_s.default
-    max_frames: int = Settings.video_max_frames.default
-    max_pixels: int = Settings.video_max_pixels.default
-    max_wall_s: float = Settings.video_encode_deadline_s.default
+    max_duration_s: float = _DURATION.default
+    max_frames: int = _FRAMES.default
+    max_pixels: int = _PIXELS.default
+    max_wall_s: float = _ENCODE.default
 
 
 def video_limits_from_env(environ: Mapping[str, str] | None = None) -> VideoLimits:
     now = settings(environ)
-    return VideoLimits(
-        now.video_max_duration_s, now.video_max_frames, now.video_max_pixels, now.video_encode_deadline_s
-    )
+    return VideoLimits(now.video_max_duration_s, now.video_max_frames, now.video_max_pixels, now.video_encode_deadline_s)
 
 
 class VideoBudget:
@@ -42,34 +43,19 @@ class VideoBudget:
         self.pixels = 0
         self.wall_s = 0.0
 
-    def refusal(
-        self, *, duration_s: float = 0.0, frames: int = 0, pixels: int = 0, wall_s: float = 0.0
-    ) -> str | None:
+    def refusal(self, *, duration_s: float = 0.0, frames: int = 0, pixels: int = 0, wall_s: float = 0.0) -> str | None:
         """Why re-encoding may not go on once this much more is spent (None: it may)."""
         lim = self.limits
         for spent, bound, what, env in (
-            (
-                self.duration_s + duration_s,
-                lim.max_duration_s,
-                "seconds of video",
-                Settings.video_max_duration_s.name,
-            ),
-            (self.frames + frames, lim.max_frames, "frames", Settings.video_max_frames.name),
-            (self.pixels + pixels, lim.max_pixels, "pixels", Settings.video_max_pixels.name),
-            (
-                self.wall_s + wall_s,
-                lim.max_wall_s,
-                "seconds of encoding",
-                Settings.video_encode_deadline_s.name,
-            ),
+            (self.duration_s + duration_s, lim.max_duration_s, "seconds of video", _DURATION.name),
+            (self.frames + frames, lim.max_frames, "frames", _FRAMES.name),
+            (self.pixels + pixels, lim.max_pixels, "pixels", _PIXELS.name),
+            (self.wall_s + wall_s, lim.max_wall_s, "seconds of encoding", _ENCODE.name),
         ):
             if spent > bound:
                 return f"cannot watermark: the job's video passes {_num(bound)} {what} ({env})"
         if self.deadline is not None and time.monotonic() > self.deadline:
-            return (
-                "cannot watermark: the encode ran past the finalize's media deadline "
-                f"({Settings.media_deadline_s.name})"
-            )
+            return f"cannot watermark: the encode ran past the finalize's media deadline ({Settings.media_deadline_s.name})"
 
         return None
 

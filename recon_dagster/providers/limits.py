@@ -355,8 +355,7 @@ class AccountLimiter:
         if holders:
             with self._engine().begin() as conn:
                 conn.execute(
-                    _RENEW,
-                    {"account": self.limits.account, "holders": list(holders), "ttl": self.limits.slot_ttl_s},
+                    _RENEW, {"account": self.limits.account, "holders": list(holders), "ttl": self.limits.slot_ttl_s}
                 )
 
     def block_for(self, seconds: float) -> None:
@@ -425,9 +424,7 @@ class AccountLimiter:
         try:
             wait = self.take_token(create, max_wait=bound_s)
         except TokenRefused as refused:
-            reason = (
-                NotSentReason.LIMITER_REFUSED if refused.blocked_s > bound_s else NotSentReason.TOKEN_WAIT
-            )
+            reason = NotSentReason.LIMITER_REFUSED if refused.blocked_s > bound_s else NotSentReason.TOKEN_WAIT
             what = (
                 f"the account is blocked by the provider's Retry-After for {refused.blocked_s:.1f} s"
                 if reason is NotSentReason.LIMITER_REFUSED
@@ -463,9 +460,7 @@ class AccountLimiter:
             self._unreachable(exc, "requests are not sent")
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise NotSent(
-                kind,
-                NotSentReason.LIMITER_DB,
-                f"account {self.limits.account!r}: {type(exc).__name__}: {first}",
+                kind, NotSentReason.LIMITER_DB, f"account {self.limits.account!r}: {type(exc).__name__}: {first}"
             ) from None
         except LimitsConfigError as exc:  # this process's budget differs from the account's
             self._give_back(held)

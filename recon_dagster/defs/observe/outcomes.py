@@ -6,6 +6,7 @@ provider kind the run touched); ``credit_anomalies`` and ``reconcile_error_rates
 the health schedule and carry the checks that turn red during an outage.
 """
 
+
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from decimal import Decimal
@@ -161,15 +162,12 @@ def report_outcomes(
         credits = {}
     for kind, group in sorted(by_kind.items()):
         context.log_event(
-            dg.AssetMaterialization(
-                asset_key=OUTCOMES, partition=kind, metadata=outcome_metadata(group, credits)
-            )
+            dg.AssetMaterialization(asset_key=OUTCOMES, partition=kind, metadata=outcome_metadata(group, credits))
         )
     for provider in sorted({str(KINDS[k].provider) for k in by_kind}):
         context.log_event(
             dg.AssetMaterialization(
-                asset_key=provider_outcomes_key(provider),
-                metadata=provider_metadata(provider, by_kind, credits),
+                asset_key=provider_outcomes_key(provider), metadata=provider_metadata(provider, by_kind, credits)
             )
         )
 
@@ -200,9 +198,7 @@ def credit_anomalies(context: dg.AssetExecutionContext, database: DatabaseResour
     for r in rows:
         meta[f"{r.reason}/total"] = int(r.total)
         meta[f"{r.reason}/recent"] = int(r.recent)
-    context.log.info(
-        f"{meta['total']} credit anomalies, {meta['recent']} in the last {RECENT_MINUTES} minutes"
-    )
+    context.log.info(f"{meta['total']} credit anomalies, {meta['recent']} in the last {RECENT_MINUTES} minutes")
     return dg.MaterializeResult(metadata=meta)
 
 
@@ -263,9 +259,7 @@ _ATTEMPTS = sql(
     "those whose latest poll got no answer, those failed by their own result (never the provider's "
     "fault), and the attempts behind them. provider_health's checks judge the same figures.",
 )
-def reconcile_error_rates(
-    context: dg.AssetExecutionContext, database: DatabaseResource
-) -> dg.MaterializeResult:
+def reconcile_error_rates(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult:
     policy = HealthPolicy.from_config()
     with database.get_engine().connect() as conn:
         figures = provider_figures(conn, policy.window_s)
