@@ -87,7 +87,7 @@ def modes_from_values(
     enforce: frozenset[str],
     shadow: frozenset[str],
     *,
-    names: tuple[str, str] = ("enforce", "shadow"),
+    names: tuple[str, str],
 ) -> Modes:
     """The modes of ``RECON_MODE`` / ``RECON_ENFORCE_KINDS`` / ``RECON_SHADOW_KINDS`` as read by the
     caller (``recon_dagster.config``); a kind unknown, or in both lists, is a ValueError naming the
