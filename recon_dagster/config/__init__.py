@@ -165,24 +165,28 @@ class Settings:
     ``settings().max_attempts`` is an ``int``, read at that moment (tests change the environment
     between calls; a read costs one dict lookup and the parse); ``Settings.max_attempts.name`` is
     the variable's name, for messages and ``dg.EnvVar``. A mistyped attribute fails mypy and the
-    import, not a run hours later. Nothing outside this module spells a ``RECON_*`` name.
+    import, not a run hours later. Nothing outside this package spells a ``RECON_*`` name.
+
     """
 
     __slots__ = ("_environ",)
 
-    def __init__(self, environ: Mapping[str, str]) -> None:
-        self._environ = environ
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self._environ = environ  # None: ``os.environ``, looked up at each read
+
+    def _env(self) -> Mapping[str, str]:
+        return os.environ if self._environ is None else self._environ
 
     def value(self, var: Var[T]) -> T:
         """``var``'s value in this environment (a bad one: a one-line ``ValueError`` naming it)."""
         if var.parse is None:
             raise KeyError(f"{var.name} is not read through recon_dagster.config (see its declaration)")
-        raw = self._environ.get(var.name, "").strip()
+        raw = self._env().get(var.name, "").strip()
         return var.parse(var.name, raw) if raw else var.default
 
     def is_set(self, var: Var[Any]) -> bool:
         """Whether ``var`` has a value (for optional ``dg.EnvVar`` wiring; never reads it out)."""
-        return bool(self._environ.get(var.name))
+        return bool(self._env().get(var.name))
 
     def limit_overrides(self, provider: str) -> dict[str, Any]:
         """``RECON_LIMIT_<PROVIDER>``: the fields of ``provider``'s budget it overrides."""
@@ -287,12 +291,13 @@ SETTINGS: dict[str, Var[Any]] = {s.name: s for s in _DECLARED}
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """The settings of ``environ`` (``os.environ``, live, unless given): typed attributes, each
-    read when asked."""
+    """The settings of ``environ`` (``os.environ`` as it is now, unless given): typed attributes,
+    each read when asked."""
     return _LIVE if environ is None else Settings(environ)
 
 
-_LIVE = Settings(os.environ)
+_LIVE = Settings()
+
 
 
 def limit_name(provider: str) -> str:
