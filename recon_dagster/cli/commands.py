@@ -360,7 +360,6 @@ def main(argv: list[str] | None = None) -> int:
     if extra:  # reported by the subcommand it was given to, like every other usage error
         _Parser(prog=f"{parser.prog} {args.command}").error(f"unrecognized arguments: {' '.join(extra)}")
     args.debug = args.debug or settings().debug
-
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

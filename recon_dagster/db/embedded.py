@@ -72,7 +72,6 @@ def _process(pid: int) -> Any:
 def embedded_pgdata() -> Path:
     """The data folder: ``RECON_EMBEDDED_PGDATA``, else ``<repo>/.recon/pgdata`` (repo or cwd)."""
     configured = settings().embedded_pgdata
-
     if configured:
         return Path(configured).expanduser().resolve()
     base = project_root() or Path.cwd()

@@ -47,7 +47,6 @@ def _check_database_url(environ: Mapping[str, str]) -> None:
     if not database_configured(environ):
         raise DatabaseNotConfigured()
     raw = now.database_url
-
     if raw:
         try:
             normalize_url(raw)

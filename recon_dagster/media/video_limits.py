@@ -56,7 +56,6 @@ class VideoBudget:
                 return f"cannot watermark: the job's video passes {_num(bound)} {what} ({env})"
         if self.deadline is not None and time.monotonic() > self.deadline:
             return f"cannot watermark: the encode ran past the finalize's media deadline ({Settings.media_deadline_s.name})"
-
         return None
 
     def spend(self, *, duration_s: float, frames: int, pixels: int, wall_s: float) -> None:

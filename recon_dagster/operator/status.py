@@ -127,7 +127,6 @@ def print_status() -> int:
         print("no jobs in flight")
         return 0
     cap = settings().max_attempts
-
     header = (
         f"{'provider_kind':<20} {'inflight':>8} {'stale':>5} {'due':>3} {'leased':>6} {'cadence':>7} "
         f"{'notsent':>7} {'precall':>7} {'attempts':>8}  next attempt (UTC)"

@@ -97,7 +97,6 @@ def modes_from_values(
     both = sorted(enforce & shadow)
     if both:
         raise ValueError(f"{shadow_name} and {enforce_name} both name {', '.join(both)}")
-
     return Modes(default, enforce, shadow)
 
 

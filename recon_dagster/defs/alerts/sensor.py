@@ -153,7 +153,6 @@ def _owe(
     "excepted) opens an incident; one alert when it opens, one when it turns green, to Slack, PagerDuty "
     f"(dedup_key per check and provider), Microsoft Teams, a JSON webhook ({PREFIX}ALERT_* settings) and "
     f"{Settings.alert_hook.name}. A reconcile run failed by its provider's outage belongs to that provider's "
-
     "health incident. With no target set, each alert is logged here.",
 )
 def reconcile_alerts(context: dg.SensorEvaluationContext, alert_targets: AlertTargetsResource) -> dg.SkipReason:

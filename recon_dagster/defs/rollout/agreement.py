@@ -113,7 +113,6 @@ def report_text(report: Report) -> str:
             f"no shadow decisions recorded ({Settings.mode.name}=shadow or {Settings.shadow_kinds.name} "
             "turns shadow on)"
         )
-
     lines = [f"{'kind':<24}" + "".join(f"{v:>10}" for v in VERDICTS)]
     for k, c in report.by_kind().items():
         lines.append(f"{k:<24}" + "".join(f"{c[v]:>10}" for v in VERDICTS))
