@@ -526,36 +526,25 @@ class Settings:
     # fmt: on
 
 
+def _provider(title: str, url: str, key: str, key_doc: str, url_note: str = "") -> tuple[Var[Never], Var[Never]]:
+    """A provider's base URL and key variables, both passed as ``dg.EnvVar`` by its resource."""
+    base_url = _named(
+        "providers", "URL", None, f"{title} API base URL{url_note}; passed as dg.EnvVar.",
+        readers="providers/resource.py", shown_default=f"`{url}`", name=f"{title.upper()}_BASE_URL",
+    )  # fmt: skip
+    return base_url, _secret("providers", key_doc, readers="providers/resource.py", name=key)
+
+
 _OTHERS: tuple[Var[Any], ...] = (
     # providers (not RECON_*: the providers' own names)
-    _named(
-        "providers", "URL", None,
-        "KIE API base URL (the demo and tests point it at the sandbox); passed as dg.EnvVar.",
-        readers="providers/resource.py", shown_default="`https://api.kie.ai`", name="KIE_BASE_URL",
+    *_provider(
+        "KIE", "https://api.kie.ai", "KIE_API_KEY", "KIE bearer token.",
+        url_note=" (the demo and tests point it at the sandbox)",
     ),
-    _secret("providers", "KIE bearer token.", readers="providers/resource.py", name="KIE_API_KEY"),
-    _named(
-        "providers", "URL", None, "Replicate API base URL; passed as dg.EnvVar.",
-        readers="providers/resource.py", shown_default="`https://api.replicate.com/v1`",
-        name="REPLICATE_BASE_URL",
-    ),
-    _secret(
-        "providers", "Replicate bearer token.", readers="providers/resource.py", name="REPLICATE_API_TOKEN",
-    ),
-    _named(
-        "providers", "URL", None, "ElevenLabs API base URL; passed as dg.EnvVar.",
-        readers="providers/resource.py", shown_default="`https://api.elevenlabs.io`",
-        name="ELEVENLABS_BASE_URL",
-    ),
-    _secret(
-        "providers", "ElevenLabs `xi-api-key`.", readers="providers/resource.py", name="ELEVENLABS_API_KEY",
-    ),
-    _named(
-        "providers", "URL", None, "Anthropic API base URL; passed as dg.EnvVar.",
-        readers="providers/resource.py", shown_default="`https://api.anthropic.com`",
-        name="ANTHROPIC_BASE_URL",
-    ),
-    _secret("providers", "Anthropic key.", readers="providers/resource.py", name="ANTHROPIC_API_KEY"),
+
+    *_provider("Replicate", "https://api.replicate.com/v1", "REPLICATE_API_TOKEN", "Replicate bearer token."),
+    *_provider("ElevenLabs", "https://api.elevenlabs.io", "ELEVENLABS_API_KEY", "ElevenLabs `xi-api-key`."),
+    *_provider("Anthropic", "https://api.anthropic.com", "ANTHROPIC_API_KEY", "Anthropic key."),
     _named(
         "media", "text", None, "S3 access key id (unset: boto3's own credential chain).",
         readers="media/store.py", shown_default="boto3 chain", name="AWS_ACCESS_KEY_ID",
