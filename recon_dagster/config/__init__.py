@@ -145,12 +145,20 @@ def _number(default: float, low: float, high: float, doc: str, group: str = "rec
     return _bounded(float, default, low, high, doc, group)
 
 
+_LIMIT_BOUNDS = (
+    f"reads/creates N/SECONDS: N 1-{MAX_REQUESTS}, SECONDS {MIN_WINDOW_S:g}-{MAX_WINDOW_S:g}, or none; "
+    f"concurrency 1-{MAX_CONCURRENCY} or none; kind_share (0, 1]; `none` (or `off`) is the only unlimited: "
+    "0, nan, inf are errors"
+)
+
+
 def _limit_setting(shown: str, doc: str) -> Var[dict[str, Any]]:
+    """``RECON_LIMIT_<PROVIDER>``: a provider account's budget overrides."""
     return Var(
         "provider budgets", "budget spec", {}, doc, parse=parse_limit_overrides, shown_default=shown,
-        bounds=f"reads/creates N/SECONDS: N 1-{MAX_REQUESTS}, SECONDS {MIN_WINDOW_S:g}-{MAX_WINDOW_S:g}, "
-        f"or none; concurrency 1-{MAX_CONCURRENCY} or none; kind_share (0, 1]; `none` (or `off`) is the only unlimited: 0, nan, inf are errors",
+        bounds=_LIMIT_BOUNDS,
     )  # fmt: skip
+
 
 
 def _secret(group: str, doc: str, *, name: str = "", readers: str = "") -> Var[Never]:
@@ -165,9 +173,9 @@ class Settings:
 
     ``settings().max_attempts`` is an ``int``, read at that moment (tests change the environment
     between calls; a read costs one dict lookup and the parse); ``Settings.max_attempts.name`` is
-    the variable's name, for messages and ``dg.EnvVar``. A mistyped attribute fails mypy and the
-    import, not a run hours later. Nothing outside this package spells a ``RECON_*`` name.
-
+    the variable's name, for messages and ``dg.EnvVar``. A mistyped attribute fails mypy, and at
+    run time is an ``AttributeError``, never a silent ``KeyError`` hours into a run from a
+    misspelled string. Nothing outside this package spells a ``RECON_*`` name.
     """
 
     __slots__ = ("_environ",)
@@ -456,8 +464,8 @@ class Settings:
     )
     alert_teams_webhook_url = _secret(
         "alerts",
-        "A Microsoft Teams Workflows webhook (the URL of a \"When a Teams webhook request is received\" flow): "
-        "an Adaptive Card when an incident opens and when it resolves.",
+        "A Microsoft Teams Workflows webhook (the URL of a \"When a Teams webhook request is received\" "
+        "flow): an Adaptive Card when an incident opens and when it resolves.",
     )
     alert_webhook_url = _secret(
         "alerts",
@@ -526,7 +534,11 @@ class Settings:
     # fmt: on
 
 
-def _provider(title: str, url: str, key: str, key_doc: str, url_note: str = "") -> tuple[Var[Never], Var[Never]]:
+def _provider(
+    title: str, url: str, key: str, key_doc: str, url_note: str = ""
+) -> tuple[Var[Never], Var[Never]]:
+
+
     """A provider's base URL and key variables, both passed as ``dg.EnvVar`` by its resource."""
     base_url = _named(
         "providers", "URL", None, f"{title} API base URL{url_note}; passed as dg.EnvVar.",
