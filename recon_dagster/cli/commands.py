@@ -15,7 +15,6 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from recon_dagster import config
 from recon_dagster.cli.errors import (  # noqa: F401  (re-exported: the commands' error shape)
     DAGSTER_NOISE,
     DEBUG_ENV,
@@ -31,6 +30,7 @@ from recon_dagster.cli.errors import (  # noqa: F401  (re-exported: the commands
     quiet_dagster_warnings,
     require_installed,
 )
+from recon_dagster.config import Settings, settings
 
 
 def use_database_url(args: argparse.Namespace, *, embedded: bool = False) -> None:
@@ -43,7 +43,7 @@ def use_database_url(args: argparse.Namespace, *, embedded: bool = False) -> Non
     from recon_dagster.db.engine import DATABASE_URL_ENV, normalize_url, resolve_database_url
 
     given = getattr(args, "database_url", None)
-    configured = given or config.get(DATABASE_URL_ENV)
+    configured = given or settings().database_url
     if configured:
         os.environ[DATABASE_URL_ENV] = normalize_url(configured)  # raises InvalidDatabaseUrl
     elif embedded:
@@ -225,7 +225,7 @@ def _common(p: argparse.ArgumentParser, *, database: bool) -> None:
     # SUPPRESS: a subcommand's default must not overwrite a --debug given before the subcommand.
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     if database:
-        p.add_argument("--database-url", help="the app's PostgreSQL (default: RECON_DATABASE_URL)")
+        p.add_argument("--database-url", help=f"the app's PostgreSQL (default: {Settings.database_url.name})")
 
 
 def _command(
@@ -308,7 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument(
         "--no-poll", action="store_true", help="decide only what the rows decide; ask no provider"
     )
-    pl.add_argument("--limit", type=int, default=None, help="most jobs scanned (default: RECON_SCAN_LIMIT)")
+    pl.add_argument(
+        "--limit", type=int, default=None, help=f"most jobs scanned (default: {Settings.scan_limit.name})"
+    )
     pl.add_argument(
         "--shadow-report", action="store_true", help="instead: shadow decisions against what happened since"
     )
@@ -357,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported by the subcommand it was given to, like every other usage error
         _Parser(prog=f"{parser.prog} {args.command}").error(f"unrecognized arguments: {' '.join(extra)}")
-    args.debug = args.debug or config.get(DEBUG_ENV)
+    args.debug = args.debug or settings().debug
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

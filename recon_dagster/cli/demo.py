@@ -20,9 +20,9 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from recon_dagster import config
 from recon_dagster.cli.errors import require_installed
 from recon_dagster.cli.proctree import run_process_tree
+from recon_dagster.config import Settings, settings
 from recon_dagster.db import credits
 from recon_dagster.db.engine import get_engine, redact, resolve_database_url
 from recon_dagster.db.migrate import migrate
@@ -289,8 +289,9 @@ def print_table(
     workflow: str | None,
 ) -> None:
     """Every seeded row, before and (when given) after, in one table of at most 100 columns."""
-    max_attempts = config.get("RECON_MAX_ATTEMPTS")
-    cadence_min = max(1, round(config.get("RECON_RECONCILE_CADENCE_S") / 60))
+    now = settings()
+    max_attempts = now.max_attempts
+    cadence_min = max(1, round(now.reconcile_cadence_s / 60))
     print(" ".join(f"{h:<{w}}" for w, h in _COLUMNS) + " why")
     print("-" * _WIDTH)
     for job, job_id in seeded:
@@ -338,7 +339,7 @@ def run_demo(*, serve: bool = False, port: int = 0, verbose: bool = False) -> in
     engine = get_engine(url)
     applied = migrate(engine)
     print(f"database: {redact(url)} (migrations applied now: {len(applied)})")
-    os.environ.setdefault("RECON_MEDIA_DIR", str(Path.cwd() / ".recon" / "media"))
+    os.environ.setdefault(Settings.media_dir.name, str(Path.cwd() / ".recon" / "media"))
     removed = _clear_previous(engine)
     if removed:
         print(f"removed the previous demo run's {removed} jobs (the demo user's rows only)")
@@ -372,7 +373,7 @@ def run_demo(*, serve: bool = False, port: int = 0, verbose: bool = False) -> in
                 f"(the database held {report.summary.scanned - len(seeded)} more stuck jobs; reconciled too)"
             )
         _print_credits(engine, DEMO_USER)
-        print(f"media stored in: {config.get('RECON_MEDIA_DIR')}\nDagster home: {home}")
+        print(f"media stored in: {settings().media_dir}\nDagster home: {home}")
         print(
             "\nNext: `recon-dagster demo --serve` replays this incident in the Dagster UI\n"
             "(http://127.0.0.1:3000): every run, its per-job log and the sensor's ticks."
@@ -389,7 +390,8 @@ def _serve(seeded: list[tuple[DemoJob, uuid.UUID]], before: dict[str, RowState])
         "picks them up within a few seconds. Open http://127.0.0.1:3000/runs"
     )
     env = dict(os.environ)
-    env.setdefault("RECON_SENSOR_INTERVAL_S", "5")  # the demo ticks faster unless told otherwise
+    env.setdefault(Settings.sensor_interval_s.name, "5")
+    # the demo ticks faster unless told otherwise
     try:
         # The workspace file names the location recon_dagster (``-m`` would name it after the module).
         # Stopped whole on SIGTERM / SIGINT: no webserver or daemon left behind.

@@ -8,7 +8,10 @@ command fails with one line and the traceback only with ``--debug`` or ``RECON_D
 import importlib
 import warnings
 
-DEBUG_ENV = "RECON_DEBUG"
+from recon_dagster.config import PREFIX, Settings
+
+DEBUG_ENV = Settings.debug.name
+_URL = Settings.database_url.name
 
 # Dagster's own warnings that mean nothing to a user of this CLI (its pydantic v1-style calls,
 # beta flags on its own defaults). The same list as pytest's filterwarnings in pyproject.toml,
@@ -19,18 +22,18 @@ DAGSTER_NOISE = (
     "ignore:InitResourceContext.dagster_run is deprecated:DeprecationWarning",
 )
 
-FIX_URL = "set RECON_DATABASE_URL or --database-url to postgresql://user:password@host:port/dbname"
+FIX_URL = f"set {_URL} or --database-url to postgresql://user:password@host:port/dbname"
 FIX_NO_URL = (
     f"{FIX_URL} (the app's PostgreSQL); only `recon-dagster demo` / `dev` start the embedded "
-    "development server by themselves (elsewhere: RECON_EMBEDDED_POSTGRES=1)"
+    f"development server by themselves (elsewhere: {Settings.embedded_postgres.name}=1)"
 )
-FIX_UNAVAILABLE = "start PostgreSQL there, or point RECON_DATABASE_URL / --database-url at a running one"
+FIX_UNAVAILABLE = f"start PostgreSQL there, or point {_URL} / --database-url at a running one"
 FIX_MIGRATE = "run `recon-dagster migrate`"
 FIX_DATABASE = {
-    "too many connections": "keep RECON_DB_MAX_CONNECTIONS (and the app's own connections) within the "
-    "server's max_connections or the role's connection limit, or raise those",
-    "authentication failed": "check the user and password in RECON_DATABASE_URL / --database-url",
-    "database does not exist": "create that database, or point RECON_DATABASE_URL / --database-url at one",
+    "too many connections": f"keep {Settings.db_max_connections.name} (and the app's own connections) within "
+    "the server's max_connections or the role's connection limit, or raise those",
+    "authentication failed": f"check the user and password in {_URL} / --database-url",
+    "database does not exist": f"create that database, or point {_URL} / --database-url at one",
 }
 FIX_TIMEOUT = "another session may hold a lock it needs (see pg_stat_activity); retry once it is gone"
 FIX_DEBUG = "re-run with --debug for the traceback"
@@ -92,7 +95,7 @@ def as_cli_error(exc: BaseException) -> CliError:
     if isinstance(exc, InvalidDatabaseUrl):
         return CliError(str(exc), FIX_URL)
     if isinstance(exc, DatabaseNotConfigured):
-        return CliError("RECON_DATABASE_URL is not set", FIX_NO_URL)
+        return CliError(f"{_URL} is not set", FIX_NO_URL)
     if isinstance(exc, DatabaseUnavailable):
         if exc.kind == "unreachable":
             return CliError(f"database unavailable at {exc.reason} (unreachable)", FIX_UNAVAILABLE)
@@ -103,7 +106,7 @@ def as_cli_error(exc: BaseException) -> CliError:
     if isinstance(exc, EmbeddedPostgresError):
         return CliError(
             _one_line(str(exc)),
-            f"see {embedded_pgdata() / 'log'}, or set RECON_DATABASE_URL to a running PostgreSQL",
+            f"see {embedded_pgdata() / 'log'}, or set {_URL} to a running PostgreSQL",
         )
     if isinstance(exc, MigrationError):
         return CliError(str(exc), exc.fix or "fix the migration named here, then run `recon-dagster migrate` again")
@@ -112,7 +115,7 @@ def as_cli_error(exc: BaseException) -> CliError:
         "UndefinedColumn",
     ):
         return CliError(f"the database schema is behind this code ({_one_line(str(exc.orig))})", FIX_MIGRATE)
-    if isinstance(exc, ValueError) and str(exc).startswith(("RECON_", "DAGSTER_")):
+    if isinstance(exc, ValueError) and str(exc).startswith((PREFIX, "DAGSTER_")):
         return CliError(str(exc), "fix that environment variable (docs/configuration.md)")
     return CliError(f"unexpected {type(exc).__name__}: {_one_line(str(exc))}", FIX_DEBUG)
 

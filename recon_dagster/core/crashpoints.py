@@ -31,6 +31,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from recon_dagster.config import Settings
+
 POINTS: tuple[str, ...] = (
     "worker.after_create",  # upstream task created, its id not yet persisted
     "worker.after_persist",  # task id persisted, nothing polled yet
@@ -63,17 +65,19 @@ _read_lock = threading.Lock()
 
 
 def _read_env() -> _Armed | None:
-    names = frozenset(p.strip() for p in os.environ.get("RECON_CRASH_AT", "").split(",") if p.strip())
+    # Read here, once, by the names declared in recon_dagster.config (a lookup on a hot path).
+    env = os.environ
+    names = frozenset(p.strip() for p in env.get(Settings.crash_at.name, "").split(",") if p.strip())
     if not names:
         return None
-    seed = os.environ.get("RECON_CRASH_SEED", "").strip()
+    seed = env.get(Settings.crash_seed.name, "").strip()
     return _Armed(
         points=names,
-        kill_on=max(1, int(os.environ.get("RECON_CRASH_HITS", "1") or 1)),
-        hold=os.environ.get("RECON_CRASH_HOLD", "").strip() in ("1", "true", "yes"),
-        probability=float(os.environ.get("RECON_CRASH_PROB", "1") or 1),
+        kill_on=max(1, int(env.get(Settings.crash_hits.name, "1") or 1)),
+        hold=env.get(Settings.crash_hold.name, "").strip() in ("1", "true", "yes"),
+        probability=float(env.get(Settings.crash_prob.name, "1") or 1),
         rng=random.Random(int(seed) if seed else None),
-        log_path=os.environ.get("RECON_CRASH_LOG") or None,
+        log_path=env.get(Settings.crash_log.name) or None,
     )
 
 

@@ -36,44 +36,39 @@ from contextlib import contextmanager
 import httpcore
 import httpx
 
-from recon_dagster import config
+from recon_dagster.config import Settings, settings
 from recon_dagster.core import dns
 from recon_dagster.core.proxy import open_tunnel
 from recon_dagster.core.tls import shared_tls_context
 
-POLL_DEADLINE_ENV = "RECON_POLL_DEADLINE_S"
-POLL_MAX_BYTES_ENV = "RECON_POLL_MAX_BYTES"
-MEDIA_DEADLINE_ENV = "RECON_MEDIA_DEADLINE_S"
-MEDIA_MIN_RATE_ENV = "RECON_MEDIA_MIN_BYTES_PER_S"
-
-DEFAULT_POLL_DEADLINE_S: float = config.SETTINGS[POLL_DEADLINE_ENV].default
-DEFAULT_POLL_MAX_BYTES: int = config.SETTINGS[POLL_MAX_BYTES_ENV].default
-DEFAULT_MEDIA_DEADLINE_S: float = config.SETTINGS[MEDIA_DEADLINE_ENV].default
-DEFAULT_MEDIA_MIN_BYTES_PER_S: float = config.SETTINGS[MEDIA_MIN_RATE_ENV].default
+DEFAULT_POLL_DEADLINE_S = Settings.poll_deadline_s.default
+DEFAULT_POLL_MAX_BYTES = Settings.poll_max_bytes.default
+DEFAULT_MEDIA_DEADLINE_S = Settings.media_deadline_s.default
+DEFAULT_MEDIA_MIN_BYTES_PER_S = Settings.media_min_bytes_per_s.default
 # Connect, TLS and first byte of a media object whatever its size.
 MEDIA_FLOOR_S = 30.0
 
 
 def poll_deadline_s(environ: Mapping[str, str] | None = None) -> float:
-    return float(config.get(POLL_DEADLINE_ENV, environ))
+    return settings(environ).poll_deadline_s
 
 
 def poll_max_bytes(environ: Mapping[str, str] | None = None) -> int:
-    return int(config.get(POLL_MAX_BYTES_ENV, environ))
+    return settings(environ).poll_max_bytes
 
 
 def media_deadline_s(environ: Mapping[str, str] | None = None) -> float:
-    return float(config.get(MEDIA_DEADLINE_ENV, environ))
+    return settings(environ).media_deadline_s
 
 
 def media_min_bytes_per_s(environ: Mapping[str, str] | None = None) -> float:
-    return float(config.get(MEDIA_MIN_RATE_ENV, environ))
+    return settings(environ).media_min_bytes_per_s
 
 
 def stale_part_age_s() -> float:
     """Age past which a partial media write is dead: the reconcile lease (``RECON_LEASE_S``,
     900 s), longer than any download's deadline."""
-    return float(config.get("RECON_LEASE_S"))
+    return settings().lease_s
 
 
 def sized_deadline_s(size: int | None, remaining_s: float, min_bytes_per_s: float | None) -> float:

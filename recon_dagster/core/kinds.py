@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 
-from recon_dagster import config
+from recon_dagster.config import Settings, settings
 
 
 class Family(StrEnum):
@@ -132,8 +132,7 @@ LEGACY_STALE_THRESHOLD = timedelta(minutes=5)
 # queue or in pre-call work (or is a pre-135 legacy row, which looks the same). During a backlog
 # that wait is long and normal, so such a row is swept only after this budget, measured from
 # COALESCE(started_at, created_at). RECON_PRECALL_BUDGET_S overrides it.
-PRECALL_BUDGET_ENV = "RECON_PRECALL_BUDGET_S"
-PRECALL_BUDGET = timedelta(seconds=config.SETTINGS[PRECALL_BUDGET_ENV].default)
+PRECALL_BUDGET = timedelta(seconds=Settings.precall_budget_s.default)
 
 
 def precall_budget(environ: Mapping[str, str] | None = None) -> timedelta:
@@ -141,7 +140,7 @@ def precall_budget(environ: Mapping[str, str] | None = None) -> timedelta:
 
     Raises ValueError naming the variable for anything but a finite positive number.
     """
-    return timedelta(seconds=config.get(PRECALL_BUDGET_ENV, environ))
+    return timedelta(seconds=settings(environ).precall_budget_s)
 
 # Job types that never call a provider themselves (spec 9.1: pipeline wrapper jobs deliberately
 # carry no provider_kind). A row of these types with no provider_kind is not a legacy stuck call,
@@ -155,8 +154,8 @@ TEXT_RESULT_KINDS: frozenset[str] = frozenset({"kie-standard", "replicate-predic
 
 # 18 attempts x the 5-minute cadence ~= 90 minutes: covers kie-lip-sync's 75-minute threshold
 # with 15 minutes of headroom before a job is presumed stuck rather than slow (spec 5.5).
-MAX_ATTEMPTS: int = config.SETTINGS["RECON_MAX_ATTEMPTS"].default
-RECONCILE_CADENCE = timedelta(seconds=config.SETTINGS["RECON_RECONCILE_CADENCE_S"].default)
+MAX_ATTEMPTS = Settings.max_attempts.default
+RECONCILE_CADENCE = timedelta(seconds=Settings.reconcile_cadence_s.default)
 
 
 class UnknownProviderKind(ValueError):

@@ -23,9 +23,9 @@ not in this budget: it is another database, counted on its own.
 
 from __future__ import annotations
 
-from recon_dagster import config
+from recon_dagster.config import Settings, settings
 
-BUDGET_ENV = "RECON_DB_MAX_CONNECTIONS"
+BUDGET_ENV = Settings.db_max_connections.name
 # Sensors evaluate on two threads (dagster.yaml: sensors.num_workers), each with one connection.
 CODE_SERVER_CONNECTIONS = 2
 MIN_RUN_CONNECTIONS = 2
@@ -37,7 +37,7 @@ RUN_THREADS_BEYOND_CONCURRENCY = 4
 
 def budget() -> int:
     """``RECON_DB_MAX_CONNECTIONS``."""
-    return int(config.get(BUDGET_ENV))
+    return settings().db_max_connections
 
 
 def most_runs_at_once(total: int | None = None) -> int:

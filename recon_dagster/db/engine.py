@@ -16,13 +16,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 
-from recon_dagster import config
+from recon_dagster.config import Settings, settings
 from recon_dagster.core.paths import project_root  # noqa: F401  (re-exported)
 from recon_dagster.db.budget import OTHER_PROCESS_CONNECTIONS
 
-DATABASE_URL_ENV = "RECON_DATABASE_URL"
-EMBEDDED_ENV = "RECON_EMBEDDED_POSTGRES"
-POOLER_ENV = "RECON_DB_TRANSACTION_POOLER"
+DATABASE_URL_ENV = Settings.database_url.name
+EMBEDDED_ENV = Settings.embedded_postgres.name
 CONNECT_TIMEOUT_S = 5
 # A pooled connection idle longer than this is pinged before it is handed out (one round trip);
 # one returned more recently is handed out as it is (see ``_ping_if_idle``).
@@ -165,13 +164,13 @@ def describe(url: str) -> str:
 
 def embedded_allowed(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this process may start (or join) the embedded PostgreSQL: ``RECON_EMBEDDED_POSTGRES=1``."""
-    return bool(config.get(EMBEDDED_ENV, environ))
+    return settings(environ).embedded_postgres
 
 
 def database_configured(environ: Mapping[str, str] | None = None) -> bool:
     """Whether a database URL can be resolved without failing: the URL is set, or the embedded
     server is allowed."""
-    return bool(config.get(DATABASE_URL_ENV, environ)) or embedded_allowed(environ)
+    return bool(settings(environ).database_url) or embedded_allowed(environ)
 
 
 def resolve_database_url(*, allow_embedded: bool = False) -> str:
@@ -180,7 +179,7 @@ def resolve_database_url(*, allow_embedded: bool = False) -> str:
     else ``DatabaseNotConfigured``, before anything starts.
 
     A deployment that forgot the secret must not reconcile an empty database of its own."""
-    configured = config.get(DATABASE_URL_ENV)
+    configured = settings().database_url
     if configured:
         return normalize_url(configured)
     if not (allow_embedded or embedded_allowed()):
@@ -251,7 +250,7 @@ def get_engine(url: str | None = None) -> sa.Engine:
 def _create_engine(url: str) -> sa.Engine:
     parsed = parse_url(url)
     connect_args: dict[str, object] = {"connect_timeout": CONNECT_TIMEOUT_S}
-    if config.get(POOLER_ENV):
+    if settings().db_transaction_pooler:
         # Behind a pooler in transaction mode each transaction may get another server connection,
         # where a statement psycopg prepared on the last one does not exist: never prepare.
         connect_args["prepare_threshold"] = None

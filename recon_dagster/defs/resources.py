@@ -12,7 +12,7 @@ import dagster as dg
 import sqlalchemy as sa
 from pydantic import Field
 
-from recon_dagster import config
+from recon_dagster.config import Settings, Var, settings
 from recon_dagster.db import budget
 from recon_dagster.db.engine import get_engine, limit_pool
 from recon_dagster.media.download import allowed_hosts_from_env
@@ -57,28 +57,15 @@ class DatabaseResource(dg.ConfigurableResource):
         if problem:
             raise ConnectionBudgetError(problem)
         if context.run is not None and runs is not None:  # a run (not a sensor tick)
-            limit_pool(budget.run_connections(runs, int(config.get("RECON_RECONCILE_CONCURRENCY"))))
+            limit_pool(budget.run_connections(runs, settings().reconcile_concurrency))
 
     def get_engine(self) -> sa.Engine:
         return get_engine()
 
 
-# Field <- variable: the knobs a ReconcileSettingsResource takes from the environment.
-_KNOB_FIELDS = {
-    "max_attempts": "RECON_MAX_ATTEMPTS",
-    "cadence_seconds": "RECON_RECONCILE_CADENCE_S",
-    "lease_seconds": "RECON_LEASE_S",
-    "concurrency": "RECON_RECONCILE_CONCURRENCY",
-    "batch_size": "RECON_BATCH_SIZE",
-    "single_run_below": "RECON_SINGLE_RUN_BELOW",
-    "scan_limit": "RECON_SCAN_LIMIT",
-}
-
-
-def _knob_field(name: str) -> Any:
+def _knob_field(setting: Var[Any]) -> Any:
     # The declared default, not the environment: a class body runs once, at import.
-    setting = config.SETTINGS[name]
-    return Field(default=setting.default, description=f"{setting.doc} Wired from {name}.")
+    return Field(default=setting.default, description=f"{setting.doc} Wired from {setting.name}.")
 
 
 class ReconcileSettingsResource(dg.ConfigurableResource):
@@ -90,23 +77,34 @@ class ReconcileSettingsResource(dg.ConfigurableResource):
     built, so run workers the daemon starts see the same settings as the process that configured it).
     """
 
-    max_attempts: int = _knob_field("RECON_MAX_ATTEMPTS")
-    cadence_seconds: float = _knob_field("RECON_RECONCILE_CADENCE_S")
-    lease_seconds: float = _knob_field("RECON_LEASE_S")
-    concurrency: int = _knob_field("RECON_RECONCILE_CONCURRENCY")
-    batch_size: int = _knob_field("RECON_BATCH_SIZE")
-    single_run_below: int = _knob_field("RECON_SINGLE_RUN_BELOW")
-    scan_limit: int = _knob_field("RECON_SCAN_LIMIT")
+    max_attempts: int = _knob_field(Settings.max_attempts)
+    cadence_seconds: float = _knob_field(Settings.reconcile_cadence_s)
+    lease_seconds: float = _knob_field(Settings.lease_s)
+    concurrency: int = _knob_field(Settings.reconcile_concurrency)
+    batch_size: int = _knob_field(Settings.batch_size)
+    single_run_below: int = _knob_field(Settings.single_run_below)
+    scan_limit: int = _knob_field(Settings.scan_limit)
     max_media_bytes: int = Field(default=DEFAULT_MAX_MEDIA_BYTES, description="Download cap per object.")
     media_deadline_seconds: float | None = Field(
         default=None,
-        description="All media of one finalize together; None: RECON_MEDIA_DEADLINE_S (600, inside the lease).",
+        description=f"All media of one finalize together; None: {Settings.media_deadline_s.name} "
+        f"({Settings.media_deadline_s.default:g}, inside the lease).",
     )
 
     @classmethod
     def from_config(cls, **overrides: Any) -> ReconcileSettingsResource:
         """The knobs as the environment sets them now (bad values: one-line errors naming them)."""
-        return cls(**{**{field: config.get(name) for field, name in _KNOB_FIELDS.items()}, **overrides})
+        now = settings()
+        knobs: dict[str, Any] = {
+            "max_attempts": now.max_attempts,
+            "cadence_seconds": now.reconcile_cadence_s,
+            "lease_seconds": now.lease_s,
+            "concurrency": now.reconcile_concurrency,
+            "batch_size": now.batch_size,
+            "single_run_below": now.single_run_below,
+            "scan_limit": now.scan_limit,
+        }
+        return cls(**{**knobs, **overrides})
 
     def settings(self) -> ReconcileSettings:
         return ReconcileSettings(

@@ -15,9 +15,9 @@ import os
 from collections.abc import Mapping
 
 from recon_dagster import config
+from recon_dagster.config import Settings, settings
 from recon_dagster.db.engine import (
     DATABASE_URL_ENV,
-    EMBEDDED_ENV,
     DatabaseNotConfigured,
     InvalidDatabaseUrl,
     database_configured,
@@ -26,27 +26,27 @@ from recon_dagster.db.engine import (
 from recon_dagster.operator.modes import shadow_modes  # noqa: F401  (re-exported: the defs read it here)
 from recon_dagster.reconcile.decide import BreakerPolicy
 
-BURST_ENV = "RECON_NOT_FOUND_BURST"
-SHARE_ENV = "RECON_NOT_FOUND_SHARE"
-WINDOW_ENV = "RECON_NOT_FOUND_WINDOW_S"
+BURST_ENV = Settings.not_found_burst.name
+SHARE_ENV = Settings.not_found_share.name
+WINDOW_ENV = Settings.not_found_window_s.name
 
 
 def breaker_policy(environ: Mapping[str, str] | None = None) -> BreakerPolicy:
     """The not-found breaker's policy: ``RECON_NOT_FOUND_BURST`` (5), ``RECON_NOT_FOUND_SHARE``
     (0.5), ``RECON_NOT_FOUND_WINDOW_S`` (600)."""
+    now = settings(environ)
     return BreakerPolicy(
-        burst=int(config.get(BURST_ENV, environ)),
-        share=float(config.get(SHARE_ENV, environ)),
-        window_s=float(config.get(WINDOW_ENV, environ)),
+        burst=now.not_found_burst, share=now.not_found_share, window_s=now.not_found_window_s
     )
 
 
 def _check_database_url(environ: Mapping[str, str]) -> None:
     """A URL the engine accepts; none at all only where the embedded server was asked for."""
-    config.get(EMBEDDED_ENV, environ)  # a bad flag is named before a missing URL
+    now = settings(environ)
+    now.embedded_postgres  # noqa: B018  (a bad flag is named before a missing URL)
     if not database_configured(environ):
         raise DatabaseNotConfigured()
-    raw = config.get(DATABASE_URL_ENV, environ)
+    raw = now.database_url
     if raw:
         try:
             normalize_url(raw)

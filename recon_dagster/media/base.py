@@ -8,7 +8,9 @@ orphan duplicate, a stray webhook) can never overwrite an object the winner refe
 exceeded, network error) nothing is left at the key, and a previous object there is untouched.
 
 The writers (``folder.FolderWriter``, ``s3.S3Writer``) and this module import no Dagster, so a
-process that only moves bytes does not pay for it; ``store`` wraps them as Dagster resources.
+process that only moves bytes does not pay for it; ``store`` and ``s3_store`` wrap them as Dagster
+resources through ``DelegatesToWriter``, kept here so that ``s3_store`` need not import ``store``
+(which imports ``s3_store`` on first use).
 """
 
 from __future__ import annotations
@@ -178,3 +180,27 @@ class MediaStore(Protocol):
     def read_bytes(self, key: str) -> bytes: ...
 
     def delete(self, key: str) -> None: ...
+
+
+class DelegatesToWriter:
+    """The ``MediaStore`` protocol for a resource whose ``writer()`` does the work."""
+
+    def writer(self) -> MediaStore:
+        raise NotImplementedError
+
+    def put_stream(self, key: str, chunks: Iterable[bytes], content_type: str) -> StoredObject:
+        """Write ``chunks`` to ``key``, all-or-nothing (folder: temp file + rename; S3: single
+        PutObject when small, else a multipart upload aborted on error)."""
+        return self.writer().put_stream(key, chunks, content_type)
+
+    def exists(self, key: str) -> bool:
+        """True when an object is stored at ``key``."""
+        return self.writer().exists(key)
+
+    def read_bytes(self, key: str) -> bytes:
+        """The whole object (meant for tests and small objects); ``FileNotFoundError`` if absent."""
+        return self.writer().read_bytes(key)
+
+    def delete(self, key: str) -> None:
+        """Remove the object at ``key``; absent is fine."""
+        self.writer().delete(key)

@@ -47,11 +47,11 @@ from dataclasses import dataclass
 
 import httpx
 
-from recon_dagster import config
 from recon_dagster.config import (  # noqa: F401  (parse_allowed_hosts re-exported)
-    ALLOWED_HOSTS_ENV,
+    Settings,
     authority,
     parse_allowed_hosts,
+    settings,
 )
 from recon_dagster.core import dns
 from recon_dagster.core.crashpoints import crash_point
@@ -84,8 +84,7 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 def allowed_hosts_from_env(environ: Mapping[str, str] | None = None) -> frozenset[str]:
     """Hosts allowed past the address check, from ``RECON_MEDIA_ALLOWED_HOSTS`` (its syntax is
     ``config.parse_allowed_hosts``)."""
-    hosts: frozenset[str] = config.get(ALLOWED_HOSTS_ENV, environ)
-    return hosts
+    return settings(environ).media_allowed_hosts
 
 
 def host_is_allowed(host: str, port: int, allowed_hosts: Collection[str]) -> bool:
@@ -157,7 +156,8 @@ def check_url(
     if literal is not None and not is_public_address(literal):
         raise MediaRefused(url, f"address {literal} is not public")
     if scheme != "https":
-        raise MediaRefused(url, f"plain http is only allowed for hosts listed in {ALLOWED_HOSTS_ENV}")
+        raise MediaRefused(url, f"plain http is only allowed for hosts listed in {Settings.media_allowed_hosts.name}")
+
     if literal is not None:
         addresses = [str(literal)]
     else:

@@ -13,9 +13,8 @@ from dagster_aws.s3 import S3Resource
 from pydantic import Field, PrivateAttr
 
 from recon_dagster.core.redaction import register_secret
-from recon_dagster.media.base import DEFAULT_PART_SIZE
+from recon_dagster.media.base import DEFAULT_PART_SIZE, DelegatesToWriter
 from recon_dagster.media.s3 import S3ClientSettings, S3Writer, shared_s3_client
-from recon_dagster.media.store import DelegatesToWriter
 
 
 def s3_client_settings(s3: S3Resource) -> S3ClientSettings:

@@ -14,18 +14,18 @@ code location's import in every run worker of a deployment with local media.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 from pydantic import Field
 
-from recon_dagster import config
+from recon_dagster.config import Settings, is_set, settings
 from recon_dagster.media.base import (
     DEFAULT_MEDIA_DIR,
     DEFAULT_PART_SIZE,
     MIB,
     S3_MIN_PART_SIZE,
+    DelegatesToWriter,
     MediaStore,
     StoredObject,
     guess_ext,
@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_PART_SIZE",
     "MIB",
     "S3_MIN_PART_SIZE",
+    "DelegatesToWriter",
     "LocalMediaStore",
     "MediaStore",
     "StoredObject",
@@ -55,30 +56,6 @@ __all__ = [
 
 
 # --- local folder -----------------------------------------------------------------------------
-
-
-class DelegatesToWriter:
-    """The ``MediaStore`` protocol for a resource whose ``writer()`` does the work."""
-
-    def writer(self) -> MediaStore:
-        raise NotImplementedError
-
-    def put_stream(self, key: str, chunks: Iterable[bytes], content_type: str) -> StoredObject:
-        """Write ``chunks`` to ``key``, all-or-nothing (folder: temp file + rename; S3: single
-        PutObject when small, else a multipart upload aborted on error)."""
-        return self.writer().put_stream(key, chunks, content_type)
-
-    def exists(self, key: str) -> bool:
-        """True when an object is stored at ``key``."""
-        return self.writer().exists(key)
-
-    def read_bytes(self, key: str) -> bytes:
-        """The whole object (meant for tests and small objects); ``FileNotFoundError`` if absent."""
-        return self.writer().read_bytes(key)
-
-    def delete(self, key: str) -> None:
-        """Remove the object at ``key``; absent is fine."""
-        self.writer().delete(key)
 
 
 class LocalMediaStore(DelegatesToWriter, dg.ConfigurableResource):
@@ -100,28 +77,29 @@ def media_store_from_env() -> LocalMediaStore | S3MediaStore:
     Credentials and endpoint are passed as ``dg.EnvVar`` so their values never enter run config.
     Optional: ``RECON_S3_PREFIX``, ``RECON_S3_PUBLIC_BASE_URL``.
     """
-    bucket = config.get("RECON_S3_BUCKET")
+    now = settings()
+    bucket = now.s3_bucket
     if not bucket:
-        return LocalMediaStore(base_dir=config.get("RECON_MEDIA_DIR") or os.path.join(os.getcwd(), DEFAULT_MEDIA_DIR))
+        return LocalMediaStore(base_dir=now.media_dir or os.path.join(os.getcwd(), DEFAULT_MEDIA_DIR))
     from dagster_aws.s3 import S3Resource
 
     from recon_dagster.media.s3_store import S3MediaStore
 
     s3_fields: dict[str, Any] = {}
     for field, var in (
-        ("endpoint_url", "RECON_S3_ENDPOINT_URL"),
+        ("endpoint_url", Settings.s3_endpoint_url.name),
         ("aws_access_key_id", "AWS_ACCESS_KEY_ID"),
         ("aws_secret_access_key", "AWS_SECRET_ACCESS_KEY"),
         ("region_name", "AWS_REGION"),
     ):
         # Unset variables stay unset so boto3's own credential chain (roles, profiles) applies.
-        if config.is_set(var):
+        if is_set(var):
             s3_fields[field] = dg.EnvVar(var)
     return S3MediaStore(
         s3=S3Resource(**s3_fields),
         bucket=bucket,
-        prefix=config.get("RECON_S3_PREFIX"),
-        public_base_url=config.get("RECON_S3_PUBLIC_BASE_URL") or None,
+        prefix=now.s3_prefix,
+        public_base_url=now.s3_public_base_url or None,
     )
 
 

@@ -7,12 +7,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from recon_dagster import config
+from recon_dagster.config import Settings, settings
 
-DURATION_ENV = "RECON_VIDEO_MAX_DURATION_S"
-FRAMES_ENV = "RECON_VIDEO_MAX_FRAMES"
-PIXELS_ENV = "RECON_VIDEO_MAX_PIXELS"
-ENCODE_DEADLINE_ENV = "RECON_VIDEO_ENCODE_DEADLINE_S"
+_DURATION, _FRAMES = Settings.video_max_duration_s, Settings.video_max_frames
+_PIXELS, _ENCODE = Settings.video_max_pixels, Settings.video_encode_deadline_s
 
 
 @dataclass(frozen=True)
@@ -22,19 +20,15 @@ class VideoLimits:
     long video (hours of tiny frames) is cheap per frame and endless in all; a long 4K one is
     expensive per frame. Past any bound the job is not completed: ``MediaNotVideo``."""
 
-    max_duration_s: float = config.SETTINGS[DURATION_ENV].default
-    max_frames: int = config.SETTINGS[FRAMES_ENV].default
-    max_pixels: int = config.SETTINGS[PIXELS_ENV].default
-    max_wall_s: float = config.SETTINGS[ENCODE_DEADLINE_ENV].default
+    max_duration_s: float = _DURATION.default
+    max_frames: int = _FRAMES.default
+    max_pixels: int = _PIXELS.default
+    max_wall_s: float = _ENCODE.default
 
 
 def video_limits_from_env(environ: Mapping[str, str] | None = None) -> VideoLimits:
-    return VideoLimits(
-        float(config.get(DURATION_ENV, environ)),
-        int(config.get(FRAMES_ENV, environ)),
-        int(config.get(PIXELS_ENV, environ)),
-        float(config.get(ENCODE_DEADLINE_ENV, environ)),
-    )
+    now = settings(environ)
+    return VideoLimits(now.video_max_duration_s, now.video_max_frames, now.video_max_pixels, now.video_encode_deadline_s)
 
 
 class VideoBudget:
@@ -53,15 +47,15 @@ class VideoBudget:
         """Why re-encoding may not go on once this much more is spent (None: it may)."""
         lim = self.limits
         for spent, bound, what, env in (
-            (self.duration_s + duration_s, lim.max_duration_s, "seconds of video", DURATION_ENV),
-            (self.frames + frames, lim.max_frames, "frames", FRAMES_ENV),
-            (self.pixels + pixels, lim.max_pixels, "pixels", PIXELS_ENV),
-            (self.wall_s + wall_s, lim.max_wall_s, "seconds of encoding", ENCODE_DEADLINE_ENV),
+            (self.duration_s + duration_s, lim.max_duration_s, "seconds of video", _DURATION.name),
+            (self.frames + frames, lim.max_frames, "frames", _FRAMES.name),
+            (self.pixels + pixels, lim.max_pixels, "pixels", _PIXELS.name),
+            (self.wall_s + wall_s, lim.max_wall_s, "seconds of encoding", _ENCODE.name),
         ):
             if spent > bound:
                 return f"cannot watermark: the job's video passes {_num(bound)} {what} ({env})"
         if self.deadline is not None and time.monotonic() > self.deadline:
-            return "cannot watermark: the encode ran past the finalize's media deadline (RECON_MEDIA_DEADLINE_S)"
+            return f"cannot watermark: the encode ran past the finalize's media deadline ({Settings.media_deadline_s.name})"
         return None
 
     def spend(self, *, duration_s: float, frames: int, pixels: int, wall_s: float) -> None:

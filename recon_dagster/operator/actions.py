@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from recon_dagster import config
+from recon_dagster.config import Settings, settings
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.operator.modes import shadow_modes
@@ -43,7 +43,7 @@ class Done:
 
 def os_user() -> str:
     """Who ran the CLI: the OS user (``RECON_OPERATOR`` overrides it, e.g. under sudo)."""
-    explicit = config.get("RECON_OPERATOR")
+    explicit = settings().operator
     if explicit:
         return explicit
     try:
@@ -87,7 +87,7 @@ def _refuse_if_shadowed(row: jobs_db.JobRow | None, action: str) -> None:
     if shadow_modes().shadowed(row.provider_kind):
         raise OperatorError(
             f"job {row.id} is {row.provider_kind or 'of no provider kind'}, which is in shadow mode "
-            f"(RECON_MODE / RECON_SHADOW_KINDS): recon_dagster changes none of its rows; enforce the "
+            f"({Settings.mode.name} / {Settings.shadow_kinds.name}): recon_dagster changes none of its rows; enforce the "
             f"kind to {action} it"
         )
 

@@ -20,12 +20,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from recon_dagster import config
+from recon_dagster.config import Settings, settings
 from recon_dagster.core.runtags import RUN_KEY_TAG
 from recon_dagster.db.jobs import readable, readable_ts, unreadable_columns
 from recon_dagster.reconcile.decide import Outcome, not_sent_reason
 
-UI_URL_ENV = "RECON_DAGSTER_UI_URL"
+UI_URL_ENV = Settings.dagster_ui_url.name
 DEFAULT_UI_URL = "http://127.0.0.1:3000"
 SWEEP_OWNER_PREFIX = "sweep:"
 _JOB_TIMES = ("created_at", "provider_call_started_at", "completed_at")
@@ -135,8 +135,7 @@ def parse_job_id(raw: str) -> uuid.UUID:
 
 def ui_base_url(default: str | None = DEFAULT_UI_URL) -> str | None:
     """``RECON_DAGSTER_UI_URL`` without a trailing slash; ``default`` when unset (None: relative)."""
-    configured: str | None = config.get(UI_URL_ENV)
-    return configured or default
+    return settings().dagster_ui_url or default
 
 
 def run_url(run_id: str, base: str | None) -> str:

@@ -20,7 +20,7 @@ from enum import StrEnum
 
 import sqlalchemy as sa
 
-from recon_dagster import config
+from recon_dagster.config import settings
 from recon_dagster.core.kinds import KINDS, Provider
 from recon_dagster.core.text import short_reason
 from recon_dagster.db.sqltext import sql
@@ -41,10 +41,9 @@ class HealthPolicy:
 
     @classmethod
     def from_config(cls, environ: Mapping[str, str] | None = None) -> HealthPolicy:
+        now = settings(environ)
         return cls(
-            window_s=float(config.get("RECON_HEALTH_WINDOW_S", environ)),
-            min_jobs=int(config.get("RECON_HEALTH_MIN_JOBS", environ)),
-            down_share=float(config.get("RECON_HEALTH_DOWN_SHARE", environ)),
+            window_s=now.health_window_s, min_jobs=now.health_min_jobs, down_share=now.health_down_share
         )
 
     @property

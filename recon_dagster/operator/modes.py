@@ -9,18 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from recon_dagster import config
-from recon_dagster.reconcile.shadow import (
-    ENFORCE_KINDS_ENV,
-    MODE_ENV,
-    SHADOW_KINDS_ENV,
-    Modes,
-    modes_from_values,
-)
+from recon_dagster.config import Settings, settings
+from recon_dagster.reconcile.shadow import Modes, modes_from_values
 
 
 def shadow_modes(environ: Mapping[str, str] | None = None) -> Modes:
     """``RECON_MODE`` / ``RECON_ENFORCE_KINDS`` / ``RECON_SHADOW_KINDS``, checked against the kinds."""
+    now = settings(environ)
     return modes_from_values(
-        config.get(MODE_ENV, environ), config.get(ENFORCE_KINDS_ENV, environ), config.get(SHADOW_KINDS_ENV, environ)
+        now.mode,
+        now.enforce_kinds,
+        now.shadow_kinds,
+        names=(Settings.enforce_kinds.name, Settings.shadow_kinds.name),
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from recon_dagster import config
+from recon_dagster.config import settings
 from recon_dagster.db.engine import get_engine
 from recon_dagster.db.jobs import inflight_counts, readable, scan_stale
 
@@ -126,7 +126,7 @@ def print_status() -> int:
     if not rows:
         print("no jobs in flight")
         return 0
-    cap = config.get("RECON_MAX_ATTEMPTS")
+    cap = settings().max_attempts
     header = (
         f"{'provider_kind':<20} {'inflight':>8} {'stale':>5} {'due':>3} {'leased':>6} {'cadence':>7} "
         f"{'notsent':>7} {'precall':>7} {'attempts':>8}  next attempt (UTC)"

@@ -12,6 +12,7 @@ import dagster as dg
 import httpx
 from pydantic import Field, PrivateAttr
 
+from recon_dagster.config import Settings, limit_name
 from recon_dagster.core.deadlines import poll_deadline_s, poll_max_bytes
 from recon_dagster.core.kinds import Provider, ProviderKind, get_kind
 from recon_dagster.core.redaction import register_secret
@@ -119,14 +120,16 @@ class ProviderResource(dg.ConfigurableResource):
     read_burst: int = 1
     read_deadline_s: float | None = Field(
         default=None,
-        description="Total seconds of one poll or read, retries included; None: RECON_POLL_DEADLINE_S (60).",
+        description="Total seconds of one poll or read, retries included; None: "
+        f"{Settings.poll_deadline_s.name} ({Settings.poll_deadline_s.default:g}).",
     )
     max_body_bytes: int | None = Field(
-        default=None, description="Decoded size cap of one answer; None: RECON_POLL_MAX_BYTES (8 MiB)."
+        default=None,
+        description=f"Decoded size cap of one answer; None: {Settings.poll_max_bytes.name} (8 MiB).",
     )
     shared_limits: bool = Field(
         default=False,
-        description="Share the account budget (RECON_LIMIT_<PROVIDER>) with every process through "
+        description=f"Share the account budget ({limit_name('<PROVIDER>')}) with every process through "
         "the app's PostgreSQL; False: per-process limits only.",
     )
 

@@ -8,17 +8,19 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from recon_dagster import config
 from recon_dagster.config import (  # noqa: F401  (re-exported: the bounds and the error of a budget)
     MAX_CONCURRENCY,
     MAX_REQUESTS,
     MAX_WINDOW_S,
     MIN_WINDOW_S,
     LimitsConfigError,
+    Settings,
+    limit_var,
     parse_limit_overrides,
+    settings,
 )
 
-LIMITS_MODE_ENV = "RECON_LIMITS"  # "database" (default) or "process"
+LIMITS_MODE_ENV = Settings.limits.name  # "database" (default) or "process"
 
 
 @dataclass(frozen=True)
@@ -108,14 +110,15 @@ def _with_overrides(name: str, default: AccountLimits, fields: dict[str, Any]) -
 
 def account_limits_from_env(provider: str, environ: dict[str, str] | None = None) -> AccountLimits:
     """The budget of ``provider``'s account: its default, overridden by ``RECON_LIMIT_<PROVIDER>``."""
-    name = f"RECON_LIMIT_{provider.upper()}"
-    return _with_overrides(name, DEFAULT_LIMITS[provider], config.get(name, environ))
+    return _with_overrides(
+        limit_var(provider).name, DEFAULT_LIMITS[provider], settings(environ).limit_overrides(provider)
+    )
 
 
 def shared_limits_enabled(environ: dict[str, str] | None = None) -> bool:
     """``RECON_LIMITS``: ``database`` (default) shares budgets through PostgreSQL; ``process``
     keeps today's per-process limiter only (for comparison, or a deployment of one process)."""
-    return bool(config.get(LIMITS_MODE_ENV, environ))
+    return settings(environ).limits
 
 
 def resource_limit_fields(provider: str, environ: dict[str, str] | None = None) -> dict[str, Any]:
@@ -204,12 +207,12 @@ def poll_budgets(cadence_s: float, environ: dict[str, str] | None = None) -> dic
     }
 
 
-MIGRATE_ENV = "RECON_LIMITS_MIGRATE"
+MIGRATE_ENV = Settings.limits_migrate.name
 
 
 def budget_migration_requested(environ: dict[str, str] | None = None) -> bool:
     """``RECON_LIMITS_MIGRATE=1``: this process's budgets replace the account's rows."""
-    return bool(config.get(MIGRATE_ENV, environ))
+    return settings(environ).limits_migrate
 
 
 def _describe_bucket(rate: float, burst: float) -> str:

@@ -37,6 +37,7 @@ from contextlib import contextmanager
 
 import sqlalchemy as sa
 
+from recon_dagster.config import Settings, limit_name
 from recon_dagster.core.deadlines import stale_part_age_s
 from recon_dagster.db.engine import DatabaseUnavailable, get_engine
 from recon_dagster.providers.limit_config import (
@@ -268,7 +269,7 @@ class AccountLimiter:
         field_name = "reads" if name == "read" else "creates"
         if not budget_migration_requested():
             raise LimitsConfigError(
-                f"{lim.source or 'RECON_LIMIT_*'}: {field_name}={budget.requests}/{budget.window_s:g} "
+                f"{lim.source or limit_name('*')}: {field_name}={budget.requests}/{budget.window_s:g} "
                 f"({_describe_bucket(rate, burst)}) differs from account {lim.account!r}'s shared {name} "
                 f"budget in the database ({_as_budget(have_rate, have_burst)}, "
                 f"{_describe_bucket(have_rate, have_burst)}); configure the same budget, or set "
@@ -377,7 +378,7 @@ class AccountLimiter:
         left = math.inf if deadline is None else deadline - time.monotonic()
         if left < lease_s:
             return max(0.0, left), f"the request's deadline ({max(0.0, left):.1f} s left)"
-        return lease_s, f"the run's lease (RECON_LEASE_S={lease_s:g})"
+        return lease_s, f"the run's lease ({Settings.lease_s.name}={lease_s:g})"
 
     def _unreachable(self, exc: BaseException, consequence: str) -> None:
         """Log (once a minute per account) that the shared tables did not answer."""

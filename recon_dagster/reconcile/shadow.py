@@ -44,9 +44,6 @@ from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler
 
 log = logging.getLogger("recon_dagster.reconcile.shadow")
 
-MODE_ENV = "RECON_MODE"
-ENFORCE_KINDS_ENV = "RECON_ENFORCE_KINDS"
-SHADOW_KINDS_ENV = "RECON_SHADOW_KINDS"
 SHADOW, ENFORCE = "shadow", "enforce"
 # The training kind's legacy rows are adopted by the sweep (a jobs write): not while it is shadowed.
 TRAINING_KIND = "replicate-training"
@@ -85,14 +82,21 @@ def _known_kinds(name: str, names: frozenset[str]) -> frozenset[str]:
     return names
 
 
-def modes_from_values(default: str, enforce: frozenset[str], shadow: frozenset[str]) -> Modes:
+def modes_from_values(
+    default: str,
+    enforce: frozenset[str],
+    shadow: frozenset[str],
+    *,
+    names: tuple[str, str],
+) -> Modes:
     """The modes of ``RECON_MODE`` / ``RECON_ENFORCE_KINDS`` / ``RECON_SHADOW_KINDS`` as read by the
     caller (``recon_dagster.config``); a kind unknown, or in both lists, is a ValueError naming the
-    variable."""
-    enforce, shadow = _known_kinds(ENFORCE_KINDS_ENV, enforce), _known_kinds(SHADOW_KINDS_ENV, shadow)
+    list, as ``names`` (enforce's, shadow's: the caller's variables) call them."""
+    enforce_name, shadow_name = names
+    enforce, shadow = _known_kinds(enforce_name, enforce), _known_kinds(shadow_name, shadow)
     both = sorted(enforce & shadow)
     if both:
-        raise ValueError(f"{SHADOW_KINDS_ENV} and {ENFORCE_KINDS_ENV} both name {', '.join(both)}")
+        raise ValueError(f"{shadow_name} and {enforce_name} both name {', '.join(both)}")
     return Modes(default, enforce, shadow)
 
 

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from recon_dagster.config import Settings
 from recon_dagster.core.kinds import get_kind
 from recon_dagster.sandbox.app import Sandbox
 from recon_dagster.sandbox.scenario import Scenario
@@ -270,7 +271,7 @@ class SandboxServer:
             "ELEVENLABS_API_KEY": key,
             "ANTHROPIC_BASE_URL": self.anthropic_base_url,
             "ANTHROPIC_API_KEY": key,
-            "RECON_MEDIA_ALLOWED_HOSTS": f"{self.host}:{self.port}",
+            Settings.media_allowed_hosts.name: f"{self.host}:{self.port}",
         }
 
     # -- steering -----------------------------------------------------------------------------

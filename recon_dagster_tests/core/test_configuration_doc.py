@@ -19,7 +19,8 @@ PACKAGE = ROOT / "recon_dagster"
 DOC = ROOT / "docs" / "configuration.md"
 # Allowed to read the environment themselves: the home of configuration, the sandbox's own
 # settings, and the fault injector (one global lookup on a hot path, declared all the same).
-OWN_READERS = {PACKAGE / "config.py", PACKAGE / "core" / "crashpoints.py"}
+OWN_READERS = {PACKAGE / "config" / "__init__.py", PACKAGE / "core" / "crashpoints.py"}
+
 OWN_TREES = (PACKAGE / "sandbox",)
 
 NAME = re.compile(r"RECON_[A-Z0-9_]*")

@@ -7,43 +7,50 @@ registered for masking before anything is sent.
 
 from __future__ import annotations
 
+from typing import Any
+
 import dagster as dg
 from pydantic import Field
 
-from recon_dagster import config
 from recon_dagster.alerting.targets import Target, build_targets
+from recon_dagster.config import Settings, Var, settings
 from recon_dagster.operator.explain import ui_base_url
 
 # Field <- variable, for the secrets (wired as dg.EnvVar when set; Dagster fails on an unset one).
-SECRET_FIELDS = {
-    "slack_webhook_url": "RECON_ALERT_SLACK_WEBHOOK_URL",
-    "pagerduty_routing_key": "RECON_ALERT_PAGERDUTY_ROUTING_KEY",
-    "teams_webhook_url": "RECON_ALERT_TEAMS_WEBHOOK_URL",
-    "webhook_url": "RECON_ALERT_WEBHOOK_URL",
-    "webhook_secret": "RECON_ALERT_WEBHOOK_SECRET",
+SECRET_FIELDS: dict[str, Var[Any]] = {
+    "slack_webhook_url": Settings.alert_slack_webhook_url,
+    "pagerduty_routing_key": Settings.alert_pagerduty_routing_key,
+    "teams_webhook_url": Settings.alert_teams_webhook_url,
+    "webhook_url": Settings.alert_webhook_url,
+    "webhook_secret": Settings.alert_webhook_secret,
 }
 
 
-def _secret_field(name: str) -> str | None:
-    return Field(default=None, repr=False, description=f"{config.SETTINGS[name].doc} Wired from {name} (dg.EnvVar).")
+def _secret_field(field: str) -> str | None:
+    var = SECRET_FIELDS[field]
+    return Field(default=None, repr=False, description=f"{var.doc} Wired from {var.name} (dg.EnvVar).")
 
 
 class AlertTargetsResource(dg.ConfigurableResource):
     """The built-in alert targets: a Slack incoming webhook, PagerDuty Events v2, a Microsoft Teams
     Workflows webhook and a generic JSON webhook; each one is on when its variable is set."""
 
-    slack_webhook_url: str | None = _secret_field("RECON_ALERT_SLACK_WEBHOOK_URL")
-    pagerduty_routing_key: str | None = _secret_field("RECON_ALERT_PAGERDUTY_ROUTING_KEY")
+    slack_webhook_url: str | None = _secret_field("slack_webhook_url")
+    pagerduty_routing_key: str | None = _secret_field("pagerduty_routing_key")
     pagerduty_url: str = Field(
-        default=config.SETTINGS["RECON_ALERT_PAGERDUTY_URL"].default,
-        description="PagerDuty Events API v2 endpoint. Wired from RECON_ALERT_PAGERDUTY_URL.",
+        default=Settings.alert_pagerduty_url.default,
+        description=f"PagerDuty Events API v2 endpoint. Wired from {Settings.alert_pagerduty_url.name}.",
     )
-    teams_webhook_url: str | None = _secret_field("RECON_ALERT_TEAMS_WEBHOOK_URL")
-    webhook_url: str | None = _secret_field("RECON_ALERT_WEBHOOK_URL")
-    webhook_secret: str | None = _secret_field("RECON_ALERT_WEBHOOK_SECRET")
-    timeout_s: float = Field(default=10.0, description="Timeout of one delivery. Wired from RECON_ALERT_TIMEOUT_S.")
+    teams_webhook_url: str | None = _secret_field("teams_webhook_url")
+    webhook_url: str | None = _secret_field("webhook_url")
+    webhook_secret: str | None = _secret_field("webhook_secret")
+    timeout_s: float = Field(
+        default=Settings.alert_timeout_s.default,
+        description=f"Timeout of one delivery. Wired from {Settings.alert_timeout_s.name}.",
+    )
     ui_url: str | None = Field(
-        default=None, description="Base URL of the Dagster UI for links in alerts (RECON_DAGSTER_UI_URL)."
+        default=None,
+        description=f"Base URL of the Dagster UI for links in alerts ({Settings.dagster_ui_url.name}).",
     )
 
     def targets(self) -> list[Target]:
@@ -61,10 +68,11 @@ class AlertTargetsResource(dg.ConfigurableResource):
 def alert_targets_from_env() -> AlertTargetsResource:
     """The production wiring: every secret through ``dg.EnvVar`` (only those set), the rest from
     their settings."""
-    secrets = {field: dg.EnvVar(name) for field, name in SECRET_FIELDS.items() if config.is_set(name)}
+    now = settings()
+    secrets = {field: dg.EnvVar(var.name) for field, var in SECRET_FIELDS.items() if now.is_set(var)}
     return AlertTargetsResource(
         **secrets,  # type: ignore[arg-type]  # an EnvVar stands for its value until the resource is built
-        pagerduty_url=config.get("RECON_ALERT_PAGERDUTY_URL"),
-        timeout_s=config.get("RECON_ALERT_TIMEOUT_S"),
+        pagerduty_url=now.alert_pagerduty_url,
+        timeout_s=now.alert_timeout_s,
         ui_url=ui_base_url(default=None),
     )

@@ -24,10 +24,9 @@ from typing import Any
 import dagster as dg
 import httpx
 
-from recon_dagster import config
 from recon_dagster.alerting.incidents import Alert, IncidentBook, Signal
 from recon_dagster.alerting.targets import Target, deliver
-from recon_dagster.config import ALERT_HOOK_ENV
+from recon_dagster.config import PREFIX, Settings, settings
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.defs.alerts.resource import AlertTargetsResource
@@ -54,7 +53,7 @@ def _alert_from(data: dict[str, Any]) -> Alert:
 
 
 def _hook() -> Callable[[Alert], Any] | None:
-    hook: Callable[[Alert], Any] | None = config.get(ALERT_HOOK_ENV)
+    hook: Callable[[Alert], Any] | None = settings().alert_hook
     return hook
 
 
@@ -79,7 +78,7 @@ def run_tick(
     state = load_cursor(context.cursor)
     repository = context.repository_def
     assert repository is not None, "the alert sensor needs its code location"
-    include_warn = config.get("RECON_ALERT_MIN_SEVERITY") == "warn"
+    include_warn = settings().alert_min_severity == "warn"
 
     check_keys = sorted(repository.asset_graph.asset_check_keys, key=lambda k: k.to_user_string())
     check_signals, state["checks"] = read_checks(
@@ -129,7 +128,7 @@ def run_tick(
                 try:
                     hook(alert)
                 except Exception as exc:  # noqa: BLE001 - custom code must not stop the built-in targets
-                    context.log.error(redact_secrets(f"{ALERT_HOOK_ENV} raised on {alert.key}: {type(exc).__name__}: {exc}"))
+                    context.log.error(redact_secrets(f"{Settings.alert_hook.name} raised on {alert.key}: {type(exc).__name__}: {exc}"))
     state["pending"] = owed[-MAX_PENDING:]
     return state, done
 
@@ -150,10 +149,10 @@ def _owe(
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Alerts without Dagster+: every failed asset check (ERROR severity; WARN too with "
-    "RECON_ALERT_MIN_SEVERITY=warn) and every failed run of this location (the operator's own actions "
+    f"{Settings.alert_min_severity.name}=warn) and every failed run of this location (the operator's own actions "
     "excepted) opens an incident; one alert when it opens, one when it turns green, to Slack, PagerDuty "
-    "(dedup_key per check and provider), Microsoft Teams, a JSON webhook (RECON_ALERT_* settings) and "
-    "RECON_ALERT_HOOK. A reconcile run failed by its provider's outage belongs to that provider's "
+    f"(dedup_key per check and provider), Microsoft Teams, a JSON webhook ({PREFIX}ALERT_* settings) and "
+    f"{Settings.alert_hook.name}. A reconcile run failed by its provider's outage belongs to that provider's "
     "health incident. With no target set, each alert is logged here.",
 )
 def reconcile_alerts(context: dg.SensorEvaluationContext, alert_targets: AlertTargetsResource) -> dg.SkipReason:

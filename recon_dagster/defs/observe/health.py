@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 
 import dagster as dg
 
+from recon_dagster.config import Settings
 from recon_dagster.core.kinds import KINDS, Provider
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.operator.health import HealthPolicy, State, Verdict, verdicts
@@ -107,9 +108,9 @@ def report_health(
             HEALTH,
             group_name="reconciliation",
             description="Each provider DOWN, healthy or idle, judged by its answers to reconcile polls "
-            "over the distinct jobs polled in the last RECON_HEALTH_WINDOW_S (30 min): a check per "
+            f"over the distinct jobs polled in the last {Settings.health_window_s.name} (30 min): a check per "
             "provider fails while most of them got no answer (5xx, 429, timeouts, refused connections; "
-            "from RECON_HEALTH_MIN_JOBS jobs on). A job's own bad result never counts. An idle provider's "
+            f"from {Settings.health_min_jobs.name} jobs on). A job's own bad result never counts. An idle provider's "
             "check is skipped. The checks are re-evaluated by every reconcile run, this table by the "
             "health schedule.",
         )

@@ -16,6 +16,7 @@ import dagster as dg
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
+from recon_dagster.config import Settings
 from recon_dagster.core.kinds import KIND_NAMES, KINDS, Provider
 from recon_dagster.db.sqltext import sql
 from recon_dagster.defs.resources import DatabaseResource
@@ -254,7 +255,7 @@ _ATTEMPTS = sql(
 @dg.asset(
     key=ERROR_RATES,
     group_name="reconciliation",
-    description="Per provider over the last RECON_HEALTH_WINDOW_S (30 min): the distinct jobs polled, "
+    description=f"Per provider over the last {Settings.health_window_s.name} (30 min): the distinct jobs polled, "
     "those whose latest poll got no answer, those failed by their own result (never the provider's "
     "fault), and the attempts behind them. provider_health's checks judge the same figures.",
 )

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from recon_dagster import config
+from recon_dagster.config import settings
 from recon_dagster.core.kinds import KINDS
 from recon_dagster.core.runtags import (
     ATTEMPT_TAG,
@@ -43,8 +43,7 @@ MAX_SCAN = 50_000
 def sensor_interval_s(environ: Mapping[str, str] | None = None) -> int:
     """``RECON_SENSOR_INTERVAL_S`` (default 30): seconds between ticks; tests and benchmarks
     shorten it (the daemon's sensor loop itself wakes every 5 s at most)."""
-    seconds: int = config.get("RECON_SENSOR_INTERVAL_S", environ)
-    return seconds
+    return settings(environ).sensor_interval_s
 
 
 # Runs whose jobs are spoken for. NOT_STARTED is left out on purpose: that is a run the daemon

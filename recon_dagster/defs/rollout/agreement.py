@@ -20,6 +20,7 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
+from recon_dagster.config import Settings
 from recon_dagster.db.jobs import INFLIGHT_STATUSES
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.reconcile.plan import REFUNDING, PlanAction
@@ -108,7 +109,10 @@ def agreement_report(engine: sa.Engine, *, kind: str | None = None) -> Report:
 
 def report_text(report: Report) -> str:
     if not report.jobs:
-        return "no shadow decisions recorded (RECON_MODE=shadow or RECON_SHADOW_KINDS turns shadow on)"
+        return (
+            f"no shadow decisions recorded ({Settings.mode.name}=shadow or {Settings.shadow_kinds.name} "
+            "turns shadow on)"
+        )
     lines = [f"{'kind':<24}" + "".join(f"{v:>10}" for v in VERDICTS)]
     for k, c in report.by_kind().items():
         lines.append(f"{k:<24}" + "".join(f"{c[v]:>10}" for v in VERDICTS))
