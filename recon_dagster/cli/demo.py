@@ -105,7 +105,7 @@ def _clear_previous(engine: sa.Engine) -> int:
     return len(ids)
 
 
-def _seed(engine: sa.Engine, sandbox) -> tuple[uuid.UUID, list[tuple[DemoJob, uuid.UUID]]]:  # noqa: ANN001
+def _seed(engine: sa.Engine, sandbox) -> tuple[uuid.UUID, list[tuple[DemoJob, uuid.UUID]]]:
     from recon_dagster.sandbox import Scenario
 
     user = DEMO_USER

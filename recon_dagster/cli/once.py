@@ -65,7 +65,7 @@ def _instance() -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
-def _innermost(error):  # noqa: ANN001, ANN202 - SerializableErrorInfo
+def _innermost(error):
     while error.cause is not None:
         error = error.cause
     return error

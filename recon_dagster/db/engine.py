@@ -287,7 +287,7 @@ def _create_engine(url: str) -> sa.Engine:
             return  # just opened, or in use a moment ago
         try:
             engine.dialect.do_ping(dbapi_connection)
-        except Exception as exc:  # noqa: BLE001 - any failure: the pool replaces the connection
+        except Exception as exc:  # any failure: the pool replaces the connection
             raise sa.exc.DisconnectionError(f"pooled connection failed its ping: {exc}") from exc
 
     @sa.event.listens_for(engine, "handle_error")

@@ -116,7 +116,7 @@ class ReconcileSettingsResource(dg.ConfigurableResource):
             concurrency=self.concurrency,
         )
 
-    def media_policy(self, headers_for=None) -> MediaPolicy:  # noqa: ANN001
+    def media_policy(self, headers_for=None) -> MediaPolicy:
         return MediaPolicy(
             allowed_hosts=allowed_hosts_from_env(),
             max_bytes=self.max_media_bytes,

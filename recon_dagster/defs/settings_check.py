@@ -23,7 +23,7 @@ from recon_dagster.db.engine import (
     database_configured,
     normalize_url,
 )
-from recon_dagster.operator.modes import shadow_modes  # noqa: F401  (re-exported: the defs read it here)
+from recon_dagster.operator.modes import shadow_modes
 from recon_dagster.reconcile.decide import BreakerPolicy
 
 BURST_ENV = "RECON_NOT_FOUND_BURST"

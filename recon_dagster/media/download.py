@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import httpx
 
 from recon_dagster import config
-from recon_dagster.config import (  # noqa: F401  (parse_allowed_hosts re-exported)
+from recon_dagster.config import (
     ALLOWED_HOSTS_ENV,
     authority,
     parse_allowed_hosts,

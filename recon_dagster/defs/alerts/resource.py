@@ -28,7 +28,7 @@ def _secret_field(name: str) -> str | None:
     return Field(default=None, repr=False, description=f"{config.SETTINGS[name].doc} Wired from {name} (dg.EnvVar).")
 
 
-class AlertTargetsResource(dg.ConfigurableResource):
+class AlertTargetsResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # bare, as Dagster's own: its parameter is the resource itself
     """The built-in alert targets: a Slack incoming webhook, PagerDuty Events v2, a Microsoft Teams
     Workflows webhook and a generic JSON webhook; each one is on when its variable is set."""
 
@@ -63,7 +63,7 @@ def alert_targets_from_env() -> AlertTargetsResource:
     their settings."""
     secrets = {field: dg.EnvVar(name) for field, name in SECRET_FIELDS.items() if config.is_set(name)}
     return AlertTargetsResource(
-        **secrets,  # type: ignore[arg-type]  # an EnvVar stands for its value until the resource is built
+        **secrets,  # an EnvVar stands for its value until the resource is built
         pagerduty_url=config.get("RECON_ALERT_PAGERDUTY_URL"),
         timeout_s=config.get("RECON_ALERT_TIMEOUT_S"),
         ui_url=ui_base_url(default=None),

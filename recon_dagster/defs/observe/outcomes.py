@@ -156,7 +156,7 @@ def report_outcomes(
     try:
         with database.get_engine().connect() as conn:
             credits = _credits(conn, [str(o.job_id) for group in by_kind.values() for o in group])
-    except Exception as exc:  # noqa: BLE001 - the figures must not fail a run that did its work
+    except Exception as exc:  # the figures must not fail a run that did its work
         context.log.warning(f"credits of this run's jobs could not be read: {exc}")
         credits = {}
     for kind, group in sorted(by_kind.items()):

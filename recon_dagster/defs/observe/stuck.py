@@ -33,7 +33,7 @@ LIMIT :limit
 """
 
 
-def _when(value) -> str:  # noqa: ANN001
+def _when(value) -> str:
     try:
         return f"{value:%Y-%m-%d %H:%M:%S}" if value is not None else "now"
     except (TypeError, ValueError):
@@ -136,7 +136,7 @@ def _act(
     tags = {OPERATOR_TAG: config.operator.strip()[:100], ACTION_JOB_TAG: str(done.job_id)}
     try:
         context.instance.add_run_tags(context.run_id, tags)
-    except Exception as exc:  # noqa: BLE001 - the action is done and recorded; a tag is a convenience
+    except Exception as exc:  # the action is done and recorded; a tag is a convenience
         context.log.warning(f"could not tag this run with {tags}: {exc}")
     context.log.info(f"{done.line} by {who}")
     return {"job_id": str(done.job_id), "result": done.line, "by": who}

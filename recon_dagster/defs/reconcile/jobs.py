@@ -156,10 +156,10 @@ def _reconciler(
 class _NoUpstream:
     """The sweep never polls; this makes any attempt to do so loud."""
 
-    def poll(self, kind: str, task_id: str):  # noqa: ANN201
+    def poll(self, kind: str, task_id: str):
         raise RuntimeError("the sweep job has no provider clients")
 
-    def media_headers(self, kind, ref):  # noqa: ANN001, ANN201
+    def media_headers(self, kind, ref):
         return {}
 
 
@@ -278,7 +278,7 @@ def _tag_run(context: dg.OpExecutionContext, tags: dict[str, str]) -> None:
     """Add tags the Runs page shows and filters by (a run's outcome is known only at its end)."""
     try:
         context.instance.add_run_tags(context.run_id, tags)
-    except Exception as exc:  # noqa: BLE001 - a tag is a convenience: never fail the run's work over it
+    except Exception as exc:  # a tag is a convenience: never fail the run's work over it
         context.log.warning(f"could not tag this run with {tags}: {exc}")
 
 

@@ -138,7 +138,7 @@ def report_text(report: Report) -> str:
         )
     ],
 )
-def shadow_agreement(context: dg.AssetExecutionContext, database: DatabaseResource):  # noqa: ANN201
+def shadow_agreement(context: dg.AssetExecutionContext, database: DatabaseResource):
     report = agreement_report(database.get_engine())
     data = report.to_json()
     harmful = data["harmful"]
