@@ -15,11 +15,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import dagster as dg
 import sqlalchemy as sa
 
 from recon_dagster.cli.errors import FIX_DEBUG, FIX_UNAVAILABLE, CliError
+
+if TYPE_CHECKING:
+    from dagster_shared.error import SerializableErrorInfo
 
 # The start of a log record on the console: Dagster's ("2026-11-30 16:50:01 +0000 - dagster -
 # ERROR - ...") and the logging module's ("2026-11-30 16:50:35,538 WARNING ...").
@@ -65,7 +69,7 @@ def _instance() -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
-def _innermost(error):
+def _innermost(error: SerializableErrorInfo) -> SerializableErrorInfo:
     while error.cause is not None:
         error = error.cause
     return error
@@ -142,7 +146,7 @@ def run_reconcile_once(*, sweep: bool, debug: bool) -> int:
     since = time.time()
     with _instance() as inst:
         console = sys.stderr if debug else _WithoutDagsterErrors(sys.stderr)  # type: ignore[arg-type]
-        with redirect_stderr(console):  # type: ignore[type-var]
+        with redirect_stderr(console):
             report = reconcile_once(instance=inst, sweep=sweep)
         failures = run_failures(inst, since) if report.failed_runs else []
     if report.skip_reason and report.runs <= 1:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,7 +102,12 @@ def reconcile_once(
 
 
 def _execute(
-    job: dg.JobDefinition, inst: dg.DagsterInstance, run_config, partition_key, tags, summary: Summary
+    job: dg.JobDefinition,
+    inst: dg.DagsterInstance,
+    run_config: Mapping[str, Any] | None,
+    partition_key: str | None,
+    tags: Mapping[str, str],
+    summary: Summary,
 ) -> bool:
     # Outcome lines are INFO; Dagster's console logger would add every DEBUG engine event.
     run_config = {**(run_config or {}), "loggers": {"console": {"config": {"log_level": "INFO"}}}}

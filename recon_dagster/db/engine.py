@@ -17,8 +17,11 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 
 from recon_dagster import config
-from recon_dagster.core.paths import project_root  # noqa: F401  (re-exported)
+from recon_dagster.core.paths import project_root
 from recon_dagster.db.budget import OTHER_PROCESS_CONNECTIONS
+
+# project_root is passed on from core.paths (the migrations and the instance find the tree here).
+__all__ = ["project_root"]
 
 DATABASE_URL_ENV = "RECON_DATABASE_URL"
 EMBEDDED_ENV = "RECON_EMBEDDED_POSTGRES"

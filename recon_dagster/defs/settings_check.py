@@ -26,6 +26,9 @@ from recon_dagster.db.engine import (
 from recon_dagster.operator.modes import shadow_modes
 from recon_dagster.reconcile.decide import BreakerPolicy
 
+# Passed on from operator.modes: the defs read it here.
+__all__ = ["shadow_modes"]
+
 BURST_ENV = "RECON_NOT_FOUND_BURST"
 SHARE_ENV = "RECON_NOT_FOUND_SHARE"
 WINDOW_ENV = "RECON_NOT_FOUND_WINDOW_S"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from recon_dagster import config
-from recon_dagster.config import (  # noqa: F401  (re-exported: the bounds and the error of a budget)
+from recon_dagster.config import (
     MAX_CONCURRENCY,
     MAX_REQUESTS,
     MAX_WINDOW_S,
@@ -17,6 +17,16 @@ from recon_dagster.config import (  # noqa: F401  (re-exported: the bounds and t
     LimitsConfigError,
     parse_limit_overrides,
 )
+
+# Passed on from config: the bounds and the error of a budget.
+__all__ = [
+    "MAX_CONCURRENCY",
+    "MAX_REQUESTS",
+    "MAX_WINDOW_S",
+    "MIN_WINDOW_S",
+    "LimitsConfigError",
+    "parse_limit_overrides",
+]
 
 LIMITS_MODE_ENV = "RECON_LIMITS"  # "database" (default) or "process"
 

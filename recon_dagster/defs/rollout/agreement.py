@@ -14,6 +14,7 @@ disagreement and lists the job ids. ``recon-dagster plan --shadow-report`` print
 """
 
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,7 +139,9 @@ def report_text(report: Report) -> str:
         )
     ],
 )
-def shadow_agreement(context: dg.AssetExecutionContext, database: DatabaseResource):
+def shadow_agreement(
+    context: dg.AssetExecutionContext, database: DatabaseResource
+) -> Iterator[dg.MaterializeResult[Any] | dg.AssetCheckResult]:
     report = agreement_report(database.get_engine())
     data = report.to_json()
     harmful = data["harmful"]
