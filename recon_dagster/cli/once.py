@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 import dagster as dg
 import sqlalchemy as sa
@@ -37,7 +37,7 @@ class _WithoutDagsterErrors(io.TextIOBase):
     them: a failed run is summarised in one line instead (its full story stays in the run's
     event log, and ``--debug`` shows it here)."""
 
-    def __init__(self, target: io.TextIOBase) -> None:
+    def __init__(self, target: TextIO) -> None:
         self._target = target
         self._pending = ""
         self._dropping = False
@@ -145,7 +145,7 @@ def run_reconcile_once(*, sweep: bool, debug: bool) -> int:
 
     since = time.time()
     with _instance() as inst:
-        console = sys.stderr if debug else _WithoutDagsterErrors(sys.stderr)  # type: ignore[arg-type]
+        console = sys.stderr if debug else _WithoutDagsterErrors(sys.stderr)
         with redirect_stderr(console):
             report = reconcile_once(instance=inst, sweep=sweep)
         failures = run_failures(inst, since) if report.failed_runs else []

@@ -59,7 +59,7 @@ def evaluate_sensor(
     Returns Dagster's tick data: ``run_requests``, ``skip_message``, ``cursor``.
     """
     sensor = defs.resolve_sensor_def("stale_inflight_jobs_sensor")
-    resources = {k: defs.resources[k] for k in sensor.required_resource_keys}  # type: ignore[index]
+    resources = {k: (defs.resources or {})[k] for k in sensor.required_resource_keys}
     with dg.build_sensor_context(
         instance=instance,
         resources=resources,

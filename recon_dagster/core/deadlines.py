@@ -290,7 +290,7 @@ def guard_transport(
         if backend._tunnel is not tunnel:
             raise ValueError("this transport is already guarded with another tunnel")
         return transport
-    pool._network_backend = _DeadlineBackend(backend, tunnel)  # type: ignore[union-attr]
+    pool._network_backend = _DeadlineBackend(backend, tunnel)  # type: ignore[union-attr]  # not None: its backend was read above
     return transport
 
 
