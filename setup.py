@@ -15,7 +15,7 @@ SOURCE = Path(__file__).resolve().parent / "migrations"
 PACKAGED = ("recon_dagster", "db", "migrations")
 
 
-class build_py_with_migrations(build_py):  # noqa: N801  (setuptools' command naming)
+class build_py_with_migrations(build_py):  # setuptools' command naming
     def run(self) -> None:
         super().run()
         # An editable install reads the checkout's migrations/ in place; copying would only add a

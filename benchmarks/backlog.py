@@ -52,7 +52,7 @@ from sqlalchemy.dialects import postgresql as pg
 # The test harness (recon_dagster_tests) is not installed: it is imported from the checkout.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from recon_dagster import config  # noqa: E402
+from recon_dagster import config
 from recon_dagster.core.kinds import ASYNC_KINDS, SYNC_KINDS, get_kind
 from recon_dagster.db.budget import check_run_queue
 from recon_dagster.db.engine import (

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # recon_dagster_tests.chaos
 
-from recon_dagster.db.engine import (  # noqa: E402
+from recon_dagster.db.engine import (
     DATABASE_URL_ENV,
     get_engine,
     normalize_url,
@@ -39,10 +39,10 @@ from recon_dagster.db.engine import (  # noqa: E402
     resolve_database_url,
     with_database,
 )
-from recon_dagster.db.migrate import migrate  # noqa: E402
-from recon_dagster_tests.chaos import checks, harness, runner, worlds  # noqa: E402
-from recon_dagster_tests.support.instance import drop_database, ensure_database  # noqa: E402
-from recon_dagster_tests.support.sandbox_process import sandbox_process  # noqa: E402
+from recon_dagster.db.migrate import migrate
+from recon_dagster_tests.chaos import checks, harness, runner, worlds
+from recon_dagster_tests.support.instance import drop_database, ensure_database
+from recon_dagster_tests.support.sandbox_process import sandbox_process
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -105,7 +105,7 @@ def serve(port: int) -> None:
         def log_message(self, format: str, *args: object) -> None:
             return
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             size = int(self.path.rsplit("=", 1)[1])
             self.send_response(200)
             self.send_header("Content-Type", "video/mp4")

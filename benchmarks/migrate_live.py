@@ -32,7 +32,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # recon_dagster_tests (not installed)
 
-from recon_dagster.db.engine import (  # noqa: E402
+from recon_dagster.db.engine import (
     dispose_engines,
     get_engine,
     libpq_url,
@@ -40,9 +40,9 @@ from recon_dagster.db.engine import (  # noqa: E402
     resolve_database_url,
     with_database,
 )
-from recon_dagster.db.migrate import BOOKKEEPING_TABLE, migrate  # noqa: E402
-from recon_dagster_tests.db.app_shaped import create_app_tables  # noqa: E402
-from recon_dagster_tests.support.instance import drop_database, ensure_database  # noqa: E402
+from recon_dagster.db.migrate import BOOKKEEPING_TABLE, migrate
+from recon_dagster_tests.db.app_shaped import create_app_tables
+from recon_dagster_tests.support.instance import drop_database, ensure_database
 
 SHIPPED = Path(__file__).resolve().parent.parent / "recon_dagster_tests" / "db" / "shipped_migrations"
 

@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
             texts: Counter[tuple[str, str]] = Counter()
 
             @sa.event.listens_for(engine, "before_cursor_execute")
-            def _count(conn, cursor, statement, params, context, executemany):  # noqa: ANN001, ANN202
+            def _count(conn, cursor, statement, params, context, executemany):
                 m = _VERB.match(statement)
                 verb = m.group(1).upper() if m else "OTHER"
                 counts[verb] += 1
@@ -94,11 +94,11 @@ def main(argv: list[str]) -> int:
                 texts[(phase[0], " ".join(statement.split())[:90])] += 1
 
             @sa.event.listens_for(engine, "begin")
-            def _begin(conn):  # noqa: ANN001, ANN202
+            def _begin(conn):
                 phases[phase[0]]["transactions"] += 1
 
             @sa.event.listens_for(engine.pool, "checkout")
-            def _checkout(*_a):  # noqa: ANN002, ANN202
+            def _checkout(*_a):
                 phases[phase[0]]["checkouts"] += 1
 
             rec = Reconciler(
@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
                 rows = jobs_db.scan_stale(conn, args.jobs * 2)
             cpu: Counter[str] = Counter()
 
-            def timed(name: str, fn, *a):  # noqa: ANN001, ANN202 - CPU of this whole process, all threads
+            def timed(name: str, fn, *a):
                 phase[0] = name
                 t0 = time.process_time()
                 if profiler is not None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.media_memory import MIB, _cpu_s, _free_port, _memory_mb, _wait_for_port  # noqa: E402
+from benchmarks.media_memory import MIB, _cpu_s, _free_port, _memory_mb, _wait_for_port
 
 KEY = "videos/bench/0.mp4"
 BUDGET_MB = 150
@@ -70,7 +70,7 @@ def serve(port: int, path: str) -> None:
         def log_message(self, format: str, *args: object) -> None:
             return
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "video/x-msvideo")
             self.send_header("Content-Length", str(os.path.getsize(path)))

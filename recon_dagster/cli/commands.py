@@ -229,7 +229,7 @@ def _common(p: argparse.ArgumentParser, *, database: bool) -> None:
 
 
 def _command(
-    sub: argparse._SubParsersAction,
+    sub: argparse._SubParsersAction[_Parser],
     name: str,
     func: Callable[[argparse.Namespace], int],
     help: str,

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
@@ -28,6 +29,9 @@ from recon_dagster.db.engine import get_engine, redact, resolve_database_url
 from recon_dagster.db.migrate import migrate
 from recon_dagster.operator.instance import dagster_dev_argv, prepare_dagster_home
 
+if TYPE_CHECKING:
+    from recon_dagster.sandbox import SandboxServer
+
 
 @dataclass(frozen=True)
 class DemoJob:
@@ -35,7 +39,7 @@ class DemoJob:
     kind: str | None
     job_type: str
     minutes_stuck: float
-    scenario: dict | None  # sandbox Scenario fields; None: no upstream task (sync / legacy)
+    scenario: dict[str, Any] | None  # sandbox Scenario fields; None: no upstream task (sync / legacy)
     progress: int = 50
     cost: int = 10
 
@@ -105,7 +109,7 @@ def _clear_previous(engine: sa.Engine) -> int:
     return len(ids)
 
 
-def _seed(engine: sa.Engine, sandbox) -> tuple[uuid.UUID, list[tuple[DemoJob, uuid.UUID]]]:  # noqa: ANN001
+def _seed(engine: sa.Engine, sandbox: SandboxServer) -> tuple[uuid.UUID, list[tuple[DemoJob, uuid.UUID]]]:
     from recon_dagster.sandbox import Scenario
 
     user = DEMO_USER

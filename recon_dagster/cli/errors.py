@@ -74,7 +74,7 @@ def quiet_dagster_warnings() -> None:
         if category:
             mod, _, name = category.rpartition(".")
             cls = getattr(importlib.import_module(mod or "builtins"), name)
-        warnings.filterwarnings(action, message=message, category=cls, module=module)  # type: ignore[arg-type]
+        warnings.filterwarnings(action, message=message, category=cls, module=module)  # type: ignore[arg-type]  # DAGSTER_NOISE names valid actions
 
 
 def as_cli_error(exc: BaseException) -> CliError:

@@ -15,11 +15,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, TextIO
 
 import dagster as dg
 import sqlalchemy as sa
 
 from recon_dagster.cli.errors import FIX_DEBUG, FIX_UNAVAILABLE, CliError
+
+if TYPE_CHECKING:
+    from dagster_shared.error import SerializableErrorInfo
 
 # The start of a log record on the console: Dagster's ("2026-11-30 16:50:01 +0000 - dagster -
 # ERROR - ...") and the logging module's ("2026-11-30 16:50:35,538 WARNING ...").
@@ -33,7 +37,7 @@ class _WithoutDagsterErrors(io.TextIOBase):
     them: a failed run is summarised in one line instead (its full story stays in the run's
     event log, and ``--debug`` shows it here)."""
 
-    def __init__(self, target: io.TextIOBase) -> None:
+    def __init__(self, target: TextIO) -> None:
         self._target = target
         self._pending = ""
         self._dropping = False
@@ -65,7 +69,7 @@ def _instance() -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
-def _innermost(error):  # noqa: ANN001, ANN202 - SerializableErrorInfo
+def _innermost(error: SerializableErrorInfo) -> SerializableErrorInfo:
     while error.cause is not None:
         error = error.cause
     return error
@@ -141,8 +145,8 @@ def run_reconcile_once(*, sweep: bool, debug: bool) -> int:
 
     since = time.time()
     with _instance() as inst:
-        console = sys.stderr if debug else _WithoutDagsterErrors(sys.stderr)  # type: ignore[arg-type]
-        with redirect_stderr(console):  # type: ignore[type-var]
+        console = sys.stderr if debug else _WithoutDagsterErrors(sys.stderr)
+        with redirect_stderr(console):
             report = reconcile_once(instance=inst, sweep=sweep)
         failures = run_failures(inst, since) if report.failed_runs else []
     if report.skip_reason and report.runs <= 1:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,7 +59,7 @@ def evaluate_sensor(
     Returns Dagster's tick data: ``run_requests``, ``skip_message``, ``cursor``.
     """
     sensor = defs.resolve_sensor_def("stale_inflight_jobs_sensor")
-    resources = {k: defs.resources[k] for k in sensor.required_resource_keys}  # type: ignore[index]
+    resources = {k: (defs.resources or {})[k] for k in sensor.required_resource_keys}
     with dg.build_sensor_context(
         instance=instance,
         resources=resources,
@@ -102,8 +102,13 @@ def reconcile_once(
 
 
 def _execute(
-    job: dg.JobDefinition, inst: dg.DagsterInstance, run_config, partition_key, tags, summary: Summary
-) -> bool:  # noqa: ANN001
+    job: dg.JobDefinition,
+    inst: dg.DagsterInstance,
+    run_config: Mapping[str, Any] | None,
+    partition_key: str | None,
+    tags: Mapping[str, str],
+    summary: Summary,
+) -> bool:
     # Outcome lines are INFO; Dagster's console logger would add every DEBUG engine event.
     run_config = {**(run_config or {}), "loggers": {"console": {"config": {"log_level": "INFO"}}}}
     res = job.execute_in_process(
@@ -134,5 +139,5 @@ def _recorded_outcomes(run_id: str) -> Counter[str]:
                 {"r": run_id},
             )
             return Counter({r.outcome: int(r.n) for r in rows})
-    except Exception:  # noqa: BLE001 - the report is a summary; the run itself is in the instance
+    except Exception:  # the report is a summary; the run itself is in the instance
         return Counter()

@@ -198,7 +198,7 @@ def importable_hook(name: str, spec: str) -> Callable[..., Any]:
     if not module or not attr:
         raise ValueError(f"{name} must look like package.module:function, got {spec!r}")
     try:
-        hook = getattr(importlib.import_module(module), attr)
+        hook: object = getattr(importlib.import_module(module), attr)
     except ImportError as exc:
         raise ValueError(f"{name}: cannot import module {module!r} ({exc})") from None
     except AttributeError:

@@ -130,6 +130,9 @@ def left_of_exchange(timeout: float | None, error: type[Exception]) -> float | N
     return _left(timeout, error)
 
 
+_T = typing.TypeVar("_T")
+
+
 class _DeadlineStream(httpcore.NetworkStream):
     """A network stream whose every read and write ends by the exchange's overall deadline."""
 
@@ -137,8 +140,8 @@ class _DeadlineStream(httpcore.NetworkStream):
         self._stream = stream
 
     def _timed(
-        self, call: typing.Callable[[float | None], typing.Any], timeout: float | None, error: type[Exception]
-    ) -> typing.Any:
+        self, call: typing.Callable[[float | None], _T], timeout: float | None, error: type[Exception]
+    ) -> _T:
         cut = _left(timeout, error)
         try:
             return call(cut)
@@ -282,7 +285,7 @@ def guard_transport(
         if backend._tunnel is not tunnel:
             raise ValueError("this transport is already guarded with another tunnel")
         return transport
-    pool._network_backend = _DeadlineBackend(backend, tunnel)  # type: ignore[union-attr]
+    pool._network_backend = _DeadlineBackend(backend, tunnel)  # type: ignore[union-attr]  # not None: its backend was read above
     return transport
 
 

@@ -51,7 +51,7 @@ class Column:
 
 
 def _typname(type_name: Any) -> str:
-    name = type_name.names[-1].sval
+    name: str = type_name.names[-1].sval
     return _ALIASES.get(name, name)
 
 

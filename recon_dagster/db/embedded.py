@@ -60,7 +60,8 @@ def _pgserver() -> Any:
 
 
 def _postgres_server() -> type[PostgresServer]:
-    return _pgserver().postgres_server.PostgresServer
+    server_class: type[PostgresServer] = _pgserver().postgres_server.PostgresServer
+    return server_class
 
 
 def _process(pid: int) -> Any:
@@ -82,7 +83,7 @@ def _alive(pid: int) -> bool:
     import psutil
 
     try:
-        return _process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(_process(pid).status() != psutil.STATUS_ZOMBIE)  # psutil is untyped: Any
     except psutil.Error:
         return False
 
@@ -160,7 +161,8 @@ def _start() -> PostgresServer:
         try:
             # get_server takes the same inter-process lock: two processes starting at once
             # end up with one server, the second finding the first's postmaster.pid.
-            return pgserver.get_server(pgdata, cleanup_mode="stop")
+            server: PostgresServer = pgserver.get_server(pgdata, cleanup_mode="stop")
+            return server
         except (subprocess.SubprocessError, AssertionError, OSError) as exc:
             last_error = exc
             failed = server_class._instances.get(pgdata)

@@ -17,8 +17,11 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 
 from recon_dagster.config import Settings, settings
-from recon_dagster.core.paths import project_root  # noqa: F401  (re-exported)
+from recon_dagster.core.paths import project_root
 from recon_dagster.db.budget import OTHER_PROCESS_CONNECTIONS
+
+# project_root is passed on from core.paths (the migrations and the instance find the tree here).
+__all__ = ["project_root"]
 
 DATABASE_URL_ENV = Settings.database_url.name
 EMBEDDED_ENV = Settings.embedded_postgres.name
@@ -286,7 +289,7 @@ def _create_engine(url: str) -> sa.Engine:
             return  # just opened, or in use a moment ago
         try:
             engine.dialect.do_ping(dbapi_connection)
-        except Exception as exc:  # noqa: BLE001 - any failure: the pool replaces the connection
+        except Exception as exc:  # any failure: the pool replaces the connection
             raise sa.exc.DisconnectionError(f"pooled connection failed its ping: {exc}") from exc
 
     @sa.event.listens_for(engine, "handle_error")

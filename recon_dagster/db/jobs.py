@@ -20,17 +20,17 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from recon_dagster.core.kinds import KINDS, LEGACY_STALE_THRESHOLD, NON_PROVIDER_JOB_TYPES, precall_budget
-from recon_dagster.core.types import INFLIGHT_STATUSES, TERMINAL_STATUSES, JobRow  # noqa: F401  (re-exported)
+from recon_dagster.core.types import INFLIGHT_STATUSES, TERMINAL_STATUSES, JobRow
 from recon_dagster.db import credits
 from recon_dagster.db.sqltext import sql
-from recon_dagster.db.timestamps import (  # noqa: F401  (re-exported: callers read timestamps through these)
+from recon_dagster.db.timestamps import (
     INT4_MAX,
     _finite,
     readable,
     readable_ts,
     unreadable_columns,
 )
-from recon_dagster.db.transitions import (  # noqa: F401  (re-exported: callers write through db.jobs)
+from recon_dagster.db.transitions import (
     _json,
     bump_attempts,
     cancel_job,
@@ -42,6 +42,29 @@ from recon_dagster.db.transitions import (  # noqa: F401  (re-exported: callers 
     reschedule_not_sent,
     set_progress,
 )
+
+# Passed on from the modules that define them: callers read rows and timestamps and write jobs
+# through db.jobs. (The names defined here are exported anyway; __all__ makes these explicit.)
+__all__ = [
+    "INFLIGHT_STATUSES",
+    "INT4_MAX",
+    "TERMINAL_STATUSES",
+    "JobRow",
+    "_finite",
+    "_json",
+    "bump_attempts",
+    "cancel_job",
+    "complete_job",
+    "fail_job",
+    "mark_provider_call_start",
+    "notify_job_event",
+    "readable",
+    "readable_ts",
+    "record_task_created",
+    "reschedule_not_sent",
+    "set_progress",
+    "unreadable_columns",
+]
 
 _TIMESTAMP_COLUMNS = ("provider_call_started_at", "reconcile_lease_expires_at", "created_at", "started_at")
 

@@ -225,7 +225,7 @@ def reset_session(pg: psycopg.Connection) -> None:
 
 def applied_versions(pg: psycopg.Connection) -> dict[int, tuple[str, str]] | None:
     """version -> (name, checksum) of the applied files; None when nothing was ever applied."""
-    if pg.execute("SELECT to_regclass(%s)", [BOOKKEEPING_TABLE]).fetchone()[0] is None:  # type: ignore[index]
+    if pg.execute("SELECT to_regclass(%s)", [BOOKKEEPING_TABLE]).fetchone()[0] is None:  # type: ignore[index]  # a SELECT of one function: one row
         return None
     rows = pg.execute(f"SELECT version, name, checksum FROM {BOOKKEEPING_TABLE}").fetchall()
     return {version: (name, checksum) for version, name, checksum in rows}
@@ -233,7 +233,7 @@ def applied_versions(pg: psycopg.Connection) -> dict[int, tuple[str, str]] | Non
 
 def _take_advisory_lock(pg: psycopg.Connection, say: Callable[[str], None]) -> None:
     waited = False
-    while not pg.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_KEY]).fetchone()[0]:  # type: ignore[index]
+    while not pg.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_KEY]).fetchone()[0]:  # type: ignore[index]  # a SELECT of one function: one row
         if not waited:
             holder = pg.execute(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND granted LIMIT 1",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import psycopg
 import sqlalchemy as sa
 
 from recon_dagster.db import baseline
@@ -65,13 +66,13 @@ def describe_lock(lock: Lock, lock_timeout: str, created_here: frozenset[str]) -
     return f"{lock.mode} on {lock.table} ({owner}) <= lock_timeout {lock_timeout}"
 
 
-def _action(pg: object, st: Statement, transactional: bool) -> str:
+def _action(pg: psycopg.Connection, st: Statement, transactional: bool) -> str:
     if st.setting is not None:
         return "session setting"
-    reason = skip_reason(pg, st)  # type: ignore[arg-type]
+    reason = skip_reason(pg, st)
     if reason:
         return f"skip: {reason} (no lock taken)"
-    if (index := st.index) and index_state(pg, *index) == "invalid":  # type: ignore[arg-type]
+    if (index := st.index) and index_state(pg, *index) == "invalid":
         return f"rebuild: index {index[0]} is INVALID (an interrupted build): drop CONCURRENTLY, build again"
     return "run (in the file's transaction)" if transactional else "run"
 

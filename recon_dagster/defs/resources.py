@@ -16,7 +16,7 @@ from recon_dagster.config import Settings, Var, settings
 from recon_dagster.db import budget
 from recon_dagster.db.engine import get_engine, limit_pool
 from recon_dagster.media.download import allowed_hosts_from_env
-from recon_dagster.reconcile.finalize import DEFAULT_MAX_MEDIA_BYTES, MediaPolicy
+from recon_dagster.reconcile.finalize import DEFAULT_MAX_MEDIA_BYTES, HeadersFor, MediaPolicy
 from recon_dagster.reconcile.reconciler import ReconcileSettings
 
 
@@ -36,7 +36,7 @@ def runs_at_once(instance: dg.DagsterInstance) -> int | None:
     return None if limit < 0 else limit
 
 
-class DatabaseResource(dg.ConfigurableResource):
+class DatabaseResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # bare, as Dagster's own: its parameter is the resource itself
     """The app's PostgreSQL, where the ``jobs`` rows live.
 
     The URL is read from ``RECON_DATABASE_URL`` at run time (never put in run config, where the UI
@@ -68,7 +68,7 @@ def _knob_field(setting: Var[Any]) -> Any:
     return Field(default=setting.default, description=f"{setting.doc} Wired from {setting.name}.")
 
 
-class ReconcileSettingsResource(dg.ConfigurableResource):
+class ReconcileSettingsResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # bare, as Dagster's own: its parameter is the resource itself
     """Knobs of the reconcile controller and the sensor's dispatch.
 
     ``from_config()`` fills them from ``RECON_MAX_ATTEMPTS``, ``RECON_RECONCILE_CADENCE_S``,
@@ -114,7 +114,7 @@ class ReconcileSettingsResource(dg.ConfigurableResource):
             concurrency=self.concurrency,
         )
 
-    def media_policy(self, headers_for=None) -> MediaPolicy:  # noqa: ANN001
+    def media_policy(self, headers_for: HeadersFor | None = None) -> MediaPolicy:
         return MediaPolicy(
             allowed_hosts=allowed_hosts_from_env(),
             max_bytes=self.max_media_bytes,

@@ -23,8 +23,11 @@ from recon_dagster.db.engine import (
     database_configured,
     normalize_url,
 )
-from recon_dagster.operator.modes import shadow_modes  # noqa: F401  (re-exported: the defs read it here)
+from recon_dagster.operator.modes import shadow_modes
 from recon_dagster.reconcile.decide import BreakerPolicy
+
+# Passed on from operator.modes: the defs read it here.
+__all__ = ["shadow_modes"]
 
 BURST_ENV = Settings.not_found_burst.name
 SHARE_ENV = Settings.not_found_share.name

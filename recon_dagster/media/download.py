@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from recon_dagster.config import (  # noqa: F401  (parse_allowed_hosts re-exported)
+from recon_dagster.config import (
     Settings,
     authority,
     parse_allowed_hosts,

@@ -259,7 +259,8 @@ class S3Writer:
             if exc.response.get("Error", {}).get("Code") in _MISSING_CODES:
                 raise FileNotFoundError(f"no media object at {key!r}") from None
             raise
-        return answer["Body"].read()
+        body: bytes = answer["Body"].read()
+        return body
 
     def delete(self, key: str) -> None:
         """Remove the object at ``key``; absent is fine."""

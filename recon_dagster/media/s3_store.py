@@ -37,7 +37,7 @@ def s3_client_settings(s3: S3Resource) -> S3ClientSettings:
     )
 
 
-class S3MediaStore(DelegatesToWriter, dg.ConfigurableResource):
+class S3MediaStore(DelegatesToWriter, dg.ConfigurableResource):  # type: ignore[type-arg]  # bare, as Dagster's own: its parameter is the resource itself
     """Media in an S3-compatible bucket (R2 via ``S3Resource(endpoint_url=...)``).
 
     Objects up to ``part_size`` go in one PutObject; larger ones stream as a multipart upload one

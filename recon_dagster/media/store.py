@@ -58,7 +58,7 @@ __all__ = [
 # --- local folder -----------------------------------------------------------------------------
 
 
-class LocalMediaStore(DelegatesToWriter, dg.ConfigurableResource):
+class LocalMediaStore(DelegatesToWriter, dg.ConfigurableResource):  # type: ignore[type-arg]  # bare, as Dagster's own: its parameter is the resource itself
     """Media in a local folder (the default; ``RECON_MEDIA_DIR``); writes are temp file + rename."""
 
     base_dir: str = Field(description="Folder that holds the media tree.")

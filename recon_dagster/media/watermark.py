@@ -20,7 +20,7 @@ import math
 import time
 from fractions import Fraction
 from functools import cache, lru_cache
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from PIL import Image, ImageDraw, ImageFont, ImageOps, UnidentifiedImageError
 
@@ -259,7 +259,7 @@ def _reencode(
     width, height = width - width % 2, height - height % 2
     rate = video.average_rate or video.guessed_rate or Fraction(25)
     time_base = video.time_base or 1 / Fraction(rate)
-    out_video = cast("VideoStream", target.add_stream("libx264", rate=rate, options=_X264_OPTIONS))
+    out_video = target.add_stream("libx264", rate=rate, options=_X264_OPTIONS)
     out_video.width, out_video.height, out_video.pix_fmt = width, height, "yuv420p"
     out_video.time_base = out_video.codec_context.time_base = time_base
     out_audio = target.add_stream_from_template(audio) if audio is not None else None

@@ -48,7 +48,7 @@ def os_user() -> str:
         return explicit
     try:
         return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry (a container): still say something
+    except Exception:  # no passwd entry (a container): still say something
         return f"uid {os.getuid()}"
 
 

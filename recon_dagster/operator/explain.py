@@ -413,7 +413,8 @@ def to_json(story: JobStory, base_url: str | None) -> dict[str, Any]:
         raw["run_url"] = run_url(a.run_id, base_url) if a.run_id else None
         raw["counted"] = not a.not_sent
         raw["not_sent_reason"] = a.not_sent_reason
-    return _jsonable(data)
+    jsonable: dict[str, Any] = _jsonable(data)
+    return jsonable
 
 
 def _jsonable(value: Any) -> Any:

@@ -100,7 +100,7 @@ def _resolve(value: str, what: str) -> str:
     return value
 
 
-class ProviderResource(dg.ConfigurableResource):
+class ProviderResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # bare, as Dagster's own: its parameter is the resource itself
     """Config and HTTP plumbing common to the four provider resources."""
 
     base_url: str = Field(description="Provider API base URL (the sandbox's URL in tests).")
@@ -265,7 +265,7 @@ class ProviderResource(dg.ConfigurableResource):
 class AsyncProviderResource(ProviderResource):
     """A provider resource with async kinds: create, poll, run (create + poll), resume."""
 
-    def create(self, kind: str, payload: dict) -> str:
+    def create(self, kind: str, payload: dict[str, Any]) -> str:
         """Start an upstream task; returns its task id."""
         raise NotImplementedError
 
@@ -286,7 +286,7 @@ class AsyncProviderResource(ProviderResource):
     def run(
         self,
         kind: str,
-        payload: dict,
+        payload: dict[str, Any],
         *,
         on_task_created: TaskCreatedCallback | None = None,
         on_progress: ProgressCallback | None = None,

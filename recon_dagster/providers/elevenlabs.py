@@ -51,7 +51,7 @@ class ElevenLabsResource(AsyncProviderResource):
     def _error_message(self, response: httpx.Response) -> str | None:
         return elevenlabs_error_message(response)
 
-    def create(self, kind: str, payload: dict) -> str:
+    def create(self, kind: str, payload: dict[str, Any]) -> str:
         """``POST /v1/dubbing`` (JSON ``{source_url, target_lang, ...}``); returns ``dubbing_id``."""
         self._kind(kind)
         body = self._check_payload(kind, payload, ("source_url", "target_lang"))

@@ -594,11 +594,11 @@ class ProviderHttp:
         """Retry-After when the provider gave one (plus a little jitter), else capped exponential."""
         s = self.settings
         exc = state.outcome.exception() if state.outcome else None
-        retry_after = getattr(exc, "retry_after_s", None)
+        retry_after: float | None = getattr(exc, "retry_after_s", None)
         if retry_after is not None:
             honoured = min(retry_after, s.retry_after_max_s)
             return honoured + random.uniform(0, min(1.0, 0.1 * honoured))
-        ceiling = min(s.backoff_max_s, s.backoff_initial_s * (2 ** (state.attempt_number - 1)))
+        ceiling = min(s.backoff_max_s, s.backoff_initial_s * (2.0 ** (state.attempt_number - 1)))
         # "Equal jitter": at least half the exponential step, so retries still back off.
         return ceiling / 2 + random.uniform(0, ceiling / 2)
 

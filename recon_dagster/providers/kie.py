@@ -70,7 +70,7 @@ class KieResource(AsyncProviderResource):
                 return code, kie_envelope_message(body) or f"KIE envelope code {code}"
         return None
 
-    def create(self, kind: str, payload: dict) -> str:
+    def create(self, kind: str, payload: dict[str, Any]) -> str:
         """POST the family's generate endpoint; returns ``data.taskId``."""
         family = self._kind(kind).family
         required = ("model", "input") if family is Family.KIE_MARKET else ()

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from recon_dagster.config import (  # noqa: F401  (re-exported: the bounds and the error of a budget)
+from recon_dagster.config import (
     MAX_CONCURRENCY,
     MAX_REQUESTS,
     MAX_WINDOW_S,
@@ -19,6 +19,16 @@ from recon_dagster.config import (  # noqa: F401  (re-exported: the bounds and t
     parse_limit_overrides,
     settings,
 )
+
+# Passed on from config: the bounds and the error of a budget.
+__all__ = [
+    "MAX_CONCURRENCY",
+    "MAX_REQUESTS",
+    "MAX_WINDOW_S",
+    "MIN_WINDOW_S",
+    "LimitsConfigError",
+    "parse_limit_overrides",
+]
 
 LIMITS_MODE_ENV = Settings.limits.name  # "database" (default) or "process"
 

@@ -53,7 +53,7 @@ class ReplicateResource(AsyncProviderResource):
     def _error_message(self, response: httpx.Response) -> str | None:
         return replicate_error_message(response)
 
-    def create(self, kind: str, payload: dict) -> str:
+    def create(self, kind: str, payload: dict[str, Any]) -> str:
         """Start a prediction or a training; returns its ``id``.
 
         Predictions: ``{version, input, webhook?}`` to ``POST /predictions``, or ``{model:

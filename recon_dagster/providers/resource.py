@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import dagster as dg
 
@@ -26,7 +27,7 @@ from recon_dagster.providers.status import MediaRef, UpstreamStatus
 API_KEY_ENV_VARS = ("KIE_API_KEY", "REPLICATE_API_TOKEN", "ELEVENLABS_API_KEY", "ANTHROPIC_API_KEY")
 
 
-class ProvidersResource(dg.ConfigurableResource):
+class ProvidersResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # bare, as Dagster's own: its parameter is the resource itself
     """All four provider resources behind one ``provider_kind`` dispatch (what reconcile ops use)."""
 
     kie: KieResource
@@ -50,7 +51,7 @@ class ProvidersResource(dg.ConfigurableResource):
             raise ProviderConfigError(f"{kind} is synchronous: it has no task to create, poll or resume")
         return resource
 
-    def create(self, kind: str, payload: dict) -> str:
+    def create(self, kind: str, payload: dict[str, Any]) -> str:
         """Start a task of ``kind``; returns its task id."""
         return self._async(kind).create(kind, payload)
 
@@ -61,7 +62,7 @@ class ProvidersResource(dg.ConfigurableResource):
     def run(
         self,
         kind: str,
-        payload: dict,
+        payload: dict[str, Any],
         *,
         on_task_created: TaskCreatedCallback | None = None,
         on_progress: ProgressCallback | None = None,

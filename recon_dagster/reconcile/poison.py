@@ -14,6 +14,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -101,7 +102,7 @@ def impossible_waits(
     ]
 
 
-def _reasons(r: sa.Row) -> list[tuple[str, str]]:
+def _reasons(r: sa.Row[Any]) -> list[tuple[str, str]]:
     return [
         (reason, was)
         for bad, reason, was in (

@@ -49,7 +49,7 @@ from recon_dagster.reconcile.finalize import (
     force_fail_and_refund,
     sweep_no_recovery,
 )
-from recon_dagster.reconcile.outcome import (  # noqa: F401  (re-exported: the runs import them here)
+from recon_dagster.reconcile.outcome import (
     EventLog,
     JobOutcome,
     Polled,
@@ -59,6 +59,9 @@ from recon_dagster.reconcile.outcome import (  # noqa: F401  (re-exported: the r
     outcomes_since,
 )
 from recon_dagster.reconcile.poison import clamp_impossible_waits
+
+# Passed on from reconcile.outcome: the runs import them here.
+__all__ = ["EventLog", "JobOutcome", "Polled", "Step", "Summary", "make_outcome", "outcomes_since"]
 
 log = logging.getLogger("recon_dagster.reconcile")
 

@@ -83,19 +83,19 @@ def _iso(t: float | None) -> str | None:
 # -- envelopes and error bodies --------------------------------------------------------------
 
 
-def kie_envelope(data: Any, code: int = 200, msg: str = "success", msg_key: str = "msg") -> dict:
+def kie_envelope(data: Any, code: int = 200, msg: str = "success", msg_key: str = "msg") -> dict[str, Any]:
     return {"code": code, msg_key: msg, "data": data}
 
 
-def kie_error(code: int, msg: str) -> dict:
+def kie_error(code: int, msg: str) -> dict[str, Any]:
     return {"code": code, "msg": msg, "data": None}
 
 
-def replicate_problem(status: int, title: str, detail: str) -> dict:
+def replicate_problem(status: int, title: str, detail: str) -> dict[str, Any]:
     return {"title": title, "detail": detail, "status": status}
 
 
-def elevenlabs_error(type_: str, code: str, message: str) -> dict:
+def elevenlabs_error(type_: str, code: str, message: str) -> dict[str, Any]:
     return {
         "detail": {
             "type": type_,
@@ -106,7 +106,7 @@ def elevenlabs_error(type_: str, code: str, message: str) -> dict:
     }
 
 
-def anthropic_error(type_: str, message: str) -> dict:
+def anthropic_error(type_: str, message: str) -> dict[str, Any]:
     return {
         "type": "error",
         "error": {"type": type_, "message": message},
@@ -136,7 +136,7 @@ def _param_json(task: Task) -> str:
     return json.dumps(task.input or {"prompt": "sandbox"})
 
 
-def _kie_market(task: Task, phase: str, i: int, links: Links) -> dict:
+def _kie_market(task: Task, phase: str, i: int, links: Links) -> dict[str, Any]:
     sc = task.scenario
     if sc.media_kind == "text":
         result = json.dumps({"resultObject": {"text": "sandbox text result"}})
@@ -182,7 +182,7 @@ def _flag_family(task: Task, phase: str, i: int) -> tuple[Any, Any, Any]:
     return flag, (400 if flag == 2 else 501), sc.error_message or DEFAULT_ERROR
 
 
-def _kie_veo(task: Task, phase: str, i: int, links: Links) -> dict:
+def _kie_veo(task: Task, phase: str, i: int, links: Links) -> dict[str, Any]:
     flag, code, message = _flag_family(task, phase, i)
     response = None
     if phase == "succeeded":
@@ -205,7 +205,7 @@ def _kie_veo(task: Task, phase: str, i: int, links: Links) -> dict:
     return kie_envelope(data)
 
 
-def _kie_kontext(task: Task, phase: str, i: int, links: Links) -> dict:
+def _kie_kontext(task: Task, phase: str, i: int, links: Links) -> dict[str, Any]:
     flag, code, message = _flag_family(task, phase, i)
     response = None
     if phase == "succeeded":
@@ -223,7 +223,7 @@ def _kie_kontext(task: Task, phase: str, i: int, links: Links) -> dict:
     return kie_envelope(data)
 
 
-def _kie_luma(task: Task, phase: str, i: int, links: Links) -> dict:
+def _kie_luma(task: Task, phase: str, i: int, links: Links) -> dict[str, Any]:
     flag, code, message = _flag_family(task, phase, i)
     response = None
     if phase == "succeeded":
@@ -241,7 +241,7 @@ def _kie_luma(task: Task, phase: str, i: int, links: Links) -> dict:
     return kie_envelope(data)
 
 
-def _kie_suno(task: Task, phase: str, i: int, links: Links) -> dict:
+def _kie_suno(task: Task, phase: str, i: int, links: Links) -> dict[str, Any]:
     sc = task.scenario
     status = running_value(task.family, i) if phase == "running" else None
     if phase == "succeeded":
@@ -249,7 +249,7 @@ def _kie_suno(task: Task, phase: str, i: int, links: Links) -> dict:
     elif phase == "failed":
         status = fail_value(task.family, sc)
 
-    def track(n: int, done: bool) -> dict:
+    def track(n: int, done: bool) -> dict[str, Any]:
         return {
             "id": f"{task.task_id[:8]}-{n:04d}-sandbox",
             "audioUrl": links.media[n] if done else "",
@@ -289,7 +289,7 @@ def _kie_suno(task: Task, phase: str, i: int, links: Links) -> dict:
     return kie_envelope(data)
 
 
-def _kie_runway(task: Task, phase: str, i: int, links: Links) -> dict:
+def _kie_runway(task: Task, phase: str, i: int, links: Links) -> dict[str, Any]:
     sc = task.scenario
     video_info = None
     if phase == "succeeded":
@@ -318,7 +318,7 @@ def _kie_runway(task: Task, phase: str, i: int, links: Links) -> dict:
     return kie_envelope(data)
 
 
-def _replicate(task: Task, phase: str, i: int, links: Links) -> dict:
+def _replicate(task: Task, phase: str, i: int, links: Links) -> dict[str, Any]:
     sc = task.scenario
     training = task.family is Family.REPLICATE_TRAINING
     collection = "trainings" if training else "predictions"
@@ -373,7 +373,7 @@ def _replicate(task: Task, phase: str, i: int, links: Links) -> dict:
     return body
 
 
-def _elevenlabs_dubbing(task: Task, phase: str, i: int, links: Links) -> dict:
+def _elevenlabs_dubbing(task: Task, phase: str, i: int, links: Links) -> dict[str, Any]:
     sc = task.scenario
     status = {"succeeded": "dubbed", "failed": "failed"}.get(phase) or running_value(task.family, i)
     body: dict[str, Any] = {
@@ -426,7 +426,7 @@ def malformed_body(family: Family, body: dict[str, Any], how: str) -> bytes:
 # -- sync call bodies ------------------------------------------------------------------------
 
 
-def anthropic_message(model: str, text: str, input_tokens: int) -> dict:
+def anthropic_message(model: str, text: str, input_tokens: int) -> dict[str, Any]:
     return {
         "id": "msg_" + secrets.token_hex(12),
         "type": "message",
@@ -439,7 +439,7 @@ def anthropic_message(model: str, text: str, input_tokens: int) -> dict:
     }
 
 
-def chat_completion(model: str, text: str, prompt_tokens: int) -> dict:
+def chat_completion(model: str, text: str, prompt_tokens: int) -> dict[str, Any]:
     completion_tokens = len(text.split())
     return {
         "id": "chatcmpl-" + secrets.token_hex(12),

@@ -35,10 +35,10 @@ def _run_dies_after_claiming(db: sa.Engine, owner: str) -> int:
 class _NoPoll:
     """The dying runs never get as far as polling."""
 
-    def poll(self, kind: str, task_id: str):  # noqa: ANN201
+    def poll(self, kind: str, task_id: str):
         raise AssertionError("a dying run never polls")
 
-    def media_headers(self, kind, ref):  # noqa: ANN001, ANN201
+    def media_headers(self, kind, ref):
         return {}
 
 

@@ -10,7 +10,7 @@ import sys
 from recon_dagster.cli.demo import DEMO_JOBS
 
 
-def _demo(env: dict[str, str], cwd) -> subprocess.CompletedProcess:  # noqa: ANN001
+def _demo(env: dict[str, str], cwd) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "recon_dagster.cli", "demo"],
         capture_output=True, text=True, env=env, cwd=cwd, timeout=300,

@@ -19,7 +19,7 @@ from recon_dagster_tests.support.factories import make_job, make_user, reserve
 from recon_dagster_tests.support.reconcile import make_defs, tick
 
 
-def _stuck(db, sandbox, user, kind, scenario):  # noqa: ANN001
+def _stuck(db, sandbox, user, kind, scenario):
     task = sandbox.add_task(kind, scenario)
     job = make_job(db, user, provider_kind=kind, provider_task_id=task, started_minutes_ago=60)
     reserve(db, job, user, 30, from_sub=20, from_topup=10)
@@ -27,7 +27,7 @@ def _stuck(db, sandbox, user, kind, scenario):  # noqa: ANN001
 
 
 @pytest.fixture
-def batch(db, sandbox, instance, media_dir):  # noqa: ANN001
+def batch(db, sandbox, instance, media_dir):
     """Four KIE jobs reconciled as ONE batch run (recovered, failed upstream, two still running),
     then a second tick on the still-running ones and a sweep of a legacy row."""
     user = make_user(db)
@@ -54,7 +54,7 @@ def _reconcile_runs(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
     return list(reversed(instance.get_runs(filters=dg.RunsFilter(job_name="reconcile_job"))))
 
 
-def test_a_job_inside_a_batch_has_its_attempt_run_credits_task_id_and_asset(db, instance, batch):  # noqa: ANN001
+def test_a_job_inside_a_batch_has_its_attempt_run_credits_task_id_and_asset(db, instance, batch):
     job, task = batch["recovered"]
     story = ex.explain(db, instance, job)
     batch_run = _reconcile_runs(instance)[0]
@@ -73,7 +73,7 @@ def test_a_job_inside_a_batch_has_its_attempt_run_credits_task_id_and_asset(db, 
     assert task in md and "committed" in md and "recovered" in md
 
 
-def test_every_attempt_has_its_own_run_and_what_upstream_said(db, instance, batch):  # noqa: ANN001
+def test_every_attempt_has_its_own_run_and_what_upstream_said(db, instance, batch):
     job, _ = batch["running"]
     story = ex.explain(db, instance, job)
     runs = _reconcile_runs(instance)
@@ -87,7 +87,7 @@ def test_every_attempt_has_its_own_run_and_what_upstream_said(db, instance, batc
     assert story.outcome.startswith("still processing after 2 attempt(s)")
 
 
-def test_failed_and_swept_jobs_show_the_refund_and_the_run_that_did_it(db, instance, batch):  # noqa: ANN001
+def test_failed_and_swept_jobs_show_the_refund_and_the_run_that_did_it(db, instance, batch):
     failed = ex.explain(db, instance, batch["failed"])
     assert failed.status == "failed" and [c.status for c in failed.credits] == ["refunded"]
     assert failed.attempts[0].outcome == "failed" and failed.attempts[0].run_id is not None
@@ -100,7 +100,7 @@ def test_failed_and_swept_jobs_show_the_refund_and_the_run_that_did_it(db, insta
     assert swept.provider_kind is None and swept.credits[0].status == "refunded"
 
 
-def test_the_run_id_recorded_on_reconcile_events_wins_over_a_lookup(db, instance, batch):  # noqa: ANN001
+def test_the_run_id_recorded_on_reconcile_events_wins_over_a_lookup(db, instance, batch):
     # reconcile_events.run_id (migration 141) names the run directly: no lookup by run key.
     job, _ = batch["recovered"]
     with db.begin() as conn:
@@ -109,7 +109,7 @@ def test_the_run_id_recorded_on_reconcile_events_wins_over_a_lookup(db, instance
     assert [a.run_id for a in story.attempts] == ["recorded-run"]
 
 
-def test_explain_job_run_writes_the_story_into_log_and_metadata(db, instance, batch):  # noqa: ANN001
+def test_explain_job_run_writes_the_story_into_log_and_metadata(db, instance, batch):
     job, task = batch["recovered"]
     result = (
         batch["defs"]
@@ -130,7 +130,7 @@ def test_explain_job_run_writes_the_story_into_log_and_metadata(db, instance, ba
     assert f"/runs/{batch_run.run_id}" in logs and "credits committed" in logs
 
 
-def test_explain_job_with_an_unknown_or_malformed_id_fails_with_one_clear_line(db, instance, batch):  # noqa: ANN001
+def test_explain_job_with_an_unknown_or_malformed_id_fails_with_one_clear_line(db, instance, batch):
     job_def = batch["defs"].resolve_job_def("explain_job")
     for bad, words in ((str(uuid.uuid4()), "no job"), ("not-a-uuid", "not a job id")):
         result = job_def.execute_in_process(
@@ -144,7 +144,7 @@ def test_explain_job_with_an_unknown_or_malformed_id_fails_with_one_clear_line(d
         assert words in message and "\n" not in message.strip()
 
 
-def test_cli_prints_the_story_with_run_urls_text_and_json(db, instance, batch, capsys, monkeypatch):  # noqa: ANN001
+def test_cli_prints_the_story_with_run_urls_text_and_json(db, instance, batch, capsys, monkeypatch):
     monkeypatch.setenv("DAGSTER_HOME", instance.root_directory)
     monkeypatch.setenv(ex.UI_URL_ENV, "http://dagster.internal:3000/")
     job, task = batch["recovered"]
@@ -162,7 +162,7 @@ def test_cli_prints_the_story_with_run_urls_text_and_json(db, instance, batch, c
     assert data["credits"][0]["status"] == "committed"
 
 
-def test_cli_bad_and_unknown_ids_are_one_line_errors(db, capsys):  # noqa: ANN001
+def test_cli_bad_and_unknown_ids_are_one_line_errors(db, capsys):
     assert main(["explain", "12345"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("recon-dagster explain: not a job id") and "\n" not in err
@@ -173,7 +173,7 @@ def test_cli_bad_and_unknown_ids_are_one_line_errors(db, capsys):  # noqa: ANN00
     assert err == f"recon-dagster explain: no job {missing} in the jobs table"
 
 
-def test_default_ui_url_and_relative_links(monkeypatch):  # noqa: ANN001
+def test_default_ui_url_and_relative_links(monkeypatch):
     monkeypatch.delenv(ex.UI_URL_ENV, raising=False)
     assert ex.ui_base_url() == "http://127.0.0.1:3000" and ex.ui_base_url(default=None) is None
     assert ex.run_url("abc", None) == "/runs/abc"

@@ -22,7 +22,7 @@ from recon_dagster_tests.support.factories import balances, job_row, make_job, m
 from recon_dagster_tests.support.reconcile import make_defs, one, tick, usage_status
 
 
-def _stuck(db, sandbox, scenario=None, attempts=0):  # noqa: ANN001, ANN202
+def _stuck(db, sandbox, scenario=None, attempts=0):
     user = make_user(db, sub=100, topup=0)
     task = sandbox.add_task("kie-standard", scenario or Scenario(outcome="run_forever"))
     job = make_job(
@@ -33,12 +33,12 @@ def _stuck(db, sandbox, scenario=None, attempts=0):  # noqa: ANN001, ANN202
     return user, job
 
 
-def _due(db, job) -> bool:  # noqa: ANN001
+def _due(db, job) -> bool:
     with db.connect() as conn:
         return job in {r.id for r in jobs_db.scan_stale(conn, 100)}
 
 
-def _events(db, job, outcome):  # noqa: ANN001, ANN202
+def _events(db, job, outcome):
     with db.connect() as conn:
         import sqlalchemy as sa
 
@@ -247,7 +247,7 @@ def test_stuck_jobs_lists_attempt_n_of_max_next_attempt_lease_and_last_upstream_
     assert row["last_upstream"] != "-"
 
 
-def _rows(db):  # noqa: ANN001, ANN202
+def _rows(db):
     with db.connect() as conn:
         return stuck_rows(conn)
 

@@ -36,7 +36,7 @@ def hung_resolver(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     released = threading.Event()
     asked: list[str] = []
 
-    def hanging(host, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def hanging(host, *args, **kwargs):
         if isinstance(host, str) and host.endswith("hang.test"):
             asked.append(host)
             released.wait(HANG_S)
@@ -54,7 +54,7 @@ def hung_resolver(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         released.set()  # the lookups still running in the resolver's workers end now
 
 
-def _hung_base(sandbox, monkeypatch, variable: str, host: str) -> None:  # noqa: ANN001
+def _hung_base(sandbox, monkeypatch, variable: str, host: str) -> None:
     base = sandbox.env()[variable]
     monkeypatch.setenv(variable, base.replace("127.0.0.1", host))
 

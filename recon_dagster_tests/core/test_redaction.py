@@ -97,7 +97,7 @@ def _all_text(db: sa.Engine) -> dict[str, str]:
         }
 
 
-def _dagster_text(instance) -> dict[str, str]:  # noqa: ANN001
+def _dagster_text(instance) -> dict[str, str]:
     out: dict[str, str] = {}
     for run in instance.get_runs():
         out[f"run {run.run_id}"] = serialize_value(run)
@@ -107,7 +107,7 @@ def _dagster_text(instance) -> dict[str, str]:  # noqa: ANN001
     return out
 
 
-def _reconcile_echoing_jobs(db, instance, media_dir, sandbox, scenario: Scenario):  # noqa: ANN001, ANN202
+def _reconcile_echoing_jobs(db, instance, media_dir, sandbox, scenario: Scenario):
     """A counted attempt and a force-fail with its anomaly, both polled from an echoing gateway
     by one ``reconcile --once``; returns the two job rows and the report."""
     kind = "kie-standard"
@@ -137,7 +137,7 @@ def _reconcile_echoing_jobs(db, instance, media_dir, sandbox, scenario: Scenario
     return counted, exhausted, report
 
 
-def _everywhere(db, instance, capfd, captured_logs) -> dict[str, str]:  # noqa: ANN001
+def _everywhere(db, instance, capfd, captured_logs) -> dict[str, str]:
     """Every place a message can land: our tables, Dagster's storage, stdout/stderr, log records."""
     out, err = capfd.readouterr()
     return {

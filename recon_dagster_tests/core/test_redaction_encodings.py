@@ -132,7 +132,7 @@ def test_no_run_of_a_key_survives_any_encoding(echo: tuple[str, str, str], other
 @given(
     key=keys, encoding=st.sampled_from(["as is", "json escapes, any subset", "url", "base64"]), data=st.data()
 )
-def test_a_key_cut_short_by_a_length_limit_is_masked_from_its_start(key: str, encoding: str, data) -> None:  # noqa: ANN001
+def test_a_key_cut_short_by_a_length_limit_is_masked_from_its_start(key: str, encoding: str, data) -> None:
     spelled = data.draw(ENCODINGS[encoding](key))
     keep = data.draw(st.integers(min_value=0, max_value=len(spelled)))
     message = "error: " + spelled[:keep]

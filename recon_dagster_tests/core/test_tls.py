@@ -21,7 +21,7 @@ from recon_dagster_tests.support.certs import self_signed
 
 
 class _Hello(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         body = b'{"ok": true}'
         self.send_response(200)
         self.send_header("content-type", "application/json")

@@ -23,14 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def unpinned() -> Iterator[None]:
     """This process as a deployment's would be: its pool share not pinned by the test harness."""
-    saved = (engine_mod._pool_limit, engine_mod._pool_pinned)  # noqa: SLF001
-    engine_mod._pool_limit, engine_mod._pool_pinned = None, False  # noqa: SLF001
+    saved = (engine_mod._pool_limit, engine_mod._pool_pinned)
+    engine_mod._pool_limit, engine_mod._pool_pinned = None, False
     engine_mod.dispose_engines()
     try:
         yield
     finally:
         engine_mod.dispose_engines()
-        engine_mod._pool_limit, engine_mod._pool_pinned = saved  # noqa: SLF001
+        engine_mod._pool_limit, engine_mod._pool_pinned = saved
 
 
 @pytest.mark.parametrize(("total", "runs"), [(6, 1), (20, 8), (30, 13), (31, 13), (32, 14), (100, 48)])
@@ -78,7 +78,7 @@ def _probe_job() -> dg.JobDefinition:
     @dg.op
     def probe(database: DatabaseResource) -> str:
         pool = database.get_engine().pool
-        return f"pool={pool.size()} overflow={pool._max_overflow}"  # type: ignore[attr-defined]  # noqa: SLF001
+        return f"pool={pool.size()} overflow={pool._max_overflow}"  # type: ignore[attr-defined]
 
     @dg.job(resource_defs={"database": DatabaseResource()})
     def probe_job() -> None:
@@ -135,7 +135,7 @@ def test_other_processes_hold_two_and_behind_a_pooler_never_prepare(
     unpinned: None, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     eng = engine_mod.get_engine(database_url)
-    assert (eng.pool.size(), eng.pool._max_overflow) == (2, 0)  # type: ignore[attr-defined]  # noqa: SLF001
+    assert (eng.pool.size(), eng.pool._max_overflow) == (2, 0)  # type: ignore[attr-defined]
     with eng.connect() as conn:
         assert conn.connection.driver_connection.prepare_threshold == 5  # psycopg's default
     engine_mod.dispose_engines()

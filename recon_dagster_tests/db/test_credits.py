@@ -346,7 +346,7 @@ def test_reserving_a_nonsense_amount_raises_and_changes_nothing(db: sa.Engine, a
     user = make_user(db, sub=20, topup=50)
     job = make_job(db, user)
 
-    with pytest.raises(Exception):  # noqa: B017, PT011 -- what matters is that nothing moved
+    with pytest.raises(Exception):  # noqa: B017 -- what matters is that nothing moved
         reserve(db, job, user, D(str(amount)))
 
     assert balances(db, user) == (D(20), D(50))

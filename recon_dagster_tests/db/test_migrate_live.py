@@ -75,7 +75,7 @@ class MigrateInThread:
         assert not self.thread.is_alive(), f"migrate still running after {timeout} s: {self.said}"
 
 
-def wait_for(what: str, check, timeout: float = 30.0) -> None:  # noqa: ANN001
+def wait_for(what: str, check, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -205,7 +205,7 @@ def test_the_baseline_leaves_the_apps_tables_as_they_are(fresh_engine: sa.Engine
 def test_a_stuck_job_on_the_apps_tables_gets_exactly_one_asset(
     fresh_engine: sa.Engine,
     sandbox,
-    media_dir,  # noqa: ANN001
+    media_dir,
 ) -> None:
     from recon_dagster.media.store import LocalMediaStore
     from recon_dagster.providers import providers_from_env

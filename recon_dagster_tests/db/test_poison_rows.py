@@ -35,7 +35,7 @@ JOB_COLUMNS = (
 INT_MAX = 2_147_483_647
 
 
-def _good_jobs(db: sa.Engine, sandbox, user: uuid.UUID, n: int = 2) -> list[uuid.UUID]:  # noqa: ANN001
+def _good_jobs(db: sa.Engine, sandbox, user: uuid.UUID, n: int = 2) -> list[uuid.UUID]:
     jobs = []
     for _ in range(n):
         task = sandbox.add_task("kie-standard", Scenario(polls_before_done=0))

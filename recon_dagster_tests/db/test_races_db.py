@@ -63,7 +63,7 @@ def race(engine: sa.Engine, writers: Sequence[Callable[[sa.Connection], T]]) -> 
                 barrier.wait(timeout=JOIN_TIMEOUT_S)
                 results[i] = writers[i](conn)
                 time.sleep(HOLD_S)
-        except BaseException as exc:  # noqa: BLE001 -- reported to the test, never swallowed
+        except BaseException as exc:  # reported to the test, never swallowed
             results[i] = Raised(exc)
 
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(writers))]

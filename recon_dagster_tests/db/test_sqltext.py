@@ -35,7 +35,7 @@ def test_every_statement_of_a_job_is_a_clause_built_once_per_text(db, sandbox, m
         jobs.append(job)
     sent: dict[str, list[sa.TextClause]] = defaultdict(list)  # the objects are kept: ids stay unique
 
-    def record(_conn, clause, *_args) -> None:  # noqa: ANN001
+    def record(_conn, clause, *_args) -> None:
         if isinstance(clause, sa.TextClause):
             sent[clause.text].append(clause)
 

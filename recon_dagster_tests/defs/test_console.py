@@ -16,11 +16,11 @@ from recon_dagster_tests.support.factories import job_row, make_job, make_user, 
 from recon_dagster_tests.support.reconcile import make_defs, stale_job_with_task, tick
 
 
-def _stuck(db, sandbox, kind, scenario=None, *, attempts=0, job_type="image"):  # noqa: ANN001, ANN202
+def _stuck(db, sandbox, kind, scenario=None, *, attempts=0, job_type="image"):
     return stale_job_with_task(db, sandbox, kind, scenario, attempts=attempts, job_type=job_type)[1]
 
 
-def _runs_of(instance: dg.DagsterInstance, job) -> list[dg.DagsterRun]:  # noqa: ANN001
+def _runs_of(instance: dg.DagsterInstance, job) -> list[dg.DagsterRun]:
     key, value = job_tag(job)
     return list(instance.get_runs(filters=dg.RunsFilter(tags={key: value})))
 

@@ -42,7 +42,7 @@ def _backlog(db: sa.Engine, kind: str, n: int) -> list[uuid.UUID]:
     ]
 
 
-def _batch_sizes(result) -> dict[str, list[int]]:  # noqa: ANN001
+def _batch_sizes(result) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for rr in result.run_requests or []:
         out.setdefault(rr.tags["recon/provider_kind"], []).append(
@@ -51,7 +51,7 @@ def _batch_sizes(result) -> dict[str, list[int]]:  # noqa: ANN001
     return out
 
 
-def _requested(result) -> Counter[str]:  # noqa: ANN001
+def _requested(result) -> Counter[str]:
     """Jobs requested per kind."""
     out: Counter[str] = Counter()
     for rr in result.run_requests or []:

@@ -140,7 +140,7 @@ class _Crash(BaseException):
 def test_a_job_whose_runs_keep_crashing_is_force_failed_at_the_cap(db, instance, media_dir, sandbox, monkeypatch):
     user, job, _ = _stuck(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 4)
 
-    def crash(self, kind, task_id):  # noqa: ANN001, ANN202
+    def crash(self, kind, task_id):
         raise _Crash()
 
     monkeypatch.setattr(ProvidersResource, "poll", crash)

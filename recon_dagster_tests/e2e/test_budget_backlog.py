@@ -59,7 +59,7 @@ class PeakConnections:
 
 
 @pytest.fixture
-def limited_role(engine: sa.Engine, database_url: str):  # noqa: ANN201
+def limited_role(engine: sa.Engine, database_url: str):
     """A login role allowed ``BUDGET`` connections, with the app's privileges on the session database."""
     role = f"recon_budget_{secrets.token_hex(3)}"
     with engine.begin() as conn:

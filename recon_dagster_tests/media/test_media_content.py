@@ -64,7 +64,7 @@ TEXT_TYPES = {
 }
 
 
-def _in_flight_with_an_attempt(db, user, job, media_dir) -> None:  # noqa: ANN001
+def _in_flight_with_an_attempt(db, user, job, media_dir) -> None:
     row = job_row(db, job)
     assert (row["status"], row["reconcile_attempts"]) == ("processing", 1)
     assert usage_status(db, job) == "reserved"

@@ -53,7 +53,7 @@ class MediaHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # quiet test output
         return
 
-    def do_GET(self) -> None:  # noqa: N802 (stdlib name)
+    def do_GET(self) -> None:
         parts = urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
         self.server.requests.append(parts.path)  # type: ignore[attr-defined]

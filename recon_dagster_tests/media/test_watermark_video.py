@@ -63,7 +63,7 @@ def _band_changed(original: Image.Image, marked: Image.Image) -> tuple[float, fl
     )
 
 
-def _completed_with(db, job, media_dir) -> bytes:  # noqa: ANN001
+def _completed_with(db, job, media_dir) -> bytes:
     row = job_row(db, job)
     assert row["status"] == "completed", row.get("last_error", row)
     assert usage_status(db, job) == "committed"

@@ -137,7 +137,7 @@ def test_a_create_the_proxy_refuses_was_never_sent_so_it_is_retried_not_ambiguou
 # --- a whole reconcile pass: the poll and the media download --------------------------------------
 
 
-def _stale_succeeded_job(db, sandbox):  # noqa: ANN001, ANN202
+def _stale_succeeded_job(db, sandbox):
     user = make_user(db)
     task = sandbox.add_task("kie-standard", Scenario(polls_before_done=0, media_kind="image"))
     job = make_job(db, user, provider_kind="kie-standard", provider_task_id=task, started_minutes_ago=30)
@@ -145,7 +145,7 @@ def _stale_succeeded_job(db, sandbox):  # noqa: ANN001, ANN202
     return job
 
 
-def _completed(db, job, media_dir) -> None:  # noqa: ANN001
+def _completed(db, job, media_dir) -> None:
     row = job_row(db, job)
     assert row["status"] == "completed", row["reconcile_last_error"]
     assert usage_status(db, job) == "committed"

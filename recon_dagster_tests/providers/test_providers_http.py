@@ -328,7 +328,7 @@ class _EchoHandler(BaseHTTPRequestHandler):
     max_inflight = 0
     lock = threading.Lock()
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if self.path.startswith("/echo"):
             body = json.dumps({"detail": f"Invalid token {self.headers.get('Authorization')}"}).encode()
             self._send(401, body)

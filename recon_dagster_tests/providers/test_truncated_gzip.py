@@ -69,7 +69,7 @@ class _CutHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(raw)
 
-    do_GET = do_POST = _relay  # noqa: N815 (http.server's names)
+    do_GET = do_POST = _relay
 
 
 class _CuttingFront(ThreadingHTTPServer):

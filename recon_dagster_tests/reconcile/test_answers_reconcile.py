@@ -62,18 +62,18 @@ class BodyUpstream:
         return {}
 
 
-def _job(db, kind, job_type, *, attempts=0, task_id=None):  # noqa: ANN001, ANN202
+def _job(db, kind, job_type, *, attempts=0, task_id=None):
     return stale_job(db, kind, job_type, attempts=attempts, task_id=task_id)
 
 
-def _reconcile(db, upstream, media_dir, job) -> JobOutcome:  # noqa: ANN001
+def _reconcile(db, upstream, media_dir, job) -> JobOutcome:
     owner = f"run-{uuid.uuid4().hex[:8]}"
     lease(db, [job], owner)
     rec = Reconciler(db, upstream, LocalMediaStore(base_dir=media_dir), settings=ReconcileSettings())
     return rec.reconcile(job, owner)
 
 
-def _answer(db, media_dir, kind, body, job_type=None, attempts=0):  # noqa: ANN001, ANN202
+def _answer(db, media_dir, kind, body, job_type=None, attempts=0):
     """A stale job of ``kind`` whose poll answers ``body``, reconciled once."""
     user, job = _job(db, kind, job_type or NATURAL_JOB_TYPE[kind], attempts=attempts)
     upstream = BodyUpstream()
@@ -81,7 +81,7 @@ def _answer(db, media_dir, kind, body, job_type=None, attempts=0):  # noqa: ANN0
     return user, job, _reconcile(db, upstream, media_dir, job)
 
 
-def _untouched_but_counted(db, user, job, attempts=1) -> None:  # noqa: ANN001
+def _untouched_but_counted(db, user, job, attempts=1) -> None:
     row = job_row(db, job)
     assert row["status"] == "processing"
     assert row["reconcile_attempts"] == attempts

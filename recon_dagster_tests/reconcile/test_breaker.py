@@ -37,17 +37,17 @@ from recon_dagster_tests.support.reconcile import count, one, statements_like, u
 KIND_OF = {"kie": "kie-veo", "replicate": "replicate-prediction", "elevenlabs": "elevenlabs-async"}
 
 
-def _stale(db, kind, *, task_id=None, attempts=0):  # noqa: ANN001, ANN202
+def _stale(db, kind, *, task_id=None, attempts=0):
     return stale_job(db, kind, "video", attempts=attempts, task_id=task_id)
 
 
-def _reconciler(db: sa.Engine, media_dir: str, **kw) -> Reconciler:  # noqa: ANN003
+def _reconciler(db: sa.Engine, media_dir: str, **kw) -> Reconciler:
     return Reconciler(
         db, providers_from_env(), LocalMediaStore(base_dir=media_dir), settings=ReconcileSettings(), **kw
     )
 
 
-def _work(db: sa.Engine, media_dir: str, jobs: list[uuid.UUID], **kw) -> list:  # noqa: ANN003
+def _work(db: sa.Engine, media_dir: str, jobs: list[uuid.UUID], **kw) -> list:
     owner = f"run-{uuid.uuid4().hex[:8]}"
     lease(db, jobs, owner)
     return _reconciler(db, media_dir, **kw).reconcile_many(jobs, owner)

@@ -25,7 +25,7 @@ from recon_dagster_tests.support.factories import job_row, make_job, make_user, 
 from recon_dagster_tests.support.reconcile import stored_files
 
 
-def _finished_job(db, sandbox, *, watermark=False, media_count=1):  # noqa: ANN001, ANN202
+def _finished_job(db, sandbox, *, watermark=False, media_count=1):
     user = make_user(db)
     kind = "kie-standard"
     task = sandbox.add_task(kind, Scenario(polls_before_done=0, media_count=media_count))
@@ -59,7 +59,7 @@ class _InterruptAfterUpload:
             self.interrupt()
         return obj
 
-    def __getattr__(self, name: str):  # noqa: ANN204
+    def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
 

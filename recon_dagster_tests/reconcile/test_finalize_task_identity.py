@@ -27,7 +27,7 @@ KIND = "kie-veo"
 SIZE = 8192
 
 
-def _task(sandbox) -> tuple[str, ProviderResult]:  # noqa: ANN001
+def _task(sandbox) -> tuple[str, ProviderResult]:
     task = sandbox.add_task(KIND, Scenario(polls_before_done=0, media_size=SIZE))
     return task, ProviderResult.from_status(providers_from_env().poll(KIND, task))
 
@@ -64,7 +64,7 @@ class _Hooked:
             hook()
         return obj
 
-    def __getattr__(self, name: str):  # noqa: ANN204
+    def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
 
@@ -88,7 +88,7 @@ def _assert_store_is_the_winners(
     assert usage_status(db, job) == "committed"
 
 
-def _finalize(db, store, job, result, source):  # noqa: ANN001, ANN202
+def _finalize(db, store, job, result, source):
     return finalize_job_with_media(db, store, job, result, source=source, policy=_policy())
 
 
@@ -170,10 +170,10 @@ def test_the_reconciler_reports_a_foreign_result_as_an_error_and_neither_complet
     class Misrouted:
         """The provider answers the poll of the row's task with another task's result."""
 
-        def poll(self, kind: str, task_id: str):  # noqa: ANN201
+        def poll(self, kind: str, task_id: str):
             return providers.poll(kind, other)
 
-        def __getattr__(self, name: str):  # noqa: ANN204
+        def __getattr__(self, name: str):
             return getattr(providers, name)
 
     rec = Reconciler(db, Misrouted(), LocalMediaStore(base_dir=media_dir), media_policy=_policy())

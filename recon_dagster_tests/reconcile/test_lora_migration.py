@@ -13,7 +13,7 @@ from recon_dagster_tests.support.factories import job_row, make_job, make_user, 
 from recon_dagster_tests.support.reconcile import make_defs, one, tick
 
 
-def _legacy_training(db, sandbox, scenario=None, *, character_status="training", job_status="processing"):  # noqa: ANN001, ANN202
+def _legacy_training(db, sandbox, scenario=None, *, character_status="training", job_status="processing"):
     """A training the legacy code started: the id lives only on characters, not on jobs."""
     user = make_user(db)
     training_id = sandbox.add_task("replicate-training", scenario or Scenario(polls_before_done=0))
@@ -174,7 +174,7 @@ def test_health_checks_flag_a_job_reconciliation_is_not_reaching(db, instance, m
 # --- issue 16 items 2 and 3: the cohort is reconciliation's own, and a wrong failure shows ---------
 
 
-def _training_job(db, sandbox, scenario, *, attempts=0):  # noqa: ANN001, ANN202
+def _training_job(db, sandbox, scenario, *, attempts=0):
     """A training already on the reconcile path (task id on its jobs row), past its threshold."""
     user = make_user(db)
     training_id = sandbox.add_task("replicate-training", scenario)

@@ -26,7 +26,7 @@ def _workflow(db: sa.Engine, user: uuid.UUID, mcp_client: str | None) -> uuid.UU
         ).scalar_one()
 
 
-def _asset_public(db, sandbox, media_dir, *, is_public, mcp_client, in_workflow=True):  # noqa: ANN001, ANN202
+def _asset_public(db, sandbox, media_dir, *, is_public, mcp_client, in_workflow=True):
     """Finalize one finished job and return its asset's ``is_public``."""
     user = make_user(db)
     wf = _workflow(db, user, mcp_client) if in_workflow else None

@@ -117,7 +117,7 @@ def providers(sandbox: SandboxServer) -> Iterator[ProvidersResource]:
     res.close()
 
 
-def _kie_run(providers: ProvidersResource):  # noqa: ANN202
+def _kie_run(providers: ProvidersResource):
     payload = {"model": "flux-test", "input": {"prompt": "x"}}
     return lambda cb: providers.run("kie-standard", payload, on_task_created=cb, poll_interval_s=0.01)
 
@@ -172,7 +172,7 @@ def test_rule1_mark_provider_call_start_refuses_an_ended_job(db):
 # ---------------------------------------------------------------------------------------------
 
 
-def _legacy_training(db: sa.Engine, sandbox: SandboxServer, scenario: Scenario, minutes: float = 240):  # noqa: ANN202
+def _legacy_training(db: sa.Engine, sandbox: SandboxServer, scenario: Scenario, minutes: float = 240):
     user = make_user(db, sub=100, topup=0)
     training = sandbox.add_task("replicate-training", scenario)
     job = make_job(db, user, job_type="lora-training", created_minutes_ago=minutes)

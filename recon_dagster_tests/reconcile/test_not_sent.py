@@ -115,7 +115,7 @@ def test_a_poll_its_limiter_never_sent_is_rescheduled_not_counted(
     _shown_by_explain_and_status(db, job, kind, reason)
 
 
-def _shown_by_explain_and_status(db: sa.Engine, job, kind: str, reason: str) -> None:  # noqa: ANN001
+def _shown_by_explain_and_status(db: sa.Engine, job, kind: str, reason: str) -> None:
     """The operator sees why: ``explain`` lists the unsent poll (not as an attempt) with its reason,
     ``status`` counts the job as rescheduled by reason, not as waiting out the cadence."""
     from recon_dagster.operator.explain import facts, load_story, to_json, to_text
@@ -135,7 +135,7 @@ def _shown_by_explain_and_status(db: sa.Engine, job, kind: str, reason: str) -> 
     assert reason in (explain(row, now) or "")
 
 
-def _events(db: sa.Engine, job) -> list:  # noqa: ANN001
+def _events(db: sa.Engine, job) -> list:
     with db.connect() as conn:
         return conn.execute(
             sa.text("SELECT outcome, detail, attempt FROM reconcile_events WHERE job_id = :j ORDER BY id"),

@@ -20,7 +20,7 @@ from recon_dagster_tests.support.factories import balances, job_row, make_job, m
 from recon_dagster_tests.support.reconcile import count, one, usage_status
 
 
-def _finished_job(db, sandbox, kind="kie-standard"):  # noqa: ANN001, ANN202
+def _finished_job(db, sandbox, kind="kie-standard"):
     user = make_user(db, sub=100, topup=0)
     task = sandbox.add_task(kind, Scenario(polls_before_done=0))
     job = make_job(db, user, provider_kind=kind, provider_task_id=task, started_minutes_ago=30)
@@ -67,7 +67,7 @@ def test_worker_and_reconciler_finalize_at_once_one_wins(db, sandbox, media_dir,
 class _CancelDuringUpload:
     """A store whose upload gives the user time to cancel: the cancel lands mid-finalize."""
 
-    def __init__(self, inner: LocalMediaStore, engine: sa.Engine, job_id) -> None:  # noqa: ANN001
+    def __init__(self, inner: LocalMediaStore, engine: sa.Engine, job_id) -> None:
         self.inner, self.engine, self.job_id = inner, engine, job_id
 
     def put_stream(self, key: str, chunks: Iterable[bytes], content_type: str) -> StoredObject:
@@ -76,7 +76,7 @@ class _CancelDuringUpload:
             assert jobs_db.cancel_job(conn, self.job_id)
         return obj
 
-    def __getattr__(self, name: str):  # noqa: ANN204
+    def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
 
@@ -123,7 +123,7 @@ def test_finalize_never_completes_a_failed_row(db, sandbox, media_dir):
 # --- the act step's batch read (issue 21) ------------------------------------------------------
 
 
-def _claimed_and_polled(db, sandbox, n: int, media_dir: str, store=None):  # noqa: ANN001, ANN202
+def _claimed_and_polled(db, sandbox, n: int, media_dir: str, store=None):
     from recon_dagster.reconcile.batches import next_attempt
     from recon_dagster.reconcile.reconciler import Reconciler
 
@@ -158,7 +158,7 @@ class _WorkerFinishesFirst:
     """A store whose upload lets the app's worker finalize the same job first: the row the act
     step read for it is stale by the time its settle runs."""
 
-    def __init__(self, inner: LocalMediaStore, engine: sa.Engine, results: dict) -> None:  # noqa: ANN001
+    def __init__(self, inner: LocalMediaStore, engine: sa.Engine, results: dict) -> None:
         self.inner, self.engine, self.results = inner, engine, results
         self.won: list[bool] = []
 
@@ -171,7 +171,7 @@ class _WorkerFinishesFirst:
         self.won.append(res.ok)
         return obj
 
-    def __getattr__(self, name: str):  # noqa: ANN204
+    def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
 

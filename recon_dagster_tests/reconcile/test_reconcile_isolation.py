@@ -63,7 +63,7 @@ def _poison(db: sa.Engine, user: uuid.UUID) -> None:
         conn.execute(sa.text("INSERT INTO poisoned_users (user_id) VALUES (:u)"), {"u": str(user)})
 
 
-def _job(db, sandbox, kind, scenario, *, attempts=0, task=True, poisoned=False):  # noqa: ANN001, ANN202
+def _job(db, sandbox, kind, scenario, *, attempts=0, task=True, poisoned=False):
     user = make_user(db, sub=100, topup=50)
     task_id = sandbox.add_task(kind, scenario) if task else None
     job = make_job(

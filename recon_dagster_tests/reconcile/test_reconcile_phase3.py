@@ -187,7 +187,7 @@ def test_expired_media_url_bumps_attempts_never_false_completes_then_force_fails
     assert usage_status(db, job) == "refunded"
 
 
-def _workflow(db, user, failed_nodes, status="failed"):  # noqa: ANN001, ANN202
+def _workflow(db, user, failed_nodes, status="failed"):
     with db.begin() as conn:
         return conn.execute(
             sa.text(
@@ -197,7 +197,7 @@ def _workflow(db, user, failed_nodes, status="failed"):  # noqa: ANN001, ANN202
         ).scalar_one()
 
 
-def _stuck_in_workflow(db, sandbox, failed_nodes, status="failed"):  # noqa: ANN001, ANN202
+def _stuck_in_workflow(db, sandbox, failed_nodes, status="failed"):
     user = make_user(db)
     wf = _workflow(db, user, failed_nodes, status)
     job, _ = finished_kie_job(db, sandbox, user, workflow_execution_id=wf, node_id="X")

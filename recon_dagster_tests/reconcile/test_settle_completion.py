@@ -121,7 +121,7 @@ CASES = list(
 
 
 @pytest.mark.parametrize(("status", "row_task", "task", "reserved", "nan", "asset"), CASES)
-def test_one_statement_writes_what_the_three_wrote(db, status, row_task, task, reserved, nan, asset):  # noqa: ANN001
+def test_one_statement_writes_what_the_three_wrote(db, status, row_task, task, reserved, nan, asset):
     user_a, row_a = _setup(db, status, row_task, reserved, nan)
     user_b, row_b = _setup(db, status, row_task, reserved, nan)
 
@@ -138,7 +138,7 @@ def test_the_common_case_is_the_row_lock_then_one_statement_and_settles_everythi
     user, row = _setup(db, "processing", "t-1", 1, False)
     sent: list[str] = []
 
-    def count(conn, cursor, statement, *args):  # noqa: ANN001, ANN002, ANN202
+    def count(conn, cursor, statement, *args):
         sent.append(statement)
 
     sa.event.listen(db, "before_cursor_execute", count)

@@ -113,14 +113,14 @@ class Misrouted:
         self._providers = providers_from_env()
         self._other = other
 
-    def poll(self, kind: str, task_id: str):  # noqa: ANN201
+    def poll(self, kind: str, task_id: str):
         return self._providers.poll(kind, self._other)
 
-    def media_headers(self, kind, ref):  # noqa: ANN001, ANN201
+    def media_headers(self, kind, ref):
         return self._providers.media_headers(kind, ref)
 
 
-def _refused_success(db, sandbox, case: str, attempts: int):  # noqa: ANN001, ANN202
+def _refused_success(db, sandbox, case: str, attempts: int):
     """A stale job whose upstream says succeeded with a result finalize refuses; (job, upstream)."""
     user = make_user(db, sub=100, topup=100)
     if case == "text_for_image":

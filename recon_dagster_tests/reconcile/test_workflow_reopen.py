@@ -36,7 +36,7 @@ def _workflow(db: sa.Engine, user: uuid.UUID, failed_nodes: list[str]) -> uuid.U
         ).scalar_one()
 
 
-def _node_jobs(db, sandbox, n: int, node: str = "X"):  # noqa: ANN001, ANN202
+def _node_jobs(db, sandbox, n: int, node: str = "X"):
     """A workflow failed on ``node`` and ``n`` in-flight jobs of that node whose tasks finished."""
     user = make_user(db)
     wf = _workflow(db, user, [node])
@@ -48,7 +48,7 @@ def _node_jobs(db, sandbox, n: int, node: str = "X"):  # noqa: ANN001, ANN202
     return wf, jobs
 
 
-def _finalize(db, media_dir, job, result):  # noqa: ANN001, ANN202
+def _finalize(db, media_dir, job, result):
     policy = MediaPolicy(headers_for=providers_from_env().media_headers)
     return finalize_job_with_media(
         db, LocalMediaStore(base_dir=media_dir), job, result, source="reconcile", policy=policy
@@ -116,7 +116,7 @@ def test_two_siblings_completing_at_once_reopen_the_workflow_exactly_once(
     both_completed = threading.Barrier(2)
     settle = finalize_mod.settle_completion
 
-    def settle_then_wait(conn, row, **kwargs):  # noqa: ANN001, ANN003, ANN202
+    def settle_then_wait(conn, row, **kwargs):
         settled = settle(conn, row, **kwargs)
         with contextlib.suppress(threading.BrokenBarrierError):  # asserted below
             both_completed.wait(timeout=10)  # both rows completed, neither transaction committed

@@ -173,7 +173,7 @@ def alert_receivers(secret: str | None = None) -> Iterator[Receivers]:
         def log_message(self, *args: Any) -> None:
             pass
 
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        def do_POST(self) -> None:
             receivers = state["r"]
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
             forced = receivers._forced(self.path)

@@ -91,7 +91,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.end_headers()
         return False
 
-    def do_CONNECT(self) -> None:  # noqa: N802 (http.server's name)
+    def do_CONNECT(self) -> None:
         self.server.record("CONNECT", self.path)
         if not self._authorized():
             return
@@ -150,7 +150,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(payload)
 
-    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _forward  # noqa: N815 (http.server's names)
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _forward
 
 
 class _ProxyServer(ThreadingHTTPServer):

@@ -66,7 +66,7 @@ def statements_like(engine: sa.Engine, fragment: str) -> Iterator[list[str]]:
     """Collects every statement ``engine`` sends that contains ``fragment``, while inside."""
     seen: list[str] = []
 
-    def _collect(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001, ANN202
+    def _collect(conn, cursor, statement, parameters, context, executemany):
         if fragment in statement:
             seen.append(statement)
 
@@ -77,7 +77,7 @@ def statements_like(engine: sa.Engine, fragment: str) -> Iterator[list[str]]:
         sa.event.remove(engine, "before_cursor_execute", _collect)
 
 
-def stale_job_with_task(db, sandbox, kind, scenario=None, *, minutes=None, job_type="image", attempts=0, **kw):  # noqa: ANN001, ANN003, ANN201
+def stale_job_with_task(db, sandbox, kind, scenario=None, *, minutes=None, job_type="image", attempts=0, **kw):
     """An in-flight job of ``kind`` past its stale threshold, its sandbox task made by ``scenario``
     (finished at the first poll by default), with 30 credits reserved (20 subscription, 10 top-up).
 
@@ -112,7 +112,7 @@ def stored_files(media_dir: str) -> dict[str, str]:
     return {str(p.relative_to(base)): hashlib.sha256(p.read_bytes()).hexdigest() for p in base.rglob("*") if p.is_file()}
 
 
-def finished_kie_job(db, sandbox, user, *, credits=5, **job_fields):  # noqa: ANN001, ANN003, ANN201
+def finished_kie_job(db, sandbox, user, *, credits=5, **job_fields):
     """A stale ``kie-standard`` job of ``user`` whose sandbox task finishes at the first poll, with
     ``credits`` reserved; ``job_fields`` go to ``make_job`` (a workflow, a node, is_public...).
 

@@ -30,7 +30,7 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         return
 
-    def do_GET(self) -> None:  # noqa: N802 (stdlib name)
+    def do_GET(self) -> None:
         route = self.server.routes.get(self.path.split("?", 1)[0])  # type: ignore[attr-defined]
         if route is None:
             self.send_response(404)

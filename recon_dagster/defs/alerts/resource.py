@@ -31,7 +31,7 @@ def _secret_field(field: str) -> str | None:
     return Field(default=None, repr=False, description=f"{var.doc} Wired from {var.name} (dg.EnvVar).")
 
 
-class AlertTargetsResource(dg.ConfigurableResource):
+class AlertTargetsResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # bare, as Dagster's own: its parameter is the resource itself
     """The built-in alert targets: a Slack incoming webhook, PagerDuty Events v2, a Microsoft Teams
     Workflows webhook and a generic JSON webhook; each one is on when its variable is set."""
 
@@ -71,7 +71,7 @@ def alert_targets_from_env() -> AlertTargetsResource:
     now = settings()
     secrets = {field: dg.EnvVar(var.name) for field, var in SECRET_FIELDS.items() if now.is_set(var)}
     return AlertTargetsResource(
-        **secrets,  # type: ignore[arg-type]  # an EnvVar stands for its value until the resource is built
+        **secrets,  # an EnvVar stands for its value until the resource is built
         pagerduty_url=now.alert_pagerduty_url,
         timeout_s=now.alert_timeout_s,
         ui_url=ui_base_url(default=None),

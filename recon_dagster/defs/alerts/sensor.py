@@ -127,7 +127,7 @@ def run_tick(
             if hook is not None:
                 try:
                     hook(alert)
-                except Exception as exc:  # noqa: BLE001 - custom code must not stop the built-in targets
+                except Exception as exc:  # custom code must not stop the built-in targets
                     context.log.error(redact_secrets(f"{Settings.alert_hook.name} raised on {alert.key}: {type(exc).__name__}: {exc}"))
     state["pending"] = owed[-MAX_PENDING:]
     return state, done

@@ -1,6 +1,8 @@
 """``explain_job``: find any job from the Dagster UI. Launch it from the Launchpad with a job id;
 the run's log and its output metadata carry the job's whole story (``recon_dagster.operator.explain``)."""
 
+from typing import Any
+
 import dagster as dg
 from pydantic import Field
 
@@ -27,7 +29,7 @@ class ExplainJobConfig(dg.Config):
 @dg.op(out=dg.Out(dict))
 def explain_job_story(
     context: dg.OpExecutionContext, config: ExplainJobConfig, database: DatabaseResource
-) -> dg.Output:
+) -> dg.Output[dict[str, Any]]:
     """Read one job's attempts, runs, upstream answers, outcome, credits and assets; log and
     report them. An unknown or malformed id fails the run with a one-line reason."""
     # Inside the UI a relative link is always right; RECON_DAGSTER_UI_URL makes it absolute.

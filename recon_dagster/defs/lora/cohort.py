@@ -3,6 +3,8 @@ path as ``replicate-training`` jobs, and shadow-compare each settled one with th
 verdict (``recon_dagster.reconcile.lora``), every 15 minutes.
 """
 
+from typing import Any
+
 import dagster as dg
 
 from recon_dagster.defs.resources import DatabaseResource
@@ -19,7 +21,7 @@ LORA_COHORT = dg.AssetKey("lora_training_cohort")
 )
 def lora_training_cohort(
     context: dg.AssetExecutionContext, database: DatabaseResource
-) -> dg.MaterializeResult:
+) -> dg.MaterializeResult[Any]:
     from recon_dagster.defs.settings_check import shadow_modes
     from recon_dagster.reconcile import lora
 

@@ -1,6 +1,8 @@
 """Observability in the Dagster UI: the in-flight backlog per provider kind as an asset, and
 asset checks that fail loudly when credits leak or jobs stay stuck past every safety net."""
 
+from typing import Any
+
 import dagster as dg
 import sqlalchemy as sa
 
@@ -31,7 +33,7 @@ LEAK_GRACE_MINUTES = 10
     "how many leased by a reconcile run, and the highest reconcile_attempts (inflight/<kind> and "
     "stale/<kind> for every kind, zeros included).",
 )
-def inflight_backlog(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult:
+def inflight_backlog(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult[Any]:
     with database.get_engine().connect() as conn:
         rows = inflight_counts(conn)
     total = sum(r["inflight"] for r in rows)
@@ -47,7 +49,7 @@ def inflight_backlog(context: dg.AssetExecutionContext, database: DatabaseResour
     )
 
 
-def _per_kind(rows: list[dict]) -> dict[str, int]:
+def _per_kind(rows: list[dict[str, Any]]) -> dict[str, int]:
     """``inflight/<kind>`` and ``stale/<kind>`` for every known kind, zeros included, every time,
     so each plot is a continuous series (rows of unknown or no kind add their own series)."""
     by_kind = {r["provider_kind"]: r for r in rows}
@@ -59,7 +61,7 @@ def _per_kind(rows: list[dict]) -> dict[str, int]:
     return out
 
 
-def _table(rows: list[dict]) -> str:
+def _table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "_no jobs in flight_"
     lines = ["| provider_kind | inflight | stale | leased | max attempts |", "|---|---:|---:|---:|---:|"]

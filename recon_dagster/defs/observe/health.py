@@ -19,6 +19,7 @@ alone always count for the latest materialization (they are newer than it).
 """
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import dagster as dg
 
@@ -64,11 +65,11 @@ def _table(judged: list[Verdict]) -> str:
     return "\n".join(lines)
 
 
-def _metadata(judged: list[Verdict], policy: HealthPolicy) -> dict:
+def _metadata(judged: list[Verdict], policy: HealthPolicy) -> dict[str, Any]:
     def named(state: State) -> str:
         return ", ".join(v.provider for v in judged if v.state is state) or "none"
 
-    meta: dict = {
+    meta: dict[str, Any] = {
         "down": named(State.DOWN),
         "healthy": named(State.HEALTHY),
         "idle": named(State.IDLE),
@@ -93,7 +94,7 @@ def report_health(
     try:
         with database.get_engine().connect() as conn:
             judged = verdicts(conn, policy)
-    except Exception as exc:  # noqa: BLE001 - health figures must not fail a run that did its work
+    except Exception as exc:  # health figures must not fail a run that did its work
         context.log.warning(f"provider health could not be read: {exc}")
         return
     for v in judged:
@@ -126,7 +127,7 @@ def report_health(
     # Checks are optional outputs: an idle provider's is not yielded, and shows as skipped.
     can_subset=True,
 )
-def provider_health(context: dg.AssetExecutionContext, database: DatabaseResource) -> Iterator:
+def provider_health(context: dg.AssetExecutionContext, database: DatabaseResource) -> Iterator[Any]:
     policy = HealthPolicy.from_config()
     with database.get_engine().connect() as conn:
         judged = verdicts(conn, policy)

@@ -102,9 +102,9 @@ provider_outcome_specs = [
 ]
 
 
-def provider_metadata(provider: str, by_kind: dict[str, list[JobOutcome]], credits: dict) -> dict:
+def provider_metadata(provider: str, by_kind: dict[str, list[JobOutcome]], credits: dict[str, Any]) -> dict[str, Any]:
     """The series of ``provider``'s kinds this run worked (pure): ``<outcome>/<kind>`` counts."""
-    meta: dict = {}
+    meta: dict[str, Any] = {}
     for kind in sorted(k for k, spec in KINDS.items() if str(spec.provider) == provider and by_kind.get(k)):
         figures = outcome_metadata(by_kind[kind], credits)
         for name in (*SERIES, "jobs"):
@@ -124,10 +124,10 @@ def _credits(conn: sa.Connection, job_ids: Sequence[str]) -> dict[str, tuple[str
     return {str(r.job_id): (r.status, Decimal(r.amount)) for r in rows}
 
 
-def outcome_metadata(outcomes: Sequence[JobOutcome], credits: dict[str, tuple[str, Decimal]]) -> dict:
+def outcome_metadata(outcomes: Sequence[JobOutcome], credits: dict[str, tuple[str, Decimal]]) -> dict[str, Any]:
     """The plotted figures of one kind's outcomes in one run (pure)."""
     counts = Counter(o.outcome for o in outcomes)
-    meta: dict = {name: sum(counts[o] for o in members) for name, members in SERIES.items()}
+    meta: dict[str, Any] = {name: sum(counts[o] for o in members) for name, members in SERIES.items()}
     committed = refunded = Decimal(0)
     for o in outcomes:
         status, amount = credits.get(str(o.job_id), ("", Decimal(0)))
@@ -157,7 +157,7 @@ def report_outcomes(
     try:
         with database.get_engine().connect() as conn:
             credits = _credits(conn, [str(o.job_id) for group in by_kind.values() for o in group])
-    except Exception as exc:  # noqa: BLE001 - the figures must not fail a run that did its work
+    except Exception as exc:  # the figures must not fail a run that did its work
         context.log.warning(f"credits of this run's jobs could not be read: {exc}")
         credits = {}
     for kind, group in sorted(by_kind.items()):
@@ -181,7 +181,7 @@ def report_outcomes(
     description="Rows of the credit_anomalies table per reason: all time and in the last "
     f"{RECENT_MINUTES} minutes (reconcile_exhausted: a job force-failed at the attempt cap).",
 )
-def credit_anomalies(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult:
+def credit_anomalies(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult[Any]:
     with database.get_engine().connect() as conn:
         rows = conn.execute(
             sa.text(
@@ -193,7 +193,7 @@ def credit_anomalies(context: dg.AssetExecutionContext, database: DatabaseResour
             ),
             {"m": RECENT_MINUTES},
         ).all()
-    meta: dict = {"total": sum(int(r.total) for r in rows), "recent": sum(int(r.recent) for r in rows)}
+    meta: dict[str, Any] = {"total": sum(int(r.total) for r in rows), "recent": sum(int(r.recent) for r in rows)}
     meta["reconcile_exhausted/recent"] = 0
     for r in rows:
         meta[f"{r.reason}/total"] = int(r.total)
@@ -228,7 +228,7 @@ def recent_anomalies_check(
             {"reason": reason, "m": RECENT_MINUTES},
         ).all()
 
-    def sample(r: Any) -> dict:
+    def sample(r: Any) -> dict[str, Any]:
         refunded = {"refunded": float(r.amount or 0)} if with_amount else {}
         return {"job_id": str(r.job_id), **refunded, **(r.details or {})}
 
@@ -259,7 +259,7 @@ _ATTEMPTS = sql(
     "those whose latest poll got no answer, those failed by their own result (never the provider's "
     "fault), and the attempts behind them. provider_health's checks judge the same figures.",
 )
-def reconcile_error_rates(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult:
+def reconcile_error_rates(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult[Any]:
     policy = HealthPolicy.from_config()
     with database.get_engine().connect() as conn:
         figures = provider_figures(conn, policy.window_s)
@@ -270,7 +270,7 @@ def reconcile_error_rates(context: dg.AssetExecutionContext, database: DatabaseR
                 totals = attempts[kind.provider.value]
                 for i, n in enumerate((r.n, r.unanswered, r.own)):
                     totals[i] += int(n)
-    meta: dict = {"window_s": policy.window_s}
+    meta: dict[str, Any] = {"window_s": policy.window_s}
     for provider, f in sorted(figures.items()):
         meta[f"jobs/{provider}"] = f.jobs
         meta[f"jobs_without_answer/{provider}"] = f.unanswered

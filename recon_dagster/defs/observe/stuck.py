@@ -4,6 +4,7 @@ job from the Launchpad, ``retry_job_now`` and ``fail_and_refund_job`` (``recon_d
 """
 
 from collections.abc import Callable
+from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
@@ -33,7 +34,7 @@ LIMIT :limit
 """
 
 
-def _when(value) -> str:  # noqa: ANN001
+def _when(value: object) -> str:
     try:
         return f"{value:%Y-%m-%d %H:%M:%S}" if value is not None else "now"
     except (TypeError, ValueError):
@@ -45,7 +46,7 @@ def _cell(text: str | None, width: int = 400) -> str:
     return short_reason(text, width).replace("|", "/")
 
 
-def stuck_rows(conn: sa.Connection, limit: int = TABLE_ROWS) -> list[dict]:
+def stuck_rows(conn: sa.Connection, limit: int = TABLE_ROWS) -> list[dict[str, Any]]:
     rows = conn.execute(sa.text(STUCK_SQL), {"limit": limit}).mappings().all()
     return [
         {
@@ -63,7 +64,7 @@ def stuck_rows(conn: sa.Connection, limit: int = TABLE_ROWS) -> list[dict]:
     ]
 
 
-def _markdown(rows: list[dict]) -> str:
+def _markdown(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "_no job in flight past its threshold_"
     head = (
@@ -83,7 +84,7 @@ def _markdown(rows: list[dict]) -> str:
     "attempt, lease holder, the last reason (what upstream said, or why its result was unusable). Act on one from the Launchpad with retry_job_now or "
     "fail_and_refund_job, or `recon-dagster retry|fail JOB_ID`.",
 )
-def stuck_jobs(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult:
+def stuck_jobs(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult[Any]:
     with database.get_engine().connect() as conn:
         rows = stuck_rows(conn)
     near_cap = sum(1 for r in rows if r["attempts_left"] <= 2)
@@ -126,7 +127,7 @@ def _act(
     context: dg.OpExecutionContext,
     config: OperatorActionConfig,
     act: Callable[[str], Done],
-) -> dict:
+) -> dict[str, Any]:
     who = _who(context, config)
     try:
         done = act(who)
@@ -136,14 +137,14 @@ def _act(
     tags = {OPERATOR_TAG: config.operator.strip()[:100], ACTION_JOB_TAG: str(done.job_id)}
     try:
         context.instance.add_run_tags(context.run_id, tags)
-    except Exception as exc:  # noqa: BLE001 - the action is done and recorded; a tag is a convenience
+    except Exception as exc:  # the action is done and recorded; a tag is a convenience
         context.log.warning(f"could not tag this run with {tags}: {exc}")
     context.log.info(f"{done.line} by {who}")
     return {"job_id": str(done.job_id), "result": done.line, "by": who}
 
 
 @dg.op(out=dg.Out(dict))
-def retry_now_op(context: dg.OpExecutionContext, config: OperatorActionConfig, database: DatabaseResource) -> dict:
+def retry_now_op(context: dg.OpExecutionContext, config: OperatorActionConfig, database: DatabaseResource) -> dict[str, Any]:
     """Make the job due now: the next sensor tick requests its attempt (counted as usual)."""
     engine = database.get_engine()
     return _act(
@@ -156,7 +157,7 @@ def retry_now_op(context: dg.OpExecutionContext, config: OperatorActionConfig, d
 @dg.op(out=dg.Out(dict))
 def fail_and_refund_now_op(
     context: dg.OpExecutionContext, config: OperatorActionConfig, database: DatabaseResource
-) -> dict:
+) -> dict[str, Any]:
     """Fail the job and refund its credits (guarded: refused on a terminal job)."""
     engine = database.get_engine()
     return _act(

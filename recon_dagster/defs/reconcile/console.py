@@ -13,6 +13,7 @@ keeps the whole error, stack included; any other exception is printed as Dagster
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import dagster as dg
 from dagster._core.utils import coerce_valid_log_level
@@ -20,7 +21,7 @@ from dagster._utils.log import create_console_logger  # Dagster's own console lo
 
 # Dagster instantiates a job's own loggers only when the run config names them: every reconcile and
 # sweep run carries this (the sensor's requests, the partitions' config, the sweep's default).
-CONSOLE_RUN_CONFIG: dict = {"loggers": {"console": {}}}
+CONSOLE_RUN_CONFIG: dict[str, Any] = {"loggers": {"console": {}}}
 
 _INTENDED = "dagster._core.definitions.events.Failure:"
 _STACK = "\n\nStack Trace:\n"

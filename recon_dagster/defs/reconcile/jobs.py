@@ -10,7 +10,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import dagster as dg
 import pydantic
@@ -27,6 +27,7 @@ from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsReso
 from recon_dagster.defs.settings_check import breaker_policy, shadow_modes
 from recon_dagster.media.store import MediaStore
 from recon_dagster.providers import ProvidersResource
+from recon_dagster.providers.status import MediaRef
 from recon_dagster.reconcile.batches import next_attempt
 from recon_dagster.reconcile.breaker import NotFoundBreaker
 from recon_dagster.reconcile.decide import Outcome
@@ -40,7 +41,7 @@ from recon_dagster.reconcile.verdict import run_verdict
 HANDOFF_IO = "handoff_io_manager"
 
 
-def _list_of(items: Any, what: str, ok: Callable[[Any], bool]) -> list | None:
+def _list_of(items: Any, what: str, ok: Callable[[Any], bool]) -> list[Any] | None:
     """``items`` as a list whose every element passes ``ok``; a ``ValueError`` naming the first
     element that does not (the run fails at its first op with that line, nothing claimed)."""
     if items is None:
@@ -69,12 +70,12 @@ class ReconcileBatchConfig(dg.Config):
 
     @pydantic.field_validator("job_ids", mode="before")
     @classmethod
-    def _job_ids_are_strings(cls, value: Any) -> list | None:
+    def _job_ids_are_strings(cls, value: Any) -> list[Any] | None:
         return _list_of(value, "job_ids", lambda item: isinstance(item, str))
 
     @pydantic.field_validator("attempts", mode="before")
     @classmethod
-    def _attempts_are_counts(cls, value: Any) -> list | None:
+    def _attempts_are_counts(cls, value: Any) -> list[Any] | None:
         # Any whole number: a poison row's counter can be negative, and the claim settles it.
         return _list_of(value, "attempts", lambda item: type(item) is int)
 
@@ -156,14 +157,14 @@ def _reconciler(
 class _NoUpstream:
     """The sweep never polls; this makes any attempt to do so loud."""
 
-    def poll(self, kind: str, task_id: str):  # noqa: ANN201
+    def poll(self, kind: str, task_id: str) -> NoReturn:
         raise RuntimeError("the sweep job has no provider clients")
 
-    def media_headers(self, kind, ref):  # noqa: ANN001, ANN201
+    def media_headers(self, kind: str, ref: MediaRef) -> dict[str, str]:
         return {}
 
 
-def _report(context: dg.OpExecutionContext, outcomes: list[JobOutcome], summary: Summary) -> dg.Output:
+def _report(context: dg.OpExecutionContext, outcomes: list[JobOutcome], summary: Summary) -> dg.Output[dict[str, Any]]:
     context.log.info(summary.line())
     rows = [
         {
@@ -230,7 +231,7 @@ def claim_and_poll(
     providers: ProvidersResource,
     media_store: dg.ResourceParam[MediaStore],
     reconcile_settings: ReconcileSettingsResource,
-) -> Iterator[dg.Output]:
+) -> Iterator[dg.Output[list[JobOutcome]] | dg.Output[Handoff]]:
     """Take the lease on this run's jobs now that it has started, then poll upstream for each.
 
     The sensor planned the jobs and the attempt each makes; a job whose row moved on since (an
@@ -278,7 +279,7 @@ def _tag_run(context: dg.OpExecutionContext, tags: dict[str, str]) -> None:
     """Add tags the Runs page shows and filters by (a run's outcome is known only at its end)."""
     try:
         context.instance.add_run_tags(context.run_id, tags)
-    except Exception as exc:  # noqa: BLE001 - a tag is a convenience: never fail the run's work over it
+    except Exception as exc:  # a tag is a convenience: never fail the run's work over it
         context.log.warning(f"could not tag this run with {tags}: {exc}")
 
 
@@ -302,7 +303,7 @@ def _act(
     providers: ProvidersResource,
     media_store: MediaStore,
     reconcile_settings: ReconcileSettingsResource,
-) -> dg.Output:
+) -> dg.Output[list[JobOutcome]]:
     outcome_log = _OutcomeLog(context)
     rec = _reconciler(context, database, providers, media_store, reconcile_settings, outcome_log)
     try:
@@ -321,7 +322,7 @@ def finalize_succeeded(
     providers: ProvidersResource,
     media_store: dg.ResourceParam[MediaStore],
     reconcile_settings: ReconcileSettingsResource,
-) -> dg.Output:
+) -> dg.Output[list[JobOutcome]]:
     """Upstream succeeded: ``finalize_job_with_media`` (media stored, credits committed, asset
     row, workflow reopen) in one guarded transaction per job; a failed media move counts an attempt."""
     return _act(context, succeeded, database, providers, media_store, reconcile_settings)
@@ -335,7 +336,7 @@ def fail_and_refund_op(
     providers: ProvidersResource,
     media_store: dg.ResourceParam[MediaStore],
     reconcile_settings: ReconcileSettingsResource,
-) -> dg.Output:
+) -> dg.Output[list[JobOutcome]]:
     """Upstream failed, lost the task or let its result expire (or there is nothing to poll):
     fail the job and refund its credits to the pools they came from, exactly once."""
     return _act(context, failed, database, providers, media_store, reconcile_settings)
@@ -349,7 +350,7 @@ def count_attempts(
     providers: ProvidersResource,
     media_store: dg.ResourceParam[MediaStore],
     reconcile_settings: ReconcileSettingsResource,
-) -> dg.Output:
+) -> dg.Output[list[JobOutcome]]:
     """Still running or errored: count the attempt and release the lease until the cadence is
     up; the attempt that reaches the cap force-fails and refunds (``reconcile_exhausted``). A poll
     this process never sent (its account's limiter refused it) is rescheduled, not counted."""
@@ -359,7 +360,7 @@ def count_attempts(
 @dg.op(out=dg.Out(dict, io_manager_key=HANDOFF_IO))
 def record_outcomes(
     context: dg.OpExecutionContext, outcomes: list[list[JobOutcome]], database: DatabaseResource
-) -> dg.Output:
+) -> dg.Output[dict[str, Any]]:
     """Record what the run did: the outcome assets per provider kind, the run's summary and job
     ids, its ``recon/outcome`` tag, and whether it was an outage (failed by ``outage_check``, the
     step after this)."""
@@ -383,7 +384,7 @@ def record_outcomes(
 
 
 @dg.op
-def outage_check(context: dg.OpExecutionContext, recorded: dict) -> None:
+def outage_check(context: dg.OpExecutionContext, recorded: dict[str, Any]) -> None:
     """Fails the run when none of its jobs got anywhere because their provider did not answer (or
     every one failed inside reconciliation): a red run with a one-line reason naming the provider.
     A job's own bad result never fails it (``recon_dagster.reconcile.verdict``). Its own step,
@@ -413,7 +414,7 @@ def sweep_unrecoverable_jobs(
     database: DatabaseResource,
     media_store: dg.ResourceParam[MediaStore],
     reconcile_settings: ReconcileSettingsResource,
-) -> dg.Output:
+) -> dg.Output[dict[str, Any]]:
     """Spec 5.6: fail + refund stale sync, task-less, legacy and unknown-kind rows."""
     started = time.monotonic()
     outcome_log = _OutcomeLog(context)

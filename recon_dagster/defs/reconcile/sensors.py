@@ -10,6 +10,7 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 import dagster as dg
 
@@ -148,7 +149,7 @@ def active_jobs(instance: dg.DagsterInstance) -> dict[uuid.UUID, str | None]:
     for run in instance.get_runs(
         filters=dg.RunsFilter(job_name=reconcile_job.name, statuses=ACTIVE_STATUSES)
     ):
-        run_config: dict = dict(run.run_config or {})
+        run_config: dict[str, Any] = dict(run.run_config or {})
         config = run_config.get("ops", {}).get("claim_and_poll", {}).get("config", {})
         provider = run.tags.get(PROVIDER_TAG)
         for job_id in config.get("job_ids") or []:

@@ -14,6 +14,7 @@ disagreement and lists the job ids. ``recon-dagster plan --shadow-report`` print
 """
 
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,7 +143,9 @@ def report_text(report: Report) -> str:
         )
     ],
 )
-def shadow_agreement(context: dg.AssetExecutionContext, database: DatabaseResource):  # noqa: ANN201
+def shadow_agreement(
+    context: dg.AssetExecutionContext, database: DatabaseResource
+) -> Iterator[dg.MaterializeResult[Any] | dg.AssetCheckResult]:
     report = agreement_report(database.get_engine())
     data = report.to_json()
     harmful = data["harmful"]

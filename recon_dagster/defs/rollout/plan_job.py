@@ -1,6 +1,8 @@
 """``plan_reconcile``: ``recon-dagster plan`` from the Launchpad. The run shows the plan's table and
 totals as metadata; like the command it writes nothing (``recon_dagster.reconcile.plan``)."""
 
+from typing import Any
+
 import dagster as dg
 from pydantic import Field
 
@@ -23,7 +25,7 @@ def plan_reconcile_table(
     database: DatabaseResource,
     providers: ProvidersResource,
     reconcile_settings: ReconcileSettingsResource,
-) -> dg.Output:
+) -> dg.Output[dict[str, Any]]:
     """What the next tick would do to every in-flight job and every credit; writes nothing."""
     from recon_dagster.defs.reconcile.sensors import jobs_in_active_runs
     from recon_dagster.defs.settings_check import shadow_modes
