@@ -15,15 +15,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, TextIO
+from typing import Protocol, TextIO
 
 import dagster as dg
 import sqlalchemy as sa
 
 from recon_dagster.cli.errors import FIX_DEBUG, FIX_UNAVAILABLE, CliError
-
-if TYPE_CHECKING:
-    from dagster_shared.error import SerializableErrorInfo
 
 # The start of a log record on the console: Dagster's ("2026-11-30 16:50:01 +0000 - dagster -
 # ERROR - ...") and the logging module's ("2026-11-30 16:50:35,538 WARNING ...").
@@ -69,7 +66,16 @@ def _instance() -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
-def _innermost(error: SerializableErrorInfo) -> SerializableErrorInfo:
+class _ErrorInfo(Protocol):
+    """What is read of Dagster's SerializableErrorInfo: the error it was caused by, and its text."""
+
+    @property
+    def cause(self) -> _ErrorInfo | None: ...
+
+    def to_string(self) -> str: ...
+
+
+def _innermost(error: _ErrorInfo) -> _ErrorInfo:
     while error.cause is not None:
         error = error.cause
     return error
