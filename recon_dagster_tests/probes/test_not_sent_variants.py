@@ -5,12 +5,13 @@ it in; a refusal takes nothing from the account.
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 
 import pytest
 
-from recon_dagster.providers import providers_from_env
+from recon_dagster.providers import ProviderHTTPError, providers_from_env
 from recon_dagster.providers.status import NotSent, NotSentReason
 from recon_dagster.sandbox import Scenario
 
@@ -41,3 +42,71 @@ def test_a_poll_that_waits_past_its_deadline_for_the_process_cap_is_not_sent(san
         assert sandbox.poll_count(fast) == 0
     finally:
         inside.join(15)
+
+
+# -- a Retry-After heard on one kind's create blocks every kind of the account --------------------
+
+# provider -> (the variable, what hears the 429: a create's kind or a sync call, the kind polled)
+THROTTLED_BY = {
+    "kie": ("RECON_LIMIT_KIE", "kie-veo", "kie-standard"),
+    "replicate": ("RECON_LIMIT_REPLICATE", "replicate-training", "replicate-prediction"),
+    "elevenlabs": ("RECON_LIMIT_ELEVENLABS", "elevenlabs-sync", "elevenlabs-async"),
+}
+
+
+def _shared_account(monkeypatch, variable: str) -> str:  # noqa: ANN001
+    account = f"probe-{secrets.token_hex(4)}"
+    monkeypatch.setenv("RECON_LIMITS", "database")
+    monkeypatch.setenv(variable, f"account={account}")
+    return account
+
+
+def _throttled_call(providers, kind: str) -> None:  # noqa: ANN001
+    """One create (or sync call) of ``kind``; the sandbox answers it 429 with a Retry-After."""
+    from recon_dagster_tests.providers.test_providers_http import PAYLOADS
+
+    if kind == "elevenlabs-sync":
+        providers.elevenlabs.model_copy(update={"max_attempts": 1}).text_to_speech("voice", "hello")
+    else:
+        resource = providers.for_kind(kind).model_copy(update={"max_attempts": 1})
+        resource.create(kind, PAYLOADS[kind])
+
+
+@pytest.mark.parametrize("provider", sorted(THROTTLED_BY))
+def test_a_retry_after_on_a_create_keeps_every_kinds_polls_of_the_account_in(
+    db, sandbox, monkeypatch, provider: str
+) -> None:
+    """A create (or a billed sync call) of one kind hears 429 Retry-After 30: a poll of another
+    kind of the same account is not sent (``limiter_refused``, due again when the block ends),
+    and nothing reaches the provider."""
+    variable, throttled, polled = THROTTLED_BY[provider]
+    _shared_account(monkeypatch, variable)
+    monkeypatch.setenv("RECON_POLL_DEADLINE_S", "2")
+    scenario = Scenario(rate_limit_first=1, create_rate_limit_first=1, retry_after_s=30)
+    sandbox.set_default_scenario(throttled, scenario)
+    task = sandbox.add_task(polled, Scenario(polls_before_done=0))
+    providers = providers_from_env()
+
+    with pytest.raises(ProviderHTTPError, match="429"):
+        _throttled_call(providers, throttled)
+    with pytest.raises(NotSent) as caught:
+        providers.poll(polled, task)
+
+    assert caught.value.reason is NotSentReason.LIMITER_REFUSED, caught.value
+    assert caught.value.retry_in_s is not None and 25 < caught.value.retry_in_s <= 31
+    assert sandbox.poll_count(task) == 0
+
+
+def test_anthropic_calls_wait_out_a_retry_after_another_call_heard(db, sandbox, monkeypatch) -> None:
+    """Anthropic's calls are billed creates with no deadline: a call after another one heard 429
+    Retry-After 2 is not sent during the block (it waits it out within the run's lease), then is."""
+    _shared_account(monkeypatch, "RECON_LIMIT_ANTHROPIC")
+    sandbox.set_default_scenario("anthropic-sync", Scenario(rate_limit_first=1, retry_after_s=2))
+    anthropic = providers_from_env().anthropic.model_copy(update={"max_attempts": 1})
+    messages = [{"role": "user", "content": "hi"}]
+
+    with pytest.raises(ProviderHTTPError, match="429"):
+        anthropic.messages("claude", messages, 16)
+    heard = time.monotonic()
+    assert anthropic.messages("claude", messages, 16)
+    assert time.monotonic() - heard >= 1.5  # the block, not the old per-call retry, held it
