@@ -1,0 +1,75 @@
+"""Issue 34 rule 5 probed through the provider client itself: the account's concurrency slot and
+the process's own request slot live exactly as long as the exchange, whatever ends it (an answer
+error, a timeout, an interrupt, a database error in the limiter after the slot was taken).
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+import sqlalchemy as sa
+
+from recon_dagster.providers.http import HttpSettings, Limits, ProviderHttp
+from recon_dagster.providers.limits import AccountLimits, Budget
+from recon_dagster.providers.status import NotSent, NotSentReason
+from recon_dagster_tests.providers.test_limits_not_sent import _held_slots
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _client(sandbox, **limits) -> ProviderHttp:  # noqa: ANN001, ANN003
+    account = AccountLimits(f"slot-{secrets.token_hex(4)}", concurrency=2, slot_ttl_s=60, **limits)
+    return ProviderHttp(
+        "kie", sandbox.kie_base_url, {}, "probe-secret",
+        HttpSettings(max_attempts=1, read_deadline_s=5, limits=Limits(max_concurrency=2), account=account),
+        lambda response: None,
+    )  # fmt: skip
+
+
+class _Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("ending", ["error", "keyboard_interrupt", "system_exit"])
+def test_whatever_ends_the_exchange_both_slots_are_given_back(db, sandbox, monkeypatch, ending: str) -> None:
+    http = _client(sandbox, reads=Budget(600, 60))
+    raised: type[BaseException] = {"error": _Boom, "keyboard_interrupt": KeyboardInterrupt, "system_exit": SystemExit}[ending]
+    inside: list[int] = []
+
+    def exchange(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        inside.append(_held_slots(db, http.settings.account.account))  # type: ignore[union-attr]
+        raise raised("the exchange ended")
+
+    monkeypatch.setattr(http, "_send_capped", exchange)
+    try:
+        with pytest.raises(raised):
+            http.request("GET", "/api/v1/jobs/recordInfo", label="kie-standard", idempotent=True)
+    finally:
+        http.close()
+    assert inside == [1]  # it did hold the account's slot during the exchange
+    assert _held_slots(db, http.settings.account.account) == 0  # type: ignore[union-attr]
+    assert http._limiter.semaphore._value == 2  # type: ignore[attr-defined]  # the process's slot too
+
+
+def test_a_database_error_on_the_block_check_after_a_token_wait_releases_the_slot(db, sandbox, monkeypatch) -> None:
+    """The request slept for its token; the limiter's read of the account's block then fails: the
+    request is not sent (``limiter_database_unreachable``) and both slots are given back."""
+    http = _client(sandbox, reads=Budget(600, 60))
+    limiter = http._account
+    assert limiter is not None
+    monkeypatch.setattr(limiter, "take_token", lambda create, max_wait=None, refund=0: 0.05)
+
+    def unreachable(create: bool) -> float:
+        raise sa.exc.OperationalError("SELECT", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(limiter, "_blocked_s", unreachable)
+    try:
+        with pytest.raises(NotSent) as caught:
+            http.request("GET", "/api/v1/jobs/recordInfo", label="kie-standard", idempotent=True)
+    finally:
+        http.close()
+    assert caught.value.reason is NotSentReason.LIMITER_DB
+    assert _held_slots(db, limiter.limits.account) == 0
+    assert http._limiter.semaphore._value == 2  # type: ignore[attr-defined]
+    assert sandbox.requests_total() == 0
