@@ -110,3 +110,61 @@ def test_anthropic_calls_wait_out_a_retry_after_another_call_heard(db, sandbox, 
     heard = time.monotonic()
     assert anthropic.messages("claude", messages, 16)
     assert time.monotonic() - heard >= 1.5  # the block, not the old per-call retry, held it
+
+
+# -- the worker library's poll loop -----------------------------------------------------------------
+
+
+def test_a_worker_run_whose_poll_its_limiter_held_back_polls_again_instead_of_failing(
+    db, sandbox, monkeypatch
+) -> None:
+    """The app's worker (``recon_dagster.worker``) creates a task and polls it to the end; right
+    after the create another process hears a Retry-After for the account. The worker's next poll is
+    not sent (nothing reached the provider): that is no answer and no failure, so the run polls
+    again once the account lets it, within its budget, and ends with the task's result."""
+    from recon_dagster.providers.limit_config import account_limits_from_env
+    from recon_dagster.providers.limits import AccountLimiter, account_limiter
+    from recon_dagster.worker import providers_from_env as worker_providers
+    from recon_dagster_tests.providers.test_providers_http import PAYLOADS
+
+    _shared_account(monkeypatch, "RECON_LIMIT_KIE")
+    monkeypatch.setenv("RECON_POLL_DEADLINE_S", "0.5")
+    sandbox.set_default_scenario("kie-standard", Scenario(polls_before_done=0))
+    limiter = account_limiter(account_limits_from_env("kie"))
+    assert limiter is not None
+
+    def throttled_elsewhere(task_id: str) -> None:
+        AccountLimiter(limiter.limits, limiter._engine).block_for(1.5)
+
+    status = worker_providers().kie.run(
+        "kie-standard", PAYLOADS["kie-standard"], on_task_created=throttled_elsewhere,
+        poll_interval_s=0.1, budget_s=10,
+    )  # fmt: skip
+    assert status.state.value == "succeeded"
+
+
+def test_a_worker_run_whose_polls_stay_held_back_ends_resumable_at_its_budget(db, sandbox, monkeypatch) -> None:
+    """Held back for longer than the run's poll budget: the run ends as a run out of budget (the
+    task is resumable, ``PollBudgetExceeded``), never as a provider error about a poll never sent."""
+    from recon_dagster.providers import PollBudgetExceeded
+    from recon_dagster.providers.limit_config import account_limits_from_env
+    from recon_dagster.providers.limits import AccountLimiter, account_limiter
+    from recon_dagster.worker import providers_from_env as worker_providers
+    from recon_dagster_tests.providers.test_providers_http import PAYLOADS
+
+    _shared_account(monkeypatch, "RECON_LIMIT_KIE")
+    monkeypatch.setenv("RECON_POLL_DEADLINE_S", "0.5")
+    limiter = account_limiter(account_limits_from_env("kie"))
+    assert limiter is not None
+
+    def throttled_elsewhere(task_id: str) -> None:
+        AccountLimiter(limiter.limits, limiter._engine).block_for(60)
+
+    started = time.monotonic()
+    with pytest.raises(PollBudgetExceeded) as caught:
+        worker_providers().kie.run(
+            "kie-standard", PAYLOADS["kie-standard"], on_task_created=throttled_elsewhere,
+            poll_interval_s=0.1, budget_s=2,
+        )  # fmt: skip
+    assert time.monotonic() - started < 6
+    assert isinstance(caught.value.__cause__, NotSent)
