@@ -117,3 +117,80 @@ def test_in_a_mixed_rollout_an_operator_action_on_a_shadowed_kind_changes_nothin
     assert fingerprint(db, None) == before
     act(jobs["kie-standard"])
     assert fingerprint(db, None) != before
+
+
+# -- rule 3: successes finalize refuses before any download, on every provider ------------------------
+
+
+class _Answers:
+    """An upstream whose poll answers ``status`` (a success), with the task id it names."""
+
+    def __init__(self, status) -> None:  # noqa: ANN001
+        self.status = status
+
+    def poll(self, kind: str, task_id: str):  # noqa: ANN201
+        return self.status.model_copy(update={"provider_kind": kind, "task_id": self.status.task_id or task_id})
+
+    def media_headers(self, kind, ref):  # noqa: ANN001, ANN201
+        return {}
+
+
+def _success(**kw):  # noqa: ANN003, ANN202
+    from recon_dagster.providers.status import UpstreamState, UpstreamStatus
+
+    return UpstreamStatus(provider_kind="-", state=UpstreamState.SUCCEEDED, **kw)
+
+
+def _media(kind: str):  # noqa: ANN202
+    from recon_dagster.providers.status import MediaRef
+
+    return (MediaRef(url="https://media.example/x", kind=kind),)
+
+
+# (kind, job type, the success upstream answers)
+REFUSED = {
+    "dubbing_empty": ("elevenlabs-async", "audio-dubbing", lambda: _success()),
+    "suno_lyrics_only": ("kie-suno", "suno-music", lambda: _success(result={"text": "la la"})),
+    "replicate_text_for_image": ("replicate-prediction", "image", lambda: _success(result={"output": "a cat"})),
+    "training_no_weights": ("replicate-training", "lora-training", lambda: _success(result={"version": "v"})),
+    "text_kind_empty": ("kie-standard", "text-generation", lambda: _success()),
+    "replicate_foreign": ("replicate-prediction", "image", lambda: _success(task_id="not-the-rows", media=_media("image"))),
+    "elevenlabs_foreign": ("elevenlabs-async", "audio", lambda: _success(task_id="not-the-rows", media=_media("audio"))),
+}
+
+
+@pytest.mark.parametrize("attempts", [0, 17], ids=["first", "at_cap"])
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_plan_shadow_and_enforce_agree_on_a_success_finalize_refuses(
+    db, media_dir, case: str, attempts: int
+) -> None:
+    from recon_dagster.reconcile.reconciler import Reconciler
+
+    kind, job_type, status = REFUSED[case]
+    user = make_user(db, sub=100)
+    job = make_job(
+        db, user, provider_kind=kind, provider_task_id=f"task-{secrets.token_hex(4)}", job_type=job_type,
+        started_minutes_ago=6000, reconcile_attempts=attempts,
+    )  # fmt: skip
+    reserve(db, job, user, 9)
+    upstream = _Answers(status())
+    settings = ReconcileSettings()
+    expected = "force_fail" if attempts == settings.max_attempts - 1 else "count"
+
+    [planned] = [j for j in build_plan(db, upstream, settings).jobs if j.job_id == str(job)]
+    assert planned.action.value == expected, planned
+
+    store = LocalMediaStore(base_dir=media_dir)
+    shadow = ShadowReconciler(db, upstream, store, settings=settings, modes=Modes(default=SHADOW))
+    rows, _ = shadow.claim([jobs_db.Claim(job, attempts + 1)], "shadow-run")
+    shadow.act(shadow.poll(rows), "shadow-run")
+    assert [a for a, _ in _decisions(db, job)] == [expected]
+
+    with db.begin() as conn:
+        assert jobs_db.claim_jobs(conn, [jobs_db.Claim(job, attempts)], "run-1", settings.lease_ttl)
+    Reconciler(db, upstream, store, settings=settings).reconcile(job, "run-1")
+    row = job_row(db, job)
+    if expected == "count":
+        assert row["status"] == "processing" and row["reconcile_attempts"] == attempts + 1, row
+    else:
+        assert row["status"] == "failed", row
