@@ -168,3 +168,34 @@ def test_a_worker_run_whose_polls_stay_held_back_ends_resumable_at_its_budget(db
         )  # fmt: skip
     assert time.monotonic() - started < 6
     assert isinstance(caught.value.__cause__, NotSent)
+
+
+def test_a_reconcile_poll_held_back_by_the_process_cap_is_rescheduled_not_counted(
+    db, instance, media_dir, sandbox, monkeypatch
+) -> None:
+    """The whole chain with per-process limits: every request slot of the run's process is taken
+    (other work of the same process) for longer than the poll's deadline; the run's poll is not
+    sent, the job is rescheduled with the reason, its attempt counter untouched."""
+    from recon_dagster.reconcile.decide import not_sent_reason
+    from recon_dagster_tests.reconcile.test_not_sent import _events
+    from recon_dagster_tests.support.factories import job_row
+    from recon_dagster_tests.support.reconcile import make_defs, stale_job_with_task, tick
+
+    monkeypatch.setenv("RECON_LIMITS", "process")
+    monkeypatch.setenv("RECON_POLL_DEADLINE_S", "1")
+    _, job, task = stale_job_with_task(db, sandbox, "kie-standard", attempts=3)
+    semaphore = providers_from_env().kie.http._limiter.semaphore  # the process's, shared by every copy
+    taken = 0
+    while semaphore.acquire(blocking=False):
+        taken += 1
+    try:
+        report = tick(make_defs(media_dir), instance)
+    finally:
+        for _ in range(taken):
+            semaphore.release()
+
+    row = job_row(db, job)
+    assert row["reconcile_attempts"] == 3 and row["status"] == "processing", row
+    assert sandbox.poll_count(task) == 0 and report.summary.not_sent == 1
+    [event] = _events(db, job)
+    assert event.outcome == "not_sent" and not_sent_reason(event.detail) == "slot_wait_past_deadline"
