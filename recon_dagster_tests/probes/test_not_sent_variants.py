@@ -199,3 +199,26 @@ def test_a_reconcile_poll_held_back_by_the_process_cap_is_rescheduled_not_counte
     assert sandbox.poll_count(task) == 0 and report.summary.not_sent == 1
     [event] = _events(db, job)
     assert event.outcome == "not_sent" and not_sent_reason(event.detail) == "slot_wait_past_deadline"
+
+
+@pytest.mark.parametrize("exchange", ["refused_connection", "timeout"])
+def test_a_poll_that_was_sent_counts_whatever_came_back(
+    db, instance, media_dir, sandbox, monkeypatch, exchange: str
+) -> None:
+    """The other side of the rule: a poll that left the process counts as an attempt, also when
+    nothing came back (the connection was refused, the answer never came within the deadline)."""
+    from recon_dagster_tests.reconcile.test_not_sent import _events
+    from recon_dagster_tests.support.factories import job_row
+    from recon_dagster_tests.support.reconcile import make_defs, stale_job_with_task, tick
+
+    monkeypatch.setenv("RECON_POLL_DEADLINE_S", "1")
+    scenario = Scenario(latency_s=3.0) if exchange == "timeout" else None
+    _, job, _ = stale_job_with_task(db, sandbox, "kie-standard", scenario, attempts=2)
+    if exchange == "refused_connection":
+        monkeypatch.setenv("KIE_BASE_URL", "http://127.0.0.1:1")  # nothing listens on port 1
+
+    report = tick(make_defs(media_dir), instance)
+
+    row = job_row(db, job)
+    assert row["reconcile_attempts"] == 3 and row["status"] == "processing", row
+    assert report.summary.not_sent == 0 and [e.outcome for e in _events(db, job)] == ["error"]
