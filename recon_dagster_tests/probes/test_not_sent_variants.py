@@ -240,11 +240,11 @@ def test_an_authenticated_media_download_during_a_retry_after_block_is_not_sent(
     """The poll was answered (succeeded); before finalize downloads the dubbed audio from the
     ElevenLabs API, another process hears 429 Retry-After 60 for the account. The download is a
     request to the same API on the same key: it should wait for the account like a poll does."""
+    from recon_dagster.media.store import LocalMediaStore
     from recon_dagster.providers.limit_config import account_limits_from_env
     from recon_dagster.providers.limits import AccountLimiter, account_limiter
     from recon_dagster.reconcile.finalize import MediaPolicy
     from recon_dagster.reconcile.reconciler import Reconciler
-    from recon_dagster.media.store import LocalMediaStore
     from recon_dagster_tests.support.reconcile import stale_job_with_task
 
     _shared_account(monkeypatch, "RECON_LIMIT_ELEVENLABS")
