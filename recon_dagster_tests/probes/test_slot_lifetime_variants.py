@@ -73,3 +73,47 @@ def test_a_database_error_on_the_block_check_after_a_token_wait_releases_the_slo
     assert _held_slots(db, limiter.limits.account) == 0
     assert http._limiter.semaphore._value == 2  # type: ignore[attr-defined]
     assert sandbox.requests_total() == 0
+
+
+def test_a_slot_held_while_its_request_waits_for_a_token_outlives_its_ttl(db) -> None:
+    """The request holds the account's only slot while it waits about 4 s for its token, four
+    times the slot TTL: the slot is renewed all along (no other process gets it), then freed."""
+    import threading
+    import time
+
+    from recon_dagster.providers.limits import AccountLimiter
+
+    limits = AccountLimits(f"slot-{secrets.token_hex(4)}", reads=Budget(3, 4), concurrency=1, slot_ttl_s=1.0)
+    waiter, other = AccountLimiter(limits, lambda: db), AccountLimiter(limits, lambda: db)
+    waiter.take_token(create=False)  # the burst: the next token comes in about 4 s
+    done = threading.Event()
+
+    def request() -> None:
+        with waiter.request("kie-standard", create=False, deadline=time.monotonic() + 8):
+            done.set()
+
+    t = threading.Thread(target=request)
+    t.start()
+    try:
+        time.sleep(0.3)
+        while not done.is_set():
+            held = other.take_slot("kie-veo")
+            assert held is None or done.is_set(), "the slot expired under a request waiting for its token"
+            time.sleep(0.2)
+    finally:
+        t.join(10)
+    assert done.is_set() and _held_slots(db, limits.account) == 0
+
+
+def test_a_request_interrupted_while_it_sleeps_for_its_token_gives_its_slot_back(db) -> None:
+    from recon_dagster.providers.limits import AccountLimiter
+
+    def interrupted(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    limits = AccountLimits(f"slot-{secrets.token_hex(4)}", reads=Budget(3, 4), concurrency=1, slot_ttl_s=60)
+    lim = AccountLimiter(limits, lambda: db, sleep=interrupted)
+    lim.take_token(create=False)
+    with pytest.raises(KeyboardInterrupt), lim.request("kie-standard", create=False):
+        pytest.fail("sent before its token")
+    assert _held_slots(db, limits.account) == 0
