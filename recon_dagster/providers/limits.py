@@ -195,6 +195,24 @@ _BLOCK = sa.text(
 
 # Statement and lock timeout of the setup statements (ensure): a start fails in seconds, named.
 SETUP_TIMEOUT_MS = 10_000
+# The least time a token statement is given, however little of its request's bound is left.
+TOKEN_STATEMENT_MIN_MS = 500
+
+
+def _within(conn: sa.Connection, max_wait: float | None) -> None:
+    """Bound the transaction's token statement by what the request may wait (at most the setup
+    timeout): a bucket row held by a stuck session (a process that died inside its statement
+    holds it until the server notices) is a database error at the request's bound, so the
+    request is not sent, never sent late."""
+    ms = SETUP_TIMEOUT_MS if max_wait is None else min(SETUP_TIMEOUT_MS, max(TOKEN_STATEMENT_MIN_MS, max_wait * 1000))
+    conn.execute(_STATEMENT_WITHIN, {"ms": int(ms)})
+
+
+# SET LOCAL statement_timeout to :ms, or keep a tighter one the connection already has.
+_STATEMENT_WITHIN = sa.text(
+    "SELECT set_config('statement_timeout', CAST(CAST(LEAST(CAST(:ms AS bigint), COALESCE(NULLIF("
+    "EXTRACT(EPOCH FROM CAST(current_setting('statement_timeout') AS interval)) * 1000, 0), :ms)) AS bigint) AS text), true)"
+)
 
 
 class AccountLimiter:
@@ -319,12 +337,14 @@ class AccountLimiter:
         }  # fmt: skip
         self.ensure()
         with self._engine().begin() as conn:
+            _within(conn, max_wait)
             row = conn.execute(_TAKE, params).one_or_none()
         if row is None:  # the rows went away (a wiped table): recreate them once
             with self._ready_lock:
                 self._ready = False
             self.ensure()
             with self._engine().begin() as conn:
+                _within(conn, max_wait)
                 row = conn.execute(_TAKE, params).one()
         tokens, rate, blocked_s, taken = float(row[0]), float(row[1]), float(row[2]), int(row[3])
         if taken == 0:

@@ -117,3 +117,42 @@ def test_a_request_interrupted_while_it_sleeps_for_its_token_gives_its_slot_back
     with pytest.raises(KeyboardInterrupt), lim.request("kie-standard", create=False):
         pytest.fail("sent before its token")
     assert _held_slots(db, limits.account) == 0
+
+
+def test_a_token_statement_stuck_behind_a_lock_ends_at_the_request_bound_not_sent(db, caplog) -> None:
+    """Another session holds the account's bucket row (a process whose connection died inside its
+    token statement holds it until the server notices, which takes as long as TCP keepalive): the
+    request is not sent once its bound has passed, its slot given back, instead of waiting for
+    the lock however long it is held (on the app's own engine, which has no statement timeout)."""
+    import threading
+    import time
+
+    from recon_dagster.providers.limits import AccountLimiter
+
+    limits = AccountLimits(f"slot-{secrets.token_hex(4)}", reads=Budget(600, 60), concurrency=2, slot_ttl_s=60)
+    lim = AccountLimiter(limits, lambda: db)
+    lim.ensure()
+    locked, release = threading.Event(), threading.Event()
+
+    def locker() -> None:
+        with db.begin() as conn:
+            conn.execute(
+                sa.text("SELECT 1 FROM provider_limit_buckets WHERE account = :a FOR UPDATE"), {"a": limits.account}
+            )
+            locked.set()
+            release.wait(15)
+
+    t = threading.Thread(target=locker)
+    t.start()
+    assert locked.wait(10)
+    started = time.monotonic()
+    try:
+        with pytest.raises(NotSent) as caught, lim.request("kie-standard", create=False, deadline=started + 1.0):
+            pytest.fail("sent while its token statement could not run")
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+        t.join(20)
+    assert elapsed < 3.0, elapsed  # today: as long as the lock is held (15 s here)
+    assert caught.value.reason is NotSentReason.LIMITER_DB
+    assert _held_slots(db, limits.account) == 0
