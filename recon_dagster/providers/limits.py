@@ -399,6 +399,7 @@ class AccountLimiter:
         try:
             self.ensure()
             with self._engine().begin() as conn:
+                _within(conn, None)  # never held past the setup timeout behind a stuck bucket row
                 conn.execute(_BLOCK, {"account": self.limits.account, "secs": float(seconds)})
         except _DB_ERRORS as exc:
             self._unreachable(exc, "the provider's Retry-After is not shared with other processes")

@@ -6,6 +6,10 @@ error, a timeout, an interrupt, a database error in the limiter after the slot w
 from __future__ import annotations
 
 import secrets
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import sqlalchemy as sa
@@ -78,9 +82,6 @@ def test_a_database_error_on_the_block_check_after_a_token_wait_releases_the_slo
 def test_a_slot_held_while_its_request_waits_for_a_token_outlives_its_ttl(db) -> None:
     """The request holds the account's only slot while it waits about 4 s for its token, four
     times the slot TTL: the slot is renewed all along (no other process gets it), then freed."""
-    import threading
-    import time
-
     from recon_dagster.providers.limits import AccountLimiter
 
     limits = AccountLimits(f"slot-{secrets.token_hex(4)}", reads=Budget(3, 4), concurrency=1, slot_ttl_s=1.0)
@@ -119,40 +120,58 @@ def test_a_request_interrupted_while_it_sleeps_for_its_token_gives_its_slot_back
     assert _held_slots(db, limits.account) == 0
 
 
-def test_a_token_statement_stuck_behind_a_lock_ends_at_the_request_bound_not_sent(db, caplog) -> None:
-    """Another session holds the account's bucket row (a process whose connection died inside its
-    token statement holds it until the server notices, which takes as long as TCP keepalive): the
-    request is not sent once its bound has passed, its slot given back, instead of waiting for
-    the lock however long it is held (on the app's own engine, which has no statement timeout)."""
-    import threading
-    import time
-
-    from recon_dagster.providers.limits import AccountLimiter
-
-    limits = AccountLimits(f"slot-{secrets.token_hex(4)}", reads=Budget(600, 60), concurrency=2, slot_ttl_s=60)
-    lim = AccountLimiter(limits, lambda: db)
-    lim.ensure()
+@contextmanager
+def _bucket_row_held(db: sa.Engine, account: str) -> Iterator[None]:
+    """Another session holds the account's bucket rows until the block ends."""
     locked, release = threading.Event(), threading.Event()
 
     def locker() -> None:
         with db.begin() as conn:
-            conn.execute(
-                sa.text("SELECT 1 FROM provider_limit_buckets WHERE account = :a FOR UPDATE"), {"a": limits.account}
-            )
+            conn.execute(sa.text("SELECT 1 FROM provider_limit_buckets WHERE account = :a FOR UPDATE"), {"a": account})
             locked.set()
             release.wait(15)
 
     t = threading.Thread(target=locker)
     t.start()
     assert locked.wait(10)
-    started = time.monotonic()
     try:
-        with pytest.raises(NotSent) as caught, lim.request("kie-standard", create=False, deadline=started + 1.0):
-            pytest.fail("sent while its token statement could not run")
-        elapsed = time.monotonic() - started
+        yield
     finally:
         release.set()
         t.join(20)
-    assert elapsed < 3.0, elapsed  # today: as long as the lock is held (15 s here)
+
+
+def test_a_retry_after_stuck_behind_a_held_bucket_row_is_given_up_at_the_setup_timeout(db, monkeypatch) -> None:
+    """Sharing a Retry-After (after the exchange that heard it) waits for a held bucket row at
+    most the setup timeout, then is logged and given up; it never holds the request's thread."""
+    from recon_dagster.providers import limits as limits_module
+    from recon_dagster.providers.limits import AccountLimiter
+
+    monkeypatch.setattr(limits_module, "SETUP_TIMEOUT_MS", 700)
+    limits = AccountLimits(f"slot-{secrets.token_hex(4)}", reads=Budget(600, 60))
+    lim = AccountLimiter(limits, lambda: db)
+    lim.ensure()
+    with _bucket_row_held(db, limits.account):
+        started = time.monotonic()
+        lim.block_for(30)
+        assert time.monotonic() - started < 3.0  # before: as long as the row was held (15 s)
+
+
+def test_a_token_statement_stuck_behind_a_lock_ends_at_the_request_bound_not_sent(db, caplog) -> None:
+    """Another session holds the account's bucket row (a process whose connection died inside its
+    token statement holds it until the server notices, which takes as long as TCP keepalive): the
+    request is not sent once its bound has passed, its slot given back, instead of waiting for
+    the lock however long it is held (on the app's own engine, which has no statement timeout)."""
+    from recon_dagster.providers.limits import AccountLimiter
+
+    limits = AccountLimits(f"slot-{secrets.token_hex(4)}", reads=Budget(600, 60), concurrency=2, slot_ttl_s=60)
+    lim = AccountLimiter(limits, lambda: db)
+    lim.ensure()
+    with _bucket_row_held(db, limits.account):
+        started = time.monotonic()
+        with pytest.raises(NotSent) as caught, lim.request("kie-standard", create=False, deadline=started + 1.0):
+            pytest.fail("sent while its token statement could not run")
+        elapsed = time.monotonic() - started
+    assert elapsed < 3.0, elapsed  # before: as long as the lock was held (15 s here), then sent
     assert caught.value.reason is NotSentReason.LIMITER_DB
     assert _held_slots(db, limits.account) == 0
