@@ -194,3 +194,52 @@ def test_plan_shadow_and_enforce_agree_on_a_success_finalize_refuses(
         assert row["status"] == "processing" and row["reconcile_attempts"] == attempts + 1, row
     else:
         assert row["status"] == "failed", row
+
+
+@pytest.mark.parametrize("attempts", [15, 16, 17], ids=["two_before", "one_before", "at_last"])
+def test_a_takeover_of_a_dead_runs_lease_is_counted_alike_by_plan_shadow_and_enforce(
+    db, sandbox, media_dir, attempts: int
+) -> None:
+    """A run died holding the job's lease (expired now): taking it over counts that run's attempt.
+    Plan and shadow count it too, so the three agree where the cap falls (18): below it the poll
+    of a still-running task counts one more; at it the takeover itself force-fails."""
+    from recon_dagster.reconcile.reconciler import Reconciler
+
+    user = make_user(db, sub=100)
+    task = sandbox.add_task("kie-standard", Scenario(outcome="run_forever"))
+    job = make_job(
+        db, user, provider_kind="kie-standard", provider_task_id=task, started_minutes_ago=600,
+        reconcile_attempts=attempts,
+    )  # fmt: skip
+    reserve(db, job, user, 9)
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET reconcile_lease_owner = 'dead-run', "
+                "reconcile_lease_expires_at = now() - interval '1 minute' WHERE id = :j"
+            ),
+            {"j": str(job)},
+        )
+    upstream = providers_from_env()
+    settings = ReconcileSettings()
+    store = LocalMediaStore(base_dir=media_dir)
+    after = attempts + 2  # the takeover, then this run's poll
+    expected = "leave_alone" if after < settings.max_attempts else "force_fail"
+
+    [planned] = [j for j in build_plan(db, upstream, settings).jobs if j.job_id == str(job)]
+    assert planned.action.value == expected, planned
+
+    shadow = ShadowReconciler(db, upstream, store, settings=settings, modes=Modes(default=SHADOW))
+    rows, settled = shadow.claim([jobs_db.Claim(job, attempts + 2)], "shadow-run")
+    shadow.act(shadow.poll(rows), "shadow-run")
+    assert [a for a, _ in _decisions(db, job)] == [expected]
+
+    enforce = Reconciler(db, upstream, store, settings=settings)
+    work, done = enforce.claim([jobs_db.Claim(job, attempts + 2)], "run-1")
+    if work:
+        enforce.act(enforce.poll(work), "run-1")
+    row = job_row(db, job)
+    if expected == "leave_alone":
+        assert row["status"] == "processing" and row["reconcile_attempts"] == after, row
+    else:
+        assert row["status"] == "failed", row
