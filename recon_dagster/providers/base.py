@@ -258,6 +258,9 @@ class ProviderResource(dg.ConfigurableResource):
             raise ProviderConfigError(
                 f"media {ref.url!r} needs auth but is not on the {self.PROVIDER} API host; key withheld"
             )
+        # A request to the provider's own API on the account's key: it waits for the account (a
+        # Retry-After block, the read budget) like a poll; not let out: NotSent, nothing fetched.
+        self.http.let_out(str(self.PROVIDER))
         return self.http.auth_headers
 
     @contextmanager

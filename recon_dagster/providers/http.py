@@ -636,6 +636,17 @@ class ProviderHttp:
     def _clean(self, value: object) -> str:
         return redact(str(value), self._secret)
 
+    def let_out(self, label: str) -> None:
+        """Wait, within the poll deadline, until the account lets one more read out (its
+        Retry-After block, its read token), for a request sent outside ``request``: the
+        authenticated media download from this provider's own API. Not let out in time:
+        ``NotSent``, and nothing may be sent."""
+        if self._account is None:
+            return
+        limit = self.settings.read_deadline_s
+        with self._account.request(label, create=False, deadline=time.monotonic() + limit if limit else None):
+            pass
+
     # -- streaming (authenticated media) -------------------------------------------------------
 
     @contextmanager
