@@ -18,7 +18,7 @@ from recon_dagster.core.kinds import Provider, ProviderKind, get_kind
 from recon_dagster.core.redaction import register_secret
 from recon_dagster.providers.http import HttpSettings, Limits, ProviderHttp, ProviderNotFound, json_body
 from recon_dagster.providers.limits import account_limits_from_env
-from recon_dagster.providers.status import MediaRef, ProviderError, UpstreamState, UpstreamStatus
+from recon_dagster.providers.status import MediaRef, NotSent, ProviderError, UpstreamState, UpstreamStatus
 
 ProgressCallback = Callable[[UpstreamStatus], None]
 TaskCreatedCallback = Callable[[str], None]
@@ -75,11 +75,22 @@ def poll_until_terminal(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> UpstreamStatus:
-    """Poll until a terminal state, calling ``on_progress`` after each poll; bounded by ``budget_s``."""
+    """Poll until a terminal state, calling ``on_progress`` after each poll; bounded by ``budget_s``.
+
+    A poll this process never sent (``NotSent``: its account's limiter held it back) is no answer:
+    it is asked again when the limit expects to let it out (at least the interval), within the
+    budget; past the budget the run ends resumable (``PollBudgetExceeded``), not as a poll error."""
     deadline = clock() + budget_s
     last: UpstreamStatus | None = None
     while True:
-        last = poll()
+        try:
+            last = poll()
+        except NotSent as exc:
+            remaining = deadline - clock()
+            if remaining <= 0:
+                raise PollBudgetExceeded(provider_kind, task_id, budget_s, last) from exc
+            sleep(min(max(interval_s, exc.retry_in_s or 0.0), remaining))
+            continue
         if on_progress is not None:
             on_progress(last)
         if last.terminal:
@@ -250,6 +261,9 @@ class ProviderResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # ba
             raise ProviderConfigError(
                 f"media {ref.url!r} needs auth but is not on the {self.PROVIDER} API host; key withheld"
             )
+        # A request to the provider's own API on the account's key: it waits for the account (a
+        # Retry-After block, the read budget) like a poll; not let out: NotSent, nothing fetched.
+        self.http.let_out(str(self.PROVIDER))
         return self.http.auth_headers
 
     @contextmanager

@@ -433,7 +433,7 @@ class ProviderHttp:
         )
         timeout: httpx.Timeout | None = None  # the one in effect, for a timeout's message
         try:
-            with account, self._limiter.semaphore:
+            with account, self._process_slot(label, deadline):
                 if sent is not None:
                     sent.append(True)
                 timeout = self._timeout_until(deadline)
@@ -470,6 +470,24 @@ class ProviderHttp:
                 # The provider throttles the account: everyone sharing it waits, not only us.
                 self._account.block_for(min(exc.retry_after_s, self.settings.retry_after_max_s))
             raise
+
+    @contextmanager
+    def _process_slot(self, label: str, deadline: float | None) -> Iterator[None]:
+        """One of the process's ``max_concurrency`` request slots, waited for only until
+        ``deadline``: a request still waiting then is not sent (``NotSent``), never sent late."""
+        semaphore = self._limiter.semaphore
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not semaphore.acquire(timeout=left):
+            raise NotSent(
+                label, NotSentReason.SLOT_WAIT,
+                f"{self.provider}: no request slot of this process (max_concurrency="
+                f"{self.settings.limits.max_concurrency}) came free before the request's deadline "
+                f"({left or 0.0:.1f} s left); not sent",
+            )  # fmt: skip
+        try:
+            yield
+        finally:
+            semaphore.release()
 
     def _take_process_token(self, bucket: TokenBucket, label: str, deadline: float | None) -> None:
         """The process's token, waited for only until ``deadline``: a later one is not taken and
@@ -617,6 +635,17 @@ class ProviderHttp:
 
     def _clean(self, value: object) -> str:
         return redact(str(value), self._secret)
+
+    def let_out(self, label: str) -> None:
+        """Wait, within the poll deadline, until the account lets one more read out (its
+        Retry-After block, its read token), for a request sent outside ``request``: the
+        authenticated media download from this provider's own API. Not let out in time:
+        ``NotSent``, and nothing may be sent."""
+        if self._account is None:
+            return
+        limit = self.settings.read_deadline_s
+        with self._account.request(label, create=False, deadline=time.monotonic() + limit if limit else None):
+            pass
 
     # -- streaming (authenticated media) -------------------------------------------------------
 

@@ -13,8 +13,9 @@ every process draws on one budget per account (migration 140):
   others want them, so one kind's backlog cannot starve another kind of the same provider;
 - **Retry-After**: a 429 with ``Retry-After`` blocks the account for everyone: ``blocked_until``
   on the account row, and every bucket of the account empties and refills from then on (another
-  process may still spend the tokens it reserved before the block: at most one chunk, 1 at the
-  documented polling rates).
+  process may still spend the tokens it reserved before the block that are due already: at most
+  one chunk, 1 at the documented polling rates; a request still sleeping for its token when the
+  block comes wakes to it, gives its token back and queues again behind the block).
 
 Budgets come from ``RECON_LIMIT_<PROVIDER>`` (``limit_config.parse_account_limits``), with defaults per provider
 from their documented limits. The per-process limiter in ``http.py`` stays as a fast path and is
@@ -102,11 +103,13 @@ class AccountBusy(NotSent):
 # Reserve up to :n tokens, but only those that exist by :max_wait seconds from now (NULL: any):
 # a request that would have to wait longer takes nothing, so refusals never push the next
 # token further out. The balance is brought up to now either way (a pure refill, no token moved).
+# :refund gives back tokens reserved before a Retry-After block and not used (their requests
+# queue again behind the block).
 _TAKE = sa.text(
     """
     WITH b AS (
       SELECT account, bucket, rate_per_s,
-             LEAST(burst, tokens + GREATEST(0, EXTRACT(EPOCH FROM clock_timestamp() - stamp)) * rate_per_s) AS refilled,
+             LEAST(burst, tokens + :refund + GREATEST(0, EXTRACT(EPOCH FROM clock_timestamp() - stamp)) * rate_per_s) AS refilled,
              GREATEST(0, EXTRACT(EPOCH FROM stamp - clock_timestamp())) AS blocked_s
       FROM provider_limit_buckets WHERE account = :account AND bucket = :bucket FOR UPDATE
     ), t AS (
@@ -122,6 +125,12 @@ _TAKE = sa.text(
     FROM t WHERE p.account = t.account AND p.bucket = t.bucket
     RETURNING p.tokens, t.rate_per_s, t.blocked_s, t.taken
     """
+)
+
+# Seconds the bucket is still blocked by a Retry-After (its stamp lies ahead only during a block).
+_BLOCKED = sa.text(
+    "SELECT GREATEST(0, EXTRACT(EPOCH FROM stamp - clock_timestamp())) FROM provider_limit_buckets "
+    "WHERE account = :account AND bucket = :bucket"
 )
 
 _RENEW = sa.text(
@@ -187,6 +196,24 @@ _BLOCK = sa.text(
 
 # Statement and lock timeout of the setup statements (ensure): a start fails in seconds, named.
 SETUP_TIMEOUT_MS = 10_000
+# The least time a token statement is given, however little of its request's bound is left.
+TOKEN_STATEMENT_MIN_MS = 500
+
+
+def _within(conn: sa.Connection, max_wait: float | None) -> None:
+    """Bound the transaction's token statement by what the request may wait (at most the setup
+    timeout): a bucket row held by a stuck session (a process that died inside its statement
+    holds it until the server notices) is a database error at the request's bound, so the
+    request is not sent, never sent late."""
+    ms = SETUP_TIMEOUT_MS if max_wait is None else min(SETUP_TIMEOUT_MS, max(TOKEN_STATEMENT_MIN_MS, max_wait * 1000))
+    conn.execute(_STATEMENT_WITHIN, {"ms": int(ms)})
+
+
+# SET LOCAL statement_timeout to :ms, or keep a tighter one the connection already has.
+_STATEMENT_WITHIN = sa.text(
+    "SELECT set_config('statement_timeout', CAST(CAST(LEAST(CAST(:ms AS bigint), COALESCE(NULLIF("
+    "EXTRACT(EPOCH FROM CAST(current_setting('statement_timeout') AS interval)) * 1000, 0), :ms)) AS bigint) AS text), true)"
+)
 
 
 class AccountLimiter:
@@ -287,12 +314,13 @@ class AccountLimiter:
             params,
         )
 
-    def take_token(self, create: bool, max_wait: float | None = None) -> float:
+    def take_token(self, create: bool, max_wait: float | None = None, *, refund: int = 0) -> float:
         """Reserve one token of the read or create bucket; returns the seconds to wait for it.
 
         With ``max_wait``, a token that would come later is not taken at all: ``TokenRefused``
         says when the next one comes (the bucket is left as it was, so refusals never grow the
-        wait of anyone after them)."""
+        wait of anyone after them). ``refund``: tokens the caller reserved before a Retry-After
+        block and gives back, in the same statement (taken or not)."""
         budget = self.limits.budget(create)
         if budget is None:
             return 0.0
@@ -302,18 +330,22 @@ class AccountLimiter:
             held = self._held[bucket]
             while held and held[0] + TOKEN_GRACE_S < now:
                 held.popleft()
-            if held and (max_wait is None or held[0] - now <= max_wait):
+            if not refund and held and (max_wait is None or held[0] - now <= max_wait):
                 return max(0.0, held.popleft() - now)
         n = chunk_size(budget)
-        params = {"account": self.limits.account, "bucket": bucket, "n": n, "max_wait": max_wait}
+        params = {
+            "account": self.limits.account, "bucket": bucket, "n": n, "max_wait": max_wait, "refund": refund,
+        }  # fmt: skip
         self.ensure()
         with self._engine().begin() as conn:
+            _within(conn, max_wait)
             row = conn.execute(_TAKE, params).one_or_none()
         if row is None:  # the rows went away (a wiped table): recreate them once
             with self._ready_lock:
                 self._ready = False
             self.ensure()
             with self._engine().begin() as conn:
+                _within(conn, max_wait)
                 row = conn.execute(_TAKE, params).one()
         tokens, rate, blocked_s, taken = float(row[0]), float(row[1]), float(row[2]), int(row[3])
         if taken == 0:
@@ -368,6 +400,7 @@ class AccountLimiter:
         try:
             self.ensure()
             with self._engine().begin() as conn:
+                _within(conn, None)  # never held past the setup timeout behind a stuck bucket row
                 conn.execute(_BLOCK, {"account": self.limits.account, "secs": float(seconds)})
         except _DB_ERRORS as exc:
             self._unreachable(exc, "the provider's Retry-After is not shared with other processes")
@@ -420,22 +453,41 @@ class AccountLimiter:
             delay = min(0.25, delay * 2)
 
     def _token_within(self, kind: str, create: bool, bound_s: float, bound: str) -> None:
-        """Wait for a token that comes within ``bound_s``; a later one is not taken: ``NotSent``."""
-        try:
-            wait = self.take_token(create, max_wait=bound_s)
-        except TokenRefused as refused:
-            reason = NotSentReason.LIMITER_REFUSED if refused.blocked_s > bound_s else NotSentReason.TOKEN_WAIT
-            what = (
-                f"the account is blocked by the provider's Retry-After for {refused.blocked_s:.1f} s"
-                if reason is NotSentReason.LIMITER_REFUSED
-                else f"the next token comes in {refused.next_s:.1f} s"
-            )
-            raise TokenWaitTooLong(
-                kind, None, f"account {self.limits.account!r}: {what}, after {bound}; not waited for",
-                retry_in_s=refused.next_s, reason=reason,
-            ) from None  # fmt: skip
-        if wait > 0:
+        """Wait for a token that comes within ``bound_s``; a later one is not taken: ``NotSent``.
+
+        A request that slept for its token and wakes inside a Retry-After block (the provider
+        throttled the account while it slept) does not go out: it gives the token back and
+        queues again behind the block, within what is left of ``bound_s``."""
+        until = time.monotonic() + bound_s
+        refund = 0
+        while True:
+            left = max(0.0, until - time.monotonic())
+            try:
+                wait = self.take_token(create, max_wait=left, refund=refund)
+            except TokenRefused as refused:
+                reason = NotSentReason.LIMITER_REFUSED if refused.blocked_s > left else NotSentReason.TOKEN_WAIT
+                what = (
+                    f"the account is blocked by the provider's Retry-After for {refused.blocked_s:.1f} s"
+                    if reason is NotSentReason.LIMITER_REFUSED
+                    else f"the next token comes in {refused.next_s:.1f} s"
+                )
+                raise TokenWaitTooLong(
+                    kind, None, f"account {self.limits.account!r}: {what}, after {bound}; not waited for",
+                    retry_in_s=refused.next_s, reason=reason,
+                ) from None  # fmt: skip
+            if wait <= 0:
+                return
             self._sleep(wait)
+            if self._blocked_s(create) <= 0:
+                return
+            refund = 1
+
+    def _blocked_s(self, create: bool) -> float:
+        """Seconds the account's bucket is still blocked by a provider's Retry-After (0: not)."""
+        bucket = "create" if create else "read"
+        with self._engine().connect() as conn:
+            left = conn.execute(_BLOCKED, {"account": self.limits.account, "bucket": bucket}).scalar_one_or_none()
+        return float(left or 0.0)
 
     @contextmanager
     def request(self, kind: str, *, create: bool, deadline: float | None = None) -> Iterator[None]:

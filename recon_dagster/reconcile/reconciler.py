@@ -388,6 +388,9 @@ class Reconciler:
                 policy=self.media_policy,
                 snapshot=snapshot,
             )
+        except NotSent as exc:  # its media request never left this process: not an attempt
+            deferred = Polled(row, Step.DEFER, str(exc), retry_in_s=exc.retry_in_s, not_sent=exc.reason.value)
+            return self._reschedule(row, owner, deferred, started)
         except Exception as exc:
             # An expired signed URL or a refused host: never complete without the media.
             return self._attempt_failed(
