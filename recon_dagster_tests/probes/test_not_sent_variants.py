@@ -25,7 +25,7 @@ def test_a_poll_that_waits_past_its_deadline_for_the_process_cap_is_not_sent(san
     waiting on and then going out with what is left of it (1 ms timeouts: a counted attempt)."""
     monkeypatch.setenv("RECON_LIMITS", "process")
 
-    def kie(deadline_s: float):  # noqa: ANN202 - its own client, the process's one semaphore
+    def kie(deadline_s: float):
         return providers_from_env().kie.model_copy(update={"max_concurrency": 1, "read_deadline_s": deadline_s})
 
     slow = sandbox.add_task("kie-standard", Scenario(latency_s=3.0, outcome="run_forever"))
@@ -55,14 +55,14 @@ THROTTLED_BY = {
 }
 
 
-def _shared_account(monkeypatch, variable: str) -> str:  # noqa: ANN001
+def _shared_account(monkeypatch, variable: str) -> str:
     account = f"probe-{secrets.token_hex(4)}"
     monkeypatch.setenv("RECON_LIMITS", "database")
     monkeypatch.setenv(variable, f"account={account}")
     return account
 
 
-def _throttled_call(providers, kind: str) -> None:  # noqa: ANN001
+def _throttled_call(providers, kind: str) -> None:
     """One create (or sync call) of ``kind``; the sandbox answers it 429 with a Retry-After."""
     from recon_dagster_tests.providers.test_providers_http import PAYLOADS
 
@@ -249,12 +249,12 @@ def test_an_authenticated_media_download_during_a_retry_after_block_is_not_sent(
     providers = providers_from_env()
 
     class ThrottledAfterThePoll:
-        def poll(self, kind: str, task_id: str):  # noqa: ANN202
+        def poll(self, kind: str, task_id: str):
             status = providers.poll(kind, task_id)
             AccountLimiter(limiter.limits, limiter._engine).block_for(300)
             return status
 
-        def media_headers(self, kind, ref):  # noqa: ANN001, ANN202
+        def media_headers(self, kind, ref):
             return providers.media_headers(kind, ref)
 
     from recon_dagster.db import jobs as jobs_db

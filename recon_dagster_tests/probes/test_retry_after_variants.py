@@ -31,7 +31,7 @@ def two_engines(database_url, db):
         e.dispose()
 
 
-def _limits(**kw) -> AccountLimits:  # noqa: ANN003
+def _limits(**kw) -> AccountLimits:
     return AccountLimits(f"ra-{secrets.token_hex(4)}", **kw)
 
 

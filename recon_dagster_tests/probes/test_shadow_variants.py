@@ -25,7 +25,7 @@ from recon_dagster_tests.support.factories import job_row, make_job, make_user, 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _decisions(db: sa.Engine, job) -> list[tuple[str, str]]:  # noqa: ANN001
+def _decisions(db: sa.Engine, job) -> list[tuple[str, str]]:
     with db.connect() as conn:
         return [
             (r.action, r.reason)
@@ -106,7 +106,7 @@ def test_in_a_mixed_rollout_an_operator_action_on_a_shadowed_kind_changes_nothin
         jobs[kind] = make_job(db, user, provider_kind=kind, provider_task_id=task, started_minutes_ago=600)
         reserve(db, jobs[kind], user, 5)
 
-    def act(job) -> object:  # noqa: ANN001
+    def act(job) -> object:
         if action == "retry":
             return retry_now(db, job, who="probe", why="probe")
         return fail_now(db, job, who="probe", reason="probe")
@@ -125,23 +125,23 @@ def test_in_a_mixed_rollout_an_operator_action_on_a_shadowed_kind_changes_nothin
 class _Answers:
     """An upstream whose poll answers ``status`` (a success), with the task id it names."""
 
-    def __init__(self, status) -> None:  # noqa: ANN001
+    def __init__(self, status) -> None:
         self.status = status
 
-    def poll(self, kind: str, task_id: str):  # noqa: ANN201
+    def poll(self, kind: str, task_id: str):
         return self.status.model_copy(update={"provider_kind": kind, "task_id": self.status.task_id or task_id})
 
-    def media_headers(self, kind, ref):  # noqa: ANN001, ANN201
+    def media_headers(self, kind, ref):
         return {}
 
 
-def _success(**kw):  # noqa: ANN003, ANN202
+def _success(**kw):
     from recon_dagster.providers.status import UpstreamState, UpstreamStatus
 
     return UpstreamStatus(provider_kind="-", state=UpstreamState.SUCCEEDED, **kw)
 
 
-def _media(kind: str):  # noqa: ANN202
+def _media(kind: str):
     from recon_dagster.providers.status import MediaRef
 
     return (MediaRef(url="https://media.example/x", kind=kind),)

@@ -22,7 +22,7 @@ from recon_dagster_tests.providers.test_limits_not_sent import _held_slots
 pytestmark = pytest.mark.timeout(60)
 
 
-def _client(sandbox, **limits) -> ProviderHttp:  # noqa: ANN001, ANN003
+def _client(sandbox, **limits) -> ProviderHttp:
     account = AccountLimits(f"slot-{secrets.token_hex(4)}", concurrency=2, slot_ttl_s=60, **limits)
     return ProviderHttp(
         "kie", sandbox.kie_base_url, {}, "probe-secret",
@@ -41,7 +41,7 @@ def test_whatever_ends_the_exchange_both_slots_are_given_back(db, sandbox, monke
     raised: type[BaseException] = {"error": _Boom, "keyboard_interrupt": KeyboardInterrupt, "system_exit": SystemExit}[ending]
     inside: list[int] = []
 
-    def exchange(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def exchange(*args, **kwargs):
         inside.append(_held_slots(db, http.settings.account.account))  # type: ignore[union-attr]
         raise raised("the exchange ended")
 
