@@ -30,6 +30,8 @@ from recon_dagster.db.engine import (
 )
 from recon_dagster.db.migrate import migrate
 from recon_dagster.sandbox import SandboxServer
+from recon_dagster_tests.support import markers
+from recon_dagster_tests.support.fixtures import user  # noqa: F401  (a fixture every test can ask for)
 
 # The tests opt into the embedded PostgreSQL (a deployment never does: there a missing
 # RECON_DATABASE_URL is an error): without a URL, code under test and the processes it starts may
@@ -67,6 +69,23 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     if configured:
         return int(configured)
     return max(1, min(MAX_AUTO_WORKERS, os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with what it needs (``postgres``) and whether it is ``slow``, from its
+    fixtures and folder (``support/markers.py``)."""
+    for item in items:
+        markers.apply(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    # The running test, for the daemon and browser helpers' marker check (markers.require_marker).
+    markers.set_current(item)
+    try:
+        return (yield)
+    finally:
+        markers.set_current(None)
 
 
 def _in_ci() -> bool:

@@ -1,4 +1,4 @@
-"""Issue 19 item 7: `recon-dagster dev` and `demo --serve` stop their whole process tree on
+"""`recon-dagster dev` and `demo --serve` stop their whole process tree on
 SIGTERM / SIGINT (no webserver, daemon or code server left running)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every ``RECON_*`` setting is checked at start (issue 17 item 6): a bad value is one line naming
+"""Every ``RECON_*`` setting is checked at start: a bad value is one line naming
 its variable, from the CLI (exit 1) and as a load error of the definitions, instead of a failed
 run or a failed alert later."""
 

@@ -1,4 +1,4 @@
-"""Name resolution ends by the exchange's deadline (issue 34 item 9), for provider calls and media.
+"""Name resolution ends by the exchange's deadline, for provider calls and media.
 
 ``socket.getaddrinfo`` takes no timeout, and httpx's transport resolves inside its connect: a
 resolver that does not answer held a poll, a create or a media download for as long as the system

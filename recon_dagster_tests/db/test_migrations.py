@@ -271,7 +271,7 @@ def test_migrate_command_reports_and_succeeds(
 
 
 # --------------------------------------------------------------------------------------------
-# The migration files (spec section 4 and its linter rule)
+# The migration files: their texts, names and lock rules, and what squawk says of them
 # --------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""The media guard and the deployment's egress proxy, together (issue 36 item 1).
+"""The media guard and the deployment's egress proxy, together.
 
 The rules (``recon_dagster/media/egress.py``): the guard decides every hop before the proxy sees
 anything; a checked host is tunnelled to by the address that was checked (``CONNECT <address>``,

@@ -1,4 +1,4 @@
-"""Re-encoding a watermark row's videos is bounded (issue 34 item 10): duration, frames and pixels
+"""Re-encoding a watermark row's videos is bounded: duration, frames and pixels
 per job (all its videos together) and the encode's wall time, from the documented
 ``RECON_VIDEO_*`` settings. Past any bound the job is not completed clean: a ``watermark_failed``
 anomaly, the attempt counted, nothing stored, the credits still reserved. Real videos made with

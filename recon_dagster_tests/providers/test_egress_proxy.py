@@ -1,4 +1,4 @@
-"""Provider calls and media downloads honour the deployment's egress proxy (issue 36 item 1).
+"""Provider calls and media downloads honour the deployment's egress proxy.
 
 A real forward proxy on loopback (``support.proxy``) counts what it saw: plain ``http`` polls
 arrive at it in absolute form, ``https`` ones as a ``CONNECT`` to a TLS front before the sandbox,

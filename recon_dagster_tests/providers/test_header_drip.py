@@ -1,4 +1,4 @@
-"""One overall deadline per exchange, headers included (issue 17 item 3).
+"""One overall deadline per exchange, headers included.
 
 A host that sends its response headers one line per second resets every per-read timeout; the
 poll (``RECON_POLL_DEADLINE_S``) and the media download (``RECON_MEDIA_DEADLINE_S``) must still

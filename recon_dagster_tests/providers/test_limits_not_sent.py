@@ -1,11 +1,11 @@
-"""A request the shared limiter does not let out costs nothing (issue 34 items 1, 7 and 8).
+"""A request the shared limiter does not let out costs nothing.
 
 - a refused reservation takes no token, so no sequence of refusals grows the wait: after a
-  Retry-After the account serves its budget again at once (item 1);
+  Retry-After the account serves its budget again at once;
 - a concurrency slot lives exactly as long as its request, however long the request takes and
-  however it ends (item 7);
+  however it ends;
 - a limiter that cannot reach its database fails closed: nothing is sent, the slot is released,
-  one log line says so (item 8).
+  one log line says so.
 
 Two ``AccountLimiter``s on two engines stand for two processes sharing one account.
 """
@@ -59,7 +59,7 @@ def _serve(limiter: AccountLimiter, deadline_s: float, kind: str = "kie-standard
         return False
 
 
-# -- item 1: a refusal takes no token -------------------------------------------------------------
+# -- a refusal takes no token -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("create", [False, True], ids=["reads", "creates"])
@@ -124,7 +124,7 @@ def _tokens(engine: sa.Engine, account: str) -> float:
         )
 
 
-# -- item 7: a slot lives as long as its request ----------------------------------------------------
+# -- a slot lives as long as its request ----------------------------------------------------
 
 
 def test_a_slot_outlives_its_ttl_while_its_request_is_in_flight(two_engines) -> None:
@@ -192,7 +192,7 @@ def test_a_slot_wait_past_the_deadline_is_not_sent_in_time(two_engines) -> None:
     assert time.monotonic() - started < 3  # today it waited up to SLOT_WAIT_MAX_S (600 s)
 
 
-# -- item 8: fail closed ------------------------------------------------------------------------------
+# -- fail closed ------------------------------------------------------------------------------
 
 
 def test_a_limiter_without_its_database_sends_nothing_and_says_so_once(caplog) -> None:

@@ -1,5 +1,5 @@
 """Every poll ends within its overall deadline, whatever the server's pace, and no answer is read
-past its decoded size cap (issue 8 items 3 and 7), against the loopback sandbox over real HTTP.
+past its decoded size cap, against the loopback sandbox over real HTTP.
 
 Short limits come from the environment (``RECON_POLL_DEADLINE_S``, ``RECON_POLL_MAX_BYTES``), the
 way an operator sets them, so the tests run in seconds. pytest-timeout guards against a hang.
@@ -95,7 +95,7 @@ def test_a_billed_sync_answer_is_not_held_to_the_poll_cap(sandbox, monkeypatch):
     assert len(audio) >= 256 * 1024
 
 
-# --- issue 41 item 3: a timeout says which deadline ---------------------------------------------
+# --- a timeout says which deadline ---------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["kie-standard", "replicate-prediction", "elevenlabs-async"])

@@ -1,5 +1,4 @@
-"""What a provider answer proves, through the Reconciler on real PostgreSQL (issue 7 rule 6, issue 8
-item 4): ambiguous answers count an attempt instead of failing, a success without what the job
+"""What a provider answer proves, through the Reconciler on real PostgreSQL: ambiguous answers count an attempt instead of failing, a success without what the job
 promised never completes or charges, and the attempt cap still ends every such job with a refund."""
 
 from __future__ import annotations
@@ -94,7 +93,7 @@ def _kie(data: Any, code: int = 200, msg: str = "success") -> dict[str, Any]:
     return {"code": code, "msg": msg, "data": data}
 
 
-# --- rule 6 through the sandbox and the real clients -------------------------------------------
+# --- an answer that is no proof of failure, through the sandbox and the real clients -------------------------------------------
 
 
 def test_suno_callback_exception_with_tracks_is_recovered_not_failed(db, sandbox, media_dir):
@@ -148,7 +147,7 @@ def test_documented_failures_still_fail_and_refund_at_once(db, media_dir, kind, 
     assert balances(db, user) == (Decimal(100), Decimal(50))
 
 
-# --- issue 8 item 4: a success with nothing usable ---------------------------------------------
+# --- a success with nothing usable ---------------------------------------------
 
 IMG = "https://cdn.example.com/out/0.png"
 

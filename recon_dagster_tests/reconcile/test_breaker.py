@@ -1,4 +1,4 @@
-"""Issue 7 rule 7: a burst of "not found" is a misconfiguration, not lost tasks.
+"""A burst of "not found" is a misconfiguration, not lost tasks.
 
 Real PostgreSQL, the loopback sandbox over real HTTP (a task id the sandbox never issued is what a
 wrong account or base path looks like: KIE answers 422 "recordInfo is null", Replicate and
@@ -145,7 +145,7 @@ def test_a_burst_of_not_found_from_two_processes_fails_at_most_the_burst_thresho
     assert any(r.levelno == logging.ERROR and provider in r.getMessage() for r in caplog.records)
     check = _check(db)
     assert not check.passed and check.severity is dg.AssetCheckSeverity.ERROR
-    # Open for the provider as a whole and for the kind that burst (issue 16 item 11: per kind).
+    # Open for the provider as a whole and for the kind that burst (per kind).
     assert check.metadata["open_for"].value == [provider, kind]
     # Other providers are not affected: a lone not-found elsewhere still fails at once.
     other_provider = next(p for p in sorted(KIND_OF) if p != provider)
@@ -263,7 +263,7 @@ def test_a_not_found_is_judged_against_the_found_answers_before_it(db, sandbox, 
     assert {outcomes[j] for j in running} == {Outcome.STILL_RUNNING}
 
 
-# --- issue 16 item 11: not-found is counted per kind -----------------------------------------------
+# --- not-found is counted per kind -----------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""A poll this process never sent is not an attempt (issue 34 item 2).
+"""A poll this process never sent is not an attempt.
 
 Whatever kept the poll in the process (the account's token comes after the poll's deadline, the
 account is blocked by a provider's Retry-After, no slot came free in time, the limiter's database

@@ -1,4 +1,4 @@
-"""Issue 16 item 8: the sweep reads sweepable rows on their own, so an older backlog of async rows
+"""The sweep reads sweepable rows on their own, so an older backlog of async rows
 (which only the sensor's polls can settle) never fills its batch and hides legacy or sync rows."""
 
 from __future__ import annotations
