@@ -36,6 +36,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.slow
 def test_stopping_the_parent_stops_the_whole_tree(tmp_path, sig):
     pids_file = tmp_path / "pids"
     fake = tmp_path / "fake_dev.py"

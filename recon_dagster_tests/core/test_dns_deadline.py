@@ -63,6 +63,7 @@ def _hung_base(sandbox, monkeypatch, variable: str, host: str) -> None:  # noqa:
     ("kind", "variable"),
     [("kie-standard", "KIE_BASE_URL"), ("replicate-prediction", "REPLICATE_BASE_URL")],
 )
+@pytest.mark.slow
 def test_a_poll_whose_provider_name_never_resolves_ends_at_the_poll_deadline(
     sandbox, hung_resolver, monkeypatch, kind, variable
 ):
@@ -81,6 +82,7 @@ def test_a_poll_whose_provider_name_never_resolves_ends_at_the_poll_deadline(
     assert hung_resolver and sandbox.poll_count(task) == 0
 
 
+@pytest.mark.slow
 def test_a_create_whose_provider_name_never_resolves_ends_at_its_connect_timeout(
     sandbox, hung_resolver, monkeypatch
 ):
@@ -103,6 +105,7 @@ def test_a_create_whose_provider_name_never_resolves_ends_at_its_connect_timeout
     assert len(hung_resolver) == 2 and sandbox.create_count("kie-standard") == 0
 
 
+@pytest.mark.slow
 def test_a_poll_through_a_proxy_whose_name_never_resolves_ends_at_the_poll_deadline(
     sandbox, hung_resolver, monkeypatch
 ):
@@ -121,6 +124,7 @@ def test_a_poll_through_a_proxy_whose_name_never_resolves_ends_at_the_poll_deadl
     assert "proxy.hang.test" in hung_resolver
 
 
+@pytest.mark.slow
 def test_a_media_host_checked_by_the_guard_that_never_resolves_ends_at_the_media_deadline(hung_resolver):
     deadline = 2.0
     started = time.monotonic()
@@ -131,6 +135,7 @@ def test_a_media_host_checked_by_the_guard_that_never_resolves_ends_at_the_media
     assert time.monotonic() - started < deadline + SLACK_S
 
 
+@pytest.mark.slow
 def test_an_allowed_media_host_that_never_resolves_ends_at_the_media_deadline(sandbox, hung_resolver):
     """A listed host is resolved at connect time, inside httpx's transport: cut there too."""
     deadline = 2.0

@@ -391,6 +391,7 @@ _FOUR_DECIMALS = st.integers(min_value=0, max_value=10**10).map(lambda n: D(n).s
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sub=_FOUR_DECIMALS, topup=_FOUR_DECIMALS, js_subtracts=st.booleans())
+@pytest.mark.slow
 def test_refund_split_property_pools_get_back_exactly_the_reserved_amount(
     db: sa.Engine, sub: Decimal, topup: Decimal, js_subtracts: bool
 ) -> None:

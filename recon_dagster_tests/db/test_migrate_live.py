@@ -98,6 +98,7 @@ def app_tables_on(engine: sa.Engine) -> None:
     create_app_tables(engine)
 
 
+@pytest.mark.slow
 def test_an_open_app_transaction_never_stalls_app_writes_and_migrate_finishes_after_it(
     fresh_engine: sa.Engine,
 ) -> None:

@@ -152,6 +152,7 @@ def test_135_on_a_jobs_table_that_already_has_its_columns(fresh_engine: sa.Engin
     assert schema_snapshot(fresh_engine) == before
 
 
+@pytest.mark.slow
 def test_concurrent_migrators_apply_each_file_once(fresh_engine: sa.Engine) -> None:
     barrier = threading.Barrier(3)
     results: list[list[str]] = []

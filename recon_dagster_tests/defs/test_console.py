@@ -264,6 +264,7 @@ def test_provider_health_is_materialized_at_startup_once(db, instance, media_dir
     assert request.run_key
 
 
+@pytest.mark.slow
 def test_loading_the_code_location_prints_no_dagster_beta_or_supersession_warning():
     """What `dagster dev`'s code server, every run and every sensor tick do: import the definitions."""
     import os

@@ -30,6 +30,7 @@ def _everything(folder: str) -> list[Path]:
     return [p for p in Path(folder).rglob("*") if p.is_file()]
 
 
+@pytest.mark.slow
 def test_a_dripping_download_into_the_store_stops_at_the_deadline(sandbox, tmp_path):
     task = sandbox.add_task("kie-standard", DRIP_MEDIA)
     store = FolderWriter(tmp_path)
@@ -41,6 +42,7 @@ def test_a_dripping_download_into_the_store_stops_at_the_deadline(sandbox, tmp_p
     assert _everything(str(tmp_path)) == []  # all-or-nothing: no object, no part file
 
 
+@pytest.mark.slow
 def test_a_dripping_image_fetch_stops_at_the_deadline(sandbox):
     task = sandbox.add_task("kie-standard", DRIP_MEDIA)
     with pytest.raises(MediaFetchError, match="deadline"):
@@ -48,6 +50,7 @@ def test_a_dripping_image_fetch_stops_at_the_deadline(sandbox):
 
 
 @pytest.mark.parametrize("every_s", [1.0, 8.0], ids=["a-byte-a-second", "a-byte-every-8-s"])
+@pytest.mark.slow
 def test_a_body_dripped_slowly_ends_at_the_deadline_not_at_its_next_byte(sandbox, every_s):
     """The body's reads run under the download's deadline, so the read in
     progress ends at the deadline (the 30 s read timeout never fires against a drip, and the

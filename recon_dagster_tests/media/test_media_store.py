@@ -327,6 +327,7 @@ def test_from_env_defaults_to_local(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert Path(default.base_dir) == tmp_path / ".recon" / "media"
 
 
+@pytest.mark.slow
 def test_from_env_s3_in_and_out_of_dagster(monkeypatch: pytest.MonkeyPatch, moto_endpoint: str) -> None:
     secret = "s3cr3t-value-never-shown"
     monkeypatch.setenv("RECON_S3_BUCKET", BUCKET)
@@ -387,6 +388,7 @@ print(json.dumps({"before": imported_before_move, "heavy": heavy, "sizes": sizes
 """
 
 
+@pytest.mark.slow
 def test_production_move_path_imports_no_dagster(
     media_server: MediaServer, moto_endpoint: str, tmp_path: Path
 ) -> None:
@@ -516,6 +518,7 @@ def test_plain_classes_never_show_secrets(moto_endpoint: str) -> None:
         assert "AKIDNEVERSHOWN" not in text
 
 
+@pytest.mark.slow
 def test_the_code_location_loads_without_dagster_aws_when_media_is_local():
     # Every run worker imports the code location; dagster_aws (its components, boto3) was ~40% of
     # that import. It is loaded only when the S3 store is configured or asked for by name.

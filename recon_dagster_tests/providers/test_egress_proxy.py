@@ -115,6 +115,7 @@ def test_no_proxy_sends_a_listed_host_direct(sandbox, proxy, monkeypatch, no_pro
     assert status.state.value == "succeeded" and sandbox.poll_count(task) == 1
 
 
+@pytest.mark.slow
 def test_a_create_the_proxy_refuses_was_never_sent_so_it_is_retried_not_ambiguous(
     sandbox, tls_front, monkeypatch
 ):

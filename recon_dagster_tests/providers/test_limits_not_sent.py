@@ -63,6 +63,7 @@ def _serve(limiter: AccountLimiter, deadline_s: float, kind: str = "kie-standard
 
 
 @pytest.mark.parametrize("create", [False, True], ids=["reads", "creates"])
+@pytest.mark.slow
 def test_refusals_during_a_retry_after_never_grow_the_wait_after_it(two_engines, create: bool) -> None:
     """Two processes keep asking while the account is blocked; every ask is refused (its token
     would come after its deadline). Once the block ends the account serves its rate at once:
@@ -127,6 +128,7 @@ def _tokens(engine: sa.Engine, account: str) -> float:
 # -- a slot lives as long as its request ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_slot_outlives_its_ttl_while_its_request_is_in_flight(two_engines) -> None:
     """A request that takes three times the slot TTL keeps its slot all along (renewed while in
     flight): another process never gets the account's only slot meanwhile, and gets it right after."""

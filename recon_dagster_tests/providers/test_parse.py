@@ -485,12 +485,14 @@ def _check(kind, body):
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(KIND_NAMES), body=bodies | kie_bodies | json_like)
+@pytest.mark.slow
 def test_parser_never_raises_anything_else(kind, body):
     _check(kind, body)
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=mutated())
+@pytest.mark.slow
 def test_parser_never_raises_anything_else_near_valid_bodies(case):
     _check(*case)
 

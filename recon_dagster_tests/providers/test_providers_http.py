@@ -199,6 +199,7 @@ def _retry_waits(caplog) -> list[float]:
     ]
 
 
+@pytest.mark.slow
 def test_429_retry_after_is_honoured_then_succeeds(sb, caplog):
     caplog.set_level(logging.WARNING, logger="recon_dagster.providers")
     task_id = sb.add_task(
@@ -514,6 +515,7 @@ def test_provider_http_repr_hides_headers():
     http.close()
 
 
+@pytest.mark.slow
 def test_kie_in_envelope_429_honours_retry_after_header(sb, caplog):
     caplog.set_level(logging.WARNING, logger="recon_dagster.providers")
     scenario = Scenario(polls_before_done=0, kie_http200_errors=True, rate_limit_first=1, retry_after_s=1)

@@ -260,6 +260,7 @@ def success_cases(draw: st.DrawFn) -> tuple[str, str, Any, Any]:
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=success_cases())
+@pytest.mark.slow
 def test_no_success_body_completes_a_media_job_without_stored_media(db, sandbox, media_dir, case):
     kind, job_type, media, text = case
     task = sandbox.add_task(kind, Scenario(polls_before_done=0))

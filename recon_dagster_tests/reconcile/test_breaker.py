@@ -113,6 +113,7 @@ def _start_other_process(db: sa.Engine, media_dir: str, jobs: list[uuid.UUID]) -
 
 
 @pytest.mark.parametrize("provider", sorted(KIND_OF))
+@pytest.mark.slow
 def test_a_burst_of_not_found_from_two_processes_fails_at_most_the_burst_threshold(
     db, sandbox, media_dir, provider, caplog
 ):
@@ -178,6 +179,7 @@ def test_the_breaker_closes_once_the_burst_leaves_the_window(db, sandbox, media_
     assert one(db, "SELECT count(*) FROM provider_poll_answers WHERE at < now() - interval '10 minutes'") == 0
 
 
+@pytest.mark.slow
 def test_a_burst_that_is_not_most_of_the_answers_does_not_open_the_breaker(db, sandbox, media_dir):
     # 30 healthy answers, then 8 genuinely lost tasks: a bad batch, not a bad configuration.
     running = [
@@ -227,6 +229,7 @@ def test_a_smaller_configured_burst_opens_sooner(db, sandbox, media_dir):
 # --- answers that cannot open the breaker are written in batches ----------------------------------
 
 
+@pytest.mark.slow
 def test_found_answers_are_recorded_in_a_few_statements_and_all_counted(db, sandbox, media_dir):
     # One INSERT per poll was a transaction per poll (about 6% of a backlog run's CPU); a found
     # answer can only lower the not-found share, so it may wait for a batch.
@@ -241,6 +244,7 @@ def test_found_answers_are_recorded_in_a_few_statements_and_all_counted(db, sand
         assert {w.provider: w.answers for w in provider_windows(conn, BreakerPolicy())} == {"kie": 120}
 
 
+@pytest.mark.slow
 def test_a_not_found_is_judged_against_the_found_answers_before_it(db, sandbox, media_dir, monkeypatch):
     # This process's held found answers are written before a not-found is counted, so a healthy
     # batch with a few lost tasks does not look like a burst (and fails those tasks). One thread,
@@ -274,6 +278,7 @@ def test_a_not_found_is_judged_against_the_found_answers_before_it(db, sandbox, 
         ("kie-veo", "kie-runway"),
     ],
 )
+@pytest.mark.slow
 def test_not_found_breaker_counts_per_kind_whatever_the_providers_other_traffic(
     db, sandbox, media_dir, healthy, bursting
 ):

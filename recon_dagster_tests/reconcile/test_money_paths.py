@@ -144,6 +144,7 @@ LATE_FAILS = {
 
 @pytest.mark.parametrize("path", sorted(LATE_FAILS))
 @pytest.mark.parametrize("terminal", ["completed", "cancelled", "failed"])
+@pytest.mark.slow
 def test_a_late_fail_on_a_terminal_row_changes_nothing(
     db: sa.Engine, listener: Listener, path: str, terminal: str
 ) -> None:
@@ -382,6 +383,7 @@ def test_finalize_of_another_kind_leaves_a_character_alone(db: sa.Engine, store:
 
 
 @pytest.mark.parametrize("terminal", ["completed", "cancelled", "failed"])
+@pytest.mark.slow
 def test_a_late_finalize_changes_nothing(
     db: sa.Engine, store: LocalMediaStore, listener: Listener, terminal: str
 ) -> None:

@@ -337,6 +337,7 @@ def test_sole_cause_means_sole_cause(db, instance, media_dir, sandbox, sibling_s
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_no_credit_leak_does_not_scan_all_of_usage_logs(db):
     with db.begin() as conn:
         conn.execute(

@@ -354,6 +354,7 @@ def make_machine(engine: sa.Engine, media_root: str) -> type[RuleBasedStateMachi
 
 
 @pytest.mark.timeout(0)
+@pytest.mark.slow
 def test_jobs_state_machine(engine: sa.Engine, sandbox: SandboxServer, tmp_path: Any) -> None:
     """``sandbox`` (conftest) points the provider environment at the loopback sandbox."""
     machine = make_machine(engine, str(tmp_path))
