@@ -31,7 +31,10 @@ from recon_dagster.db.engine import (
 from recon_dagster.db.migrate import migrate
 from recon_dagster.sandbox import SandboxServer
 from recon_dagster_tests.support import markers
-from recon_dagster_tests.support.fixtures import user  # noqa: F401  (a fixture every test can ask for)
+
+# Fixtures any test can ask for by name.
+from recon_dagster_tests.support.fixtures import user  # noqa: F401
+from recon_dagster_tests.support.s3 import moto_endpoint  # noqa: F401
 
 # The tests opt into the embedded PostgreSQL (a deployment never does: there a missing
 # RECON_DATABASE_URL is an error): without a URL, code under test and the processes it starts may
@@ -189,8 +192,12 @@ def fresh_engine(engine: sa.Engine) -> Iterator[sa.Engine]:
 
 
 @pytest.fixture(scope="module")
-def sandbox() -> Iterator[SandboxServer]:
-    """The loopback provider sandbox, with the provider env vars pointing at it."""
+def sandbox(engine: sa.Engine) -> Iterator[SandboxServer]:
+    """The loopback provider sandbox, with the provider env vars pointing at it.
+
+    With the session database migrated: every provider call goes through the account's shared limiter,
+    which keeps its tokens and slots in PostgreSQL (so a test using the sandbox is ``postgres``).
+    """
     with SandboxServer() as sb:
         saved = {k: os.environ.get(k) for k in sb.env()}
         os.environ.update(sb.env())

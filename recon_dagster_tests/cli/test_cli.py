@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from recon_dagster.db import engine as engine_mod
 from recon_dagster.db.engine import with_database
 from recon_dagster.sandbox import Scenario
+from recon_dagster_tests.support.cli import one_line_failure
 from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
 from recon_dagster_tests.support.reconcile import evaluate_sensor, make_defs
 
@@ -34,18 +35,6 @@ def _cli(
         cwd=cwd,
         timeout=300,
     )
-
-
-def one_line_failure(out: subprocess.CompletedProcess, command: str, code: int = 1) -> tuple[str, str]:
-    """The CLI's failure contract: exit ``code``, stderr's last line ``recon-dagster <cmd>: <what>;
-    <how to fix>``, no traceback, no Dagster harness text. Returns (what, fix)."""
-    assert out.returncode == code, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
-    for noise in ("Traceback", "Stack Trace", "Test raised an exception", "Warning:", "site-packages"):
-        assert noise not in out.stderr, out.stderr[-3000:]
-    last = out.stderr.strip().splitlines()[-1]
-    m = re.fullmatch(rf"recon-dagster {command}: (.+?); (.+)", last)
-    assert m, out.stderr
-    return m.group(1), m.group(2)
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from recon_dagster.media.errors import MediaFetchError
 from recon_dagster.media.transfer import fetch_bytes
 from recon_dagster.providers import AmbiguousCreateError, ProviderHTTPError, providers_from_env
 from recon_dagster.sandbox import Scenario
-from recon_dagster_tests.providers.test_providers_http import PAYLOADS
+from recon_dagster_tests.support.payloads import PAYLOADS
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,7 +20,7 @@ from recon_dagster.cli.commands import build_parser
 from recon_dagster.db import engine as engine_mod
 from recon_dagster.db.embedded import PGDATA_ENV
 from recon_dagster.db.engine import DATABASE_URL_ENV, EMBEDDED_ENV, DatabaseNotConfigured
-from recon_dagster_tests.cli.test_cli import one_line_failure
+from recon_dagster_tests.support.cli import one_line_failure
 from recon_dagster_tests.support.topology import free_port
 
 MISSING = "RECON_DATABASE_URL is not set"

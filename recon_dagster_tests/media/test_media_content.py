@@ -73,6 +73,7 @@ def _in_flight_with_an_attempt(db, user, job, media_dir) -> None:  # noqa: ANN00
     assert stored_files(media_dir) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("watermark", [False, True], ids=["clean-row", "watermark-row"])
 @pytest.mark.parametrize("body", sorted(BODIES))
 @pytest.mark.parametrize("promise", sorted(PROMISES))

@@ -18,8 +18,8 @@ import pytest
 from recon_dagster.providers import AmbiguousCreateError, ProviderHTTPError, providers_from_env
 from recon_dagster.reconcile import finalize
 from recon_dagster.sandbox import SandboxServer, Scenario
-from recon_dagster_tests.providers.test_providers_http import PAYLOADS
 from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
+from recon_dagster_tests.support.payloads import PAYLOADS
 from recon_dagster_tests.support.proxy import ForwardProxy, TlsFront, forward_proxy
 from recon_dagster_tests.support.reconcile import make_defs, tick, usage_status
 

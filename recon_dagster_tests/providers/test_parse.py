@@ -17,20 +17,9 @@ from recon_dagster.providers import (
     parse_poll_response,
 )
 from recon_dagster.providers.parse import KieEnvelopeError
+from recon_dagster_tests.support.poll_bodies import IMG, NF, E, F, R, S, kie, pred
 
-R, S, F, E, NF = (
-    UpstreamState.RUNNING,
-    UpstreamState.SUCCEEDED,
-    UpstreamState.FAILED,
-    UpstreamState.EXPIRED,
-    UpstreamState.NOT_FOUND,
-)
-IMG = "https://tempfile.aiquickdraw.com/r/abc.png"
 VID = "https://cdn.example.com/v/abc.mp4"
-
-
-def kie(data, code=200, msg="success"):
-    return {"code": code, "msg": msg, "data": data}
 
 
 def market(state, **extra):
@@ -239,15 +228,6 @@ def test_runway_spelling_is_not_market_spelling():
 
 
 # --- Replicate --------------------------------------------------------------------------------
-
-
-def pred(status, **extra):
-    return {
-        "id": "p1",
-        "status": status,
-        "urls": {"get": "https://api.replicate.com/v1/predictions/p1"},
-        **extra,
-    }
 
 
 @pytest.mark.parametrize("status", ["starting", "processing"])

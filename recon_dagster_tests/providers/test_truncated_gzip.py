@@ -20,7 +20,7 @@ import pytest
 
 from recon_dagster.providers import AmbiguousCreateError, ProviderHTTPError, providers_from_env
 from recon_dagster.sandbox import SandboxServer, Scenario
-from recon_dagster_tests.providers.test_providers_http import PAYLOADS
+from recon_dagster_tests.support.payloads import PAYLOADS
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -25,8 +25,6 @@ from recon_dagster.media.store import S3MediaStore
 from recon_dagster.providers import ProvidersResource, UpstreamStatus, providers_from_env
 from recon_dagster.reconcile import app_worker as worker
 from recon_dagster.sandbox import SandboxServer, Scenario
-from recon_dagster_tests.media.test_media_store import BUCKET, _s3_resource, moto_endpoint  # noqa: F401
-from recon_dagster_tests.reconcile.test_scan_plan import _index_of, _nodes
 from recon_dagster_tests.support.factories import (
     balances,
     job_row,
@@ -36,7 +34,9 @@ from recon_dagster_tests.support.factories import (
     reserve,
 )
 from recon_dagster_tests.support.ledger import anomaly_reasons
+from recon_dagster_tests.support.plans import index_of, plan_nodes
 from recon_dagster_tests.support.reconcile import make_defs, one, stale_job_id, tick, usage_status
+from recon_dagster_tests.support.s3 import BUCKET, s3_resource
 
 D = Decimal
 PRECALL_BUDGET_ENV = "RECON_PRECALL_BUDGET_S"
@@ -281,13 +281,13 @@ def test_a_watermarked_job_never_exposes_its_clean_original_s3(
     db,
     instance,
     sandbox,
-    moto_endpoint,  # noqa: F811
+    moto_endpoint,
     should_watermark,
 ):
     job = _stuck_image(db, sandbox, should_watermark)
     prefix = f"wm-{uuid.uuid4().hex[:8]}/"
     store = S3MediaStore(
-        s3=_s3_resource(moto_endpoint), bucket=BUCKET, prefix=prefix, public_base_url="https://cdn.example"
+        s3=s3_resource(moto_endpoint), bucket=BUCKET, prefix=prefix, public_base_url="https://cdn.example"
     )
     defs = build_defs(
         {
@@ -367,10 +367,10 @@ def test_no_credit_leak_does_not_scan_all_of_usage_logs(db):
             sa.text("EXPLAIN (FORMAT JSON) " + assets.CREDIT_LEAK_SQL), {"grace": 10}
         ).scalar_one()
     plan = raw if isinstance(raw, list) else json.loads(raw)
-    nodes = _nodes(plan[0]["Plan"])
+    nodes = plan_nodes(plan[0]["Plan"])
     on_logs = [n for n in nodes if n.get("Relation Name") == "usage_logs"]
     assert on_logs
-    assert {_index_of(n) for n in on_logs} == {"usage_logs_reserved_idx"}, [n["Node Type"] for n in on_logs]
+    assert {index_of(n) for n in on_logs} == {"usage_logs_reserved_idx"}, [n["Node Type"] for n in on_logs]
     assert all(n["Node Type"] != "Seq Scan" for n in nodes if n.get("Relation Name") == "jobs")
 
 

@@ -119,6 +119,7 @@ CASES = list(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("status", "row_task", "task", "reserved", "nan", "asset"), CASES)
 def test_one_statement_writes_what_the_three_wrote(db, status, row_task, task, reserved, nan, asset):  # noqa: ANN001
     user_a, row_a = _setup(db, status, row_task, reserved, nan)

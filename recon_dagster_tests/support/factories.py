@@ -308,3 +308,27 @@ def job_row_value(
         "started_at": None,
     }
     return JobRow(**{**values, **fields})
+
+
+def unsaved_job_row(provider_kind: str | None, provider_task_id: str | None) -> JobRow:
+    """A ``JobRow`` as a scan would load it (in flight, called just now), never written anywhere."""
+    return JobRow(
+        id=uuid.uuid4(),
+        status="processing",
+        user_id=uuid.uuid4(),
+        job_type="image",
+        provider_kind=provider_kind,
+        provider_task_id=provider_task_id,
+        provider_call_started_at=datetime.now(UTC),
+        reconcile_attempts=0,
+        reconcile_last_error=None,
+        reconcile_lease_owner=None,
+        reconcile_lease_expires_at=None,
+        should_watermark=False,
+        is_public=None,
+        workflow_execution_id=None,
+        node_id=None,
+        progress=0,
+        created_at=datetime.now(UTC),
+        started_at=None,
+    )
