@@ -30,6 +30,11 @@ from recon_dagster.db.engine import (
 )
 from recon_dagster.db.migrate import migrate
 from recon_dagster.sandbox import SandboxServer
+from recon_dagster_tests.support import markers
+
+# Fixtures any test can ask for by name.
+from recon_dagster_tests.support.fixtures import user  # noqa: F401
+from recon_dagster_tests.support.s3 import moto_endpoint  # noqa: F401
 
 # The tests opt into the embedded PostgreSQL (a deployment never does: there a missing
 # RECON_DATABASE_URL is an error): without a URL, code under test and the processes it starts may
@@ -67,6 +72,23 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     if configured:
         return int(configured)
     return max(1, min(MAX_AUTO_WORKERS, os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with what it needs (``postgres``) and whether it is ``slow``, from its
+    fixtures and folder (``support/markers.py``)."""
+    for item in items:
+        markers.apply(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    # The running test, for the daemon and browser helpers' marker check (markers.require_marker).
+    markers.set_current(item)
+    try:
+        return (yield)
+    finally:
+        markers.set_current(None)
 
 
 def _in_ci() -> bool:
@@ -170,8 +192,12 @@ def fresh_engine(engine: sa.Engine) -> Iterator[sa.Engine]:
 
 
 @pytest.fixture(scope="module")
-def sandbox() -> Iterator[SandboxServer]:
-    """The loopback provider sandbox, with the provider env vars pointing at it."""
+def sandbox(engine: sa.Engine) -> Iterator[SandboxServer]:
+    """The loopback provider sandbox, with the provider env vars pointing at it.
+
+    With the session database migrated: every provider call goes through the account's shared limiter,
+    which keeps its tokens and slots in PostgreSQL (so a test using the sandbox is ``postgres``).
+    """
     with SandboxServer() as sb:
         saved = {k: os.environ.get(k) for k in sb.env()}
         os.environ.update(sb.env())

@@ -1,4 +1,4 @@
-"""Poison rows for the fault harness (issue 17): values a jobs row can hold that Python's datetime
+"""Poison rows for the fault harness: values a jobs row can hold that Python's datetime
 or an int4 increment cannot carry on. ``poison`` marks a quarter of a reconcile round's jobs; the
 round's other jobs are their batch-mates, and every one of them must end settled."""
 

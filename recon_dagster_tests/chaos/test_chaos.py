@@ -70,7 +70,7 @@ def test_no_duplicate_upstream_creates(campaign: harness.Campaign, case: str) ->
     assert rep.duplicate_creates == 0, rep.examples
 
 
-# A SIGKILL mid-download used to leave the folder store's .part file behind (issue 8 item 7): the
+# A SIGKILL mid-download used to leave the folder store's .part file behind: the
 # next write into the folder now removes parts whose writer is gone.
 LEFTOVER_CASES = CASE_IDS
 

@@ -36,7 +36,7 @@ RECONCILE_POINTS = (
     "finalize.after_commit",
     "refund.in_settle",
 )
-# Poison rows (issue 17): a quarter of a reconcile round's jobs hold a value Python or an int4
+# Poison rows: a quarter of a reconcile round's jobs hold a value Python or an int4
 # cannot carry on; their batch-mates must settle all the same, and so must they.
 POISONS = ("poison.timestamp", "counter.max")
 FAULTS = ("sandbox.outage", "postgres.restart", *POISONS)

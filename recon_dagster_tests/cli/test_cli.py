@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from recon_dagster.db import engine as engine_mod
 from recon_dagster.db.engine import with_database
 from recon_dagster.sandbox import Scenario
+from recon_dagster_tests.support.cli import one_line_failure
 from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
 from recon_dagster_tests.support.reconcile import evaluate_sensor, make_defs
 
@@ -36,24 +37,14 @@ def _cli(
     )
 
 
-def one_line_failure(out: subprocess.CompletedProcess, command: str, code: int = 1) -> tuple[str, str]:
-    """The CLI's failure contract: exit ``code``, stderr's last line ``recon-dagster <cmd>: <what>;
-    <how to fix>``, no traceback, no Dagster harness text. Returns (what, fix)."""
-    assert out.returncode == code, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
-    for noise in ("Traceback", "Stack Trace", "Test raised an exception", "Warning:", "site-packages"):
-        assert noise not in out.stderr, out.stderr[-3000:]
-    last = out.stderr.strip().splitlines()[-1]
-    m = re.fullmatch(rf"recon-dagster {command}: (.+?); (.+)", last)
-    assert m, out.stderr
-    return m.group(1), m.group(2)
-
-
+@pytest.mark.slow
 def test_migrate_twice_is_a_no_op(engine, database_url):
     out = _cli("migrate", "--database-url", database_url)
     assert out.returncode == 0, out.stderr
     assert "up to date" in out.stdout
 
 
+@pytest.mark.slow
 def test_status_prints_inflight_and_stale_counts_per_kind(db):
     user = make_user(db)
     make_job(db, user, provider_kind="kie-veo", provider_task_id="t", started_minutes_ago=40)
@@ -66,6 +57,7 @@ def test_status_prints_inflight_and_stale_counts_per_kind(db):
     assert line.split()[1:3] == ["2", "1"]
 
 
+@pytest.mark.slow
 def test_reconcile_once_recovers_and_prints_the_tick_summary(db, sandbox, tmp_path):
     user = make_user(db)
     task = sandbox.add_task("kie-standard", Scenario(polls_before_done=0))
@@ -82,12 +74,14 @@ def test_reconcile_once_recovers_and_prints_the_tick_summary(db, sandbox, tmp_pa
     assert "sandbox-key" not in out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_reconcile_without_once_explains_itself():
     out = _cli("reconcile")
     assert out.returncode == 2
     assert "--once" in out.stderr
 
 
+@pytest.mark.slow
 def test_unreachable_or_malformed_database_gives_a_clear_one_line_error():
     refused = _cli("status", env={"RECON_DATABASE_URL": "postgresql://root:s3cret@127.0.0.1:1/nope"})
     assert refused.returncode == 1
@@ -132,6 +126,7 @@ def unmigrated_url(database_url) -> Iterator[str]:
 
 
 @pytest.mark.parametrize("command", [("status",), ("reconcile", "--once")])
+@pytest.mark.slow
 def test_an_unmigrated_database_says_run_migrate(unmigrated_url, command):
     out = _cli(*command, env={"RECON_DATABASE_URL": unmigrated_url})
     what, fix = one_line_failure(out, command[0])
@@ -152,6 +147,7 @@ def test_an_unmigrated_database_says_run_migrate(unmigrated_url, command):
     ],
 )
 @pytest.mark.parametrize("command", [("status",), ("reconcile", "--once"), ("migrate",)])
+@pytest.mark.slow
 def test_database_url_errors_name_the_bad_part(url, names, command):
     for out in (
         _cli(*command, env={"RECON_DATABASE_URL": url}),
@@ -166,6 +162,7 @@ def test_database_url_errors_name_the_bad_part(url, names, command):
 
 
 @pytest.mark.parametrize("command", [("status",), ("reconcile", "--once"), ("migrate",)])
+@pytest.mark.slow
 def test_an_unreachable_database_is_one_line_with_the_fix(command):
     out = _cli(*command, env={"RECON_DATABASE_URL": "postgresql://root:s3cret@127.0.0.1:1/nope"})
     what, fix = one_line_failure(out, command[0])
@@ -174,6 +171,7 @@ def test_an_unreachable_database_is_one_line_with_the_fix(command):
     assert fix == "start PostgreSQL there, or point RECON_DATABASE_URL / --database-url at a running one"
 
 
+@pytest.mark.slow
 def test_database_url_flag_wins_over_the_environment(engine, database_url):
     out = _cli("status", "--database-url", database_url, env={"RECON_DATABASE_URL": "not-a-url"})
     assert out.returncode == 0, out.stderr
@@ -201,6 +199,7 @@ def test_every_command_that_touches_the_database_takes_database_url():
         (("sandbox", "--port", "x"), "sandbox", "argument --port: invalid int value: 'x'"),
     ],
 )
+@pytest.mark.slow
 def test_usage_errors_are_one_line_and_exit_2(argv, command, what):
     out = _cli(*argv)
     if command:
@@ -212,6 +211,7 @@ def test_usage_errors_are_one_line_and_exit_2(argv, command, what):
     assert fix.startswith("see `recon-dagster") or fix.startswith("run `recon-dagster")
 
 
+@pytest.mark.slow
 def test_debug_shows_the_traceback():
     bad = {"RECON_DATABASE_URL": "postgresql://root@127.0.0.1:1/nope"}
     for out in (_cli("--debug", "status", env=bad), _cli("status", "--debug", env=bad),
@@ -220,6 +220,7 @@ def test_debug_shows_the_traceback():
         assert "Traceback" in out.stderr and "DatabaseUnavailable" in out.stderr
 
 
+@pytest.mark.slow
 def test_sandbox_on_a_busy_port_is_one_line():
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -231,6 +232,7 @@ def test_sandbox_on_a_busy_port_is_one_line():
     assert fix == "pick another --port"
 
 
+@pytest.mark.slow
 def test_a_failed_run_is_a_summary_line_not_dagsters_harness_output(db, tmp_path):
     user = make_user(db)
     make_job(db, user, provider_kind="kie-standard", provider_task_id="t", started_minutes_ago=30)
@@ -251,6 +253,7 @@ def test_a_failed_run_is_a_summary_line_not_dagsters_harness_output(db, tmp_path
     assert "ERROR" not in out.stderr
 
 
+@pytest.mark.slow
 def test_a_provider_outage_is_a_summary_line(db, tmp_path):
     user = make_user(db)
     job = make_job(db, user, provider_kind="kie-standard", provider_task_id="t", started_minutes_ago=30)
@@ -288,6 +291,7 @@ def test_the_cli_filters_the_same_dagster_warnings_as_pytest():
     assert set(pyproject["tool"]["pytest"]["ini_options"]["filterwarnings"]) == set(DAGSTER_NOISE)
 
 
+@pytest.mark.slow
 def test_status_explains_due_versus_stale_per_kind(db):
     user = make_user(db)
     make_job(db, user, provider_kind="kie-veo", provider_task_id="due", started_minutes_ago=40)

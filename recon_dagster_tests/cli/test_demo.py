@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from recon_dagster.cli.demo import DEMO_JOBS
 
 
@@ -34,6 +36,7 @@ def _rows(stdout: str) -> dict[str, list[str]]:
     return rows
 
 
+@pytest.mark.slow
 def test_demo_recovers_the_incident_and_settles_every_family(engine, tmp_path):
     home = tmp_path / "dagster_home"
     home.mkdir()

@@ -1,4 +1,4 @@
-"""Find any job (issue 10 item 4): a job id gives its whole story, from the ``explain_job`` run and
+"""Find any job: a job id gives its whole story, from the ``explain_job`` run and
 from ``recon-dagster explain``, for jobs reconciled inside a batch through ``reconcile_once``.
 
 Real PostgreSQL, the loopback sandbox over HTTP, a real (temporary) Dagster instance."""
@@ -16,14 +16,7 @@ from recon_dagster.core.runtags import JOB_COUNT_TAG
 from recon_dagster.operator import explain as ex
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.support.factories import make_job, make_user, reserve
-from recon_dagster_tests.support.reconcile import make_defs, tick
-
-
-def _stuck(db, sandbox, user, kind, scenario):
-    task = sandbox.add_task(kind, scenario)
-    job = make_job(db, user, provider_kind=kind, provider_task_id=task, started_minutes_ago=60)
-    reserve(db, job, user, 30, from_sub=20, from_topup=10)
-    return job, task
+from recon_dagster_tests.support.reconcile import make_defs, stale_job_with_task, tick
 
 
 @pytest.fixture
@@ -31,10 +24,10 @@ def batch(db, sandbox, instance, media_dir):
     """Four KIE jobs reconciled as ONE batch run (recovered, failed upstream, two still running),
     then a second tick on the still-running ones and a sweep of a legacy row."""
     user = make_user(db)
-    recovered, recovered_task = _stuck(db, sandbox, user, "kie-standard", Scenario(polls_before_done=0))
-    failed, _ = _stuck(db, sandbox, user, "kie-standard", Scenario(outcome="fail", polls_before_done=0))
-    running, running_task = _stuck(db, sandbox, user, "kie-standard", Scenario(outcome="run_forever"))
-    running2, _ = _stuck(db, sandbox, user, "kie-standard", Scenario(outcome="run_forever"))
+    recovered, recovered_task = stale_job_with_task(db, sandbox, "kie-standard", Scenario(polls_before_done=0), user=user, minutes=60)[1:]
+    failed, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="fail", polls_before_done=0), user=user, minutes=60)[1:]
+    running, running_task = stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), user=user, minutes=60)[1:]
+    running2, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), user=user, minutes=60)[1:]
     legacy = make_job(db, user, created_minutes_ago=200)  # past the 3-hour pre-call budget
     reserve(db, legacy, user, 5)
     defs = make_defs(media_dir, single_run_below=2, cadence_seconds=0)

@@ -1,4 +1,4 @@
-"""Issue 19 item 5: the operator's actions on one job (retry now, fail and refund), from the CLI
+"""The operator's actions on one job (retry now, fail and refund), from the CLI
 and the Launchpad, safe against a reconcile run working the same job; and the stuck_jobs table."""
 
 from __future__ import annotations
@@ -19,18 +19,17 @@ from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile.finalize import MediaPolicy, ProviderResult, finalize_job_with_media
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.support.factories import balances, job_row, make_job, make_user, reserve
-from recon_dagster_tests.support.reconcile import make_defs, one, tick, usage_status
+from recon_dagster_tests.support.reconcile import make_defs, one, stale_job_with_task, tick, usage_status
 
 
 def _stuck(db, sandbox, scenario=None, attempts=0):
+    """A KIE job an hour past its call, its task never ending by default, 10 credits reserved from a
+    user with 100 subscription and no top-up credits. Returns ``(user, job)``."""
     user = make_user(db, sub=100, topup=0)
-    task = sandbox.add_task("kie-standard", scenario or Scenario(outcome="run_forever"))
-    job = make_job(
-        db, user, provider_kind="kie-standard", provider_task_id=task, started_minutes_ago=60,
-        reconcile_attempts=attempts,
-    )  # fmt: skip
-    reserve(db, job, user, 10)
-    return user, job
+    scenario = scenario or Scenario(outcome="run_forever")
+    return stale_job_with_task(
+        db, sandbox, "kie-standard", scenario, minutes=60, attempts=attempts, user=user, credits=10
+    )[:2]
 
 
 def _due(db, job) -> bool:
@@ -117,7 +116,7 @@ def _action(job: object, **fields: str) -> dict:
 def test_the_launchpad_jobs_record_the_operator_and_the_run_and_fail_a_terminal_job_with_a_one_line_reason(
     db, instance, media_dir, sandbox
 ):
-    """Issue 41 item 5: Dagster OSS has no users. The operator's name is a required field, recorded
+    """Dagster OSS has no users. The operator's name is a required field, recorded
     with the action and the run (and shown on the run's row); the reason is required too."""
     user, job = _stuck(db, sandbox)
     defs = make_defs(media_dir)

@@ -1,4 +1,4 @@
-"""Issue 19 item 7: `recon-dagster dev` and `demo --serve` stop their whole process tree on
+"""`recon-dagster dev` and `demo --serve` stop their whole process tree on
 SIGTERM / SIGINT (no webserver, daemon or code server left running)."""
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.slow
 def test_stopping_the_parent_stops_the_whole_tree(tmp_path, sig):
     pids_file = tmp_path / "pids"
     fake = tmp_path / "fake_dev.py"

@@ -1,4 +1,4 @@
-"""Every ``RECON_*`` setting is checked at start (issue 17 item 6): a bad value is one line naming
+"""Every ``RECON_*`` setting is checked at start: a bad value is one line naming
 its variable, from the CLI (exit 1) and as a load error of the definitions, instead of a failed
 run or a failed alert later."""
 
@@ -66,6 +66,7 @@ def test_every_setting_is_validated_at_start_with_one_line_naming_it(monkeypatch
     assert name in str(caught.value) and "\n" not in str(caught.value)
 
 
+@pytest.mark.slow
 def test_loading_the_definitions_fails_on_an_alert_hook_that_cannot_be_called(monkeypatch):
     env = {"RECON_ALERT_HOOK": "no_such_module_for_alerts:alert"}
     monkeypatch.setattr("os.environ", {**__import__("os").environ, **env})

@@ -1,4 +1,4 @@
-"""One home for configuration (issue 20 item 3): every variable the code names is declared in
+"""One home for configuration: every variable the code names is declared in
 ``recon_dagster.config``, read only through it, and ``docs/configuration.md`` is generated from
 the declarations."""
 

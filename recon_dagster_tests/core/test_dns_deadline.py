@@ -1,4 +1,4 @@
-"""Name resolution ends by the exchange's deadline (issue 34 item 9), for provider calls and media.
+"""Name resolution ends by the exchange's deadline, for provider calls and media.
 
 ``socket.getaddrinfo`` takes no timeout, and httpx's transport resolves inside its connect: a
 resolver that does not answer held a poll, a create or a media download for as long as the system
@@ -21,7 +21,7 @@ from recon_dagster.media.errors import MediaFetchError
 from recon_dagster.media.transfer import fetch_bytes
 from recon_dagster.providers import AmbiguousCreateError, ProviderHTTPError, providers_from_env
 from recon_dagster.sandbox import Scenario
-from recon_dagster_tests.providers.test_providers_http import PAYLOADS
+from recon_dagster_tests.support.payloads import PAYLOADS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,6 +63,7 @@ def _hung_base(sandbox, monkeypatch, variable: str, host: str) -> None:
     ("kind", "variable"),
     [("kie-standard", "KIE_BASE_URL"), ("replicate-prediction", "REPLICATE_BASE_URL")],
 )
+@pytest.mark.slow
 def test_a_poll_whose_provider_name_never_resolves_ends_at_the_poll_deadline(
     sandbox, hung_resolver, monkeypatch, kind, variable
 ):
@@ -81,6 +82,7 @@ def test_a_poll_whose_provider_name_never_resolves_ends_at_the_poll_deadline(
     assert hung_resolver and sandbox.poll_count(task) == 0
 
 
+@pytest.mark.slow
 def test_a_create_whose_provider_name_never_resolves_ends_at_its_connect_timeout(
     sandbox, hung_resolver, monkeypatch
 ):
@@ -103,6 +105,7 @@ def test_a_create_whose_provider_name_never_resolves_ends_at_its_connect_timeout
     assert len(hung_resolver) == 2 and sandbox.create_count("kie-standard") == 0
 
 
+@pytest.mark.slow
 def test_a_poll_through_a_proxy_whose_name_never_resolves_ends_at_the_poll_deadline(
     sandbox, hung_resolver, monkeypatch
 ):
@@ -121,6 +124,7 @@ def test_a_poll_through_a_proxy_whose_name_never_resolves_ends_at_the_poll_deadl
     assert "proxy.hang.test" in hung_resolver
 
 
+@pytest.mark.slow
 def test_a_media_host_checked_by_the_guard_that_never_resolves_ends_at_the_media_deadline(hung_resolver):
     deadline = 2.0
     started = time.monotonic()
@@ -131,6 +135,7 @@ def test_a_media_host_checked_by_the_guard_that_never_resolves_ends_at_the_media
     assert time.monotonic() - started < deadline + SLACK_S
 
 
+@pytest.mark.slow
 def test_an_allowed_media_host_that_never_resolves_ends_at_the_media_deadline(sandbox, hung_resolver):
     """A listed host is resolved at connect time, inside httpx's transport: cut there too."""
     deadline = 2.0

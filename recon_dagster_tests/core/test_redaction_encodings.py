@@ -16,6 +16,7 @@ import json
 from collections.abc import Callable
 from urllib.parse import quote, quote_plus
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -113,6 +114,7 @@ def echoes(draw: st.DrawFn) -> tuple[str, str, str]:
     return key, message, before + template.format(MASK) + after
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(echo=echoes(), others=st.lists(keys, max_size=3))
 # JSON inside JSON of a key with a character escaped in its middle.

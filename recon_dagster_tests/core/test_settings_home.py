@@ -1,4 +1,4 @@
-"""Typed settings (issue 37 item 1): every ``RECON_*`` variable is one typed attribute of
+"""Typed settings: every ``RECON_*`` variable is one typed attribute of
 ``recon_dagster.config.Settings``; no other module spells a ``RECON_*`` name, the docs' "read by"
 column is found in the code, and a read happens when asked (the tests change the environment
 between reads). Also item 6: ``media.s3_store`` does not import ``media.store`` back."""

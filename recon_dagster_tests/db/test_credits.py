@@ -14,25 +14,9 @@ from hypothesis import strategies as st
 
 from recon_dagster.db import credits
 from recon_dagster_tests.support.factories import balances, make_job, make_user, reserve
+from recon_dagster_tests.support.ledger import anomalies, usage_logs
 
 D = Decimal
-
-
-def usage_logs(bind: sa.Engine, job_id: uuid.UUID) -> list[dict[str, Any]]:
-    with bind.begin() as conn:
-        return [
-            dict(r)
-            for r in conn.execute(
-                sa.text("SELECT * FROM usage_logs WHERE job_id = :j ORDER BY created_at"), {"j": str(job_id)}
-            ).mappings()
-        ]
-
-
-def anomalies(bind: sa.Engine) -> list[dict[str, Any]]:
-    with bind.begin() as conn:
-        return [
-            dict(r) for r in conn.execute(sa.text("SELECT * FROM credit_anomalies ORDER BY id")).mappings()
-        ]
 
 
 def commit(bind: sa.Engine, job_id: uuid.UUID, cost: float | None = 0.25) -> uuid.UUID | None:
@@ -366,11 +350,11 @@ def test_reserve_with_more_precision_than_the_ledger_refunds_to_the_same_pools(d
 
 
 # ---------------------------------------------------------------------------------------------
-# Issue 7 rule 4: refund splits tolerate the app's floats
+# Refund splits tolerate the app's floats
 # ---------------------------------------------------------------------------------------------
 
 
-def test_rule4_refund_splits_tolerate_the_apps_floats(db: sa.Engine) -> None:
+def test_refund_splits_tolerate_the_apps_floats(db: sa.Engine) -> None:
     user = make_user(db, sub=10, topup=10)
     job = make_job(db, user)
     log_id = reserve(db, job, user, D("0.3"), from_sub=D("0.1"), from_topup=D("0.2"))
@@ -396,7 +380,7 @@ def test_rule4_refund_splits_tolerate_the_apps_floats(db: sa.Engine) -> None:
         ({"from_sub": True, "from_topup": 0}, (D(0), D("0.3")), False),
     ],
 )
-def test_rule4_split_refund_is_decimal_with_half_a_ledger_digit_of_tolerance(
+def test_split_refund_is_decimal_with_half_a_ledger_digit_of_tolerance(
     metadata: dict[str, Any], split: tuple[Decimal, Decimal], usable: bool
 ) -> None:
     assert credits.split_refund(D("0.3"), metadata) == (*split, usable)
@@ -407,7 +391,8 @@ _FOUR_DECIMALS = st.integers(min_value=0, max_value=10**10).map(lambda n: D(n).s
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sub=_FOUR_DECIMALS, topup=_FOUR_DECIMALS, js_subtracts=st.booleans())
-def test_rule4_refund_split_property_pools_get_back_exactly_the_reserved_amount(
+@pytest.mark.slow
+def test_refund_split_property_pools_get_back_exactly_the_reserved_amount(
     db: sa.Engine, sub: Decimal, topup: Decimal, js_subtracts: bool
 ) -> None:
     """Random pool splits written as JavaScript doubles, amounts with 4 decimals: the pools get
@@ -438,7 +423,7 @@ def test_rule4_refund_split_property_pools_get_back_exactly_the_reserved_amount(
     digits_off=st.integers(min_value=-50, max_value=50),
     js_subtracts=st.booleans(),
 )
-def test_rule4_split_property_anomaly_only_when_the_metadata_really_disagrees(
+def test_split_property_anomaly_only_when_the_metadata_really_disagrees(
     sub: Decimal, topup: Decimal, digits_off: int, js_subtracts: bool
 ) -> None:
     """A split whose parts add up to the amount give or take a JavaScript rounding is used as is; one

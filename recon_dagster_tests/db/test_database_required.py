@@ -20,7 +20,7 @@ from recon_dagster.cli.commands import build_parser
 from recon_dagster.db import engine as engine_mod
 from recon_dagster.db.embedded import PGDATA_ENV
 from recon_dagster.db.engine import DATABASE_URL_ENV, EMBEDDED_ENV, DatabaseNotConfigured
-from recon_dagster_tests.cli.test_cli import one_line_failure
+from recon_dagster_tests.support.cli import one_line_failure
 from recon_dagster_tests.support.topology import free_port
 
 MISSING = "RECON_DATABASE_URL is not set"
@@ -41,6 +41,7 @@ def _no_server_started(tmp_path: Path) -> None:
     assert not (tmp_path / "pgdata").exists(), "the embedded PostgreSQL was started"
 
 
+@pytest.mark.slow
 def test_the_code_server_refuses_to_load_and_exits(tmp_path: Path) -> None:
     # The Dockerfile's command. Before: it loaded, served, and its sensor started a private server.
     env = _deployment_env(tmp_path)
@@ -58,6 +59,7 @@ def test_the_code_server_refuses_to_load_and_exits(tmp_path: Path) -> None:
     _no_server_started(tmp_path)
 
 
+@pytest.mark.slow
 def test_loading_the_definitions_fails_with_one_line_naming_the_variable(tmp_path: Path) -> None:
     # What every run worker does first, and `dg check defs`.
     done = subprocess.run(
@@ -74,6 +76,7 @@ def test_loading_the_definitions_fails_with_one_line_naming_the_variable(tmp_pat
 @pytest.mark.parametrize(
     "command", [("reconcile", "--once"), ("status",), ("migrate",), ("plan", "--no-poll"), ("explain", "00000000-0000-0000-0000-000000000000")]
 )
+@pytest.mark.slow
 def test_database_commands_exit_1_with_one_line(tmp_path: Path, command: tuple[str, ...]) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "recon_dagster.cli", *command],
@@ -101,6 +104,7 @@ def test_the_worker_library_raises_instead_of_starting_a_server(
     _no_server_started(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_bad_opt_in_value_is_named(tmp_path: Path) -> None:
     env = {**_deployment_env(tmp_path), EMBEDDED_ENV: "maybe"}
     done = subprocess.run(
@@ -118,6 +122,7 @@ def test_only_the_demo_and_dev_start_the_embedded_server_by_themselves() -> None
     assert embedded == {"demo", "dev"}
 
 
+@pytest.mark.slow
 def test_dev_opts_in_by_itself(tmp_path: Path) -> None:
     # `recon-dagster dev` with no URL and no opt-in: the embedded server (a folder of its own here),
     # migrated, and handed to `dagster dev` (here only its --help, so nothing keeps running).

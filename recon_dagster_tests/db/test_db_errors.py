@@ -1,4 +1,4 @@
-"""Database errors are named for what they are (issue 17 item 6): too many connections,
+"""Database errors are named for what they are: too many connections,
 authentication, a missing database, unreachable, a statement timeout -- each with its own fix,
 not "database unavailable ... start PostgreSQL there". Every error comes from the real server."""
 

@@ -5,24 +5,15 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim
-from recon_dagster_tests.support.factories import job_row, make_job, make_user
+from recon_dagster_tests.support.factories import job_row, make_job, sql
 
 TTL = timedelta(minutes=10)
-
-
-def sql(bind: sa.Engine, statement: str, **params: Any) -> None:
-    """Put a row in a state the code under test cannot reach by itself (an expired lease, say)."""
-    with bind.begin() as conn:
-        conn.execute(
-            sa.text(statement), {k: str(v) if isinstance(v, uuid.UUID) else v for k, v in params.items()}
-        )
 
 
 def scan(bind: sa.Engine, limit: int = 500) -> list[jobs_db.JobRow]:
@@ -45,11 +36,6 @@ def expire_lease(bind: sa.Engine, job_id: uuid.UUID) -> None:
         "UPDATE jobs SET reconcile_lease_expires_at = now() - interval '1 second' WHERE id = :id",
         id=job_id,
     )
-
-
-@pytest.fixture
-def user(db: sa.Engine) -> uuid.UUID:
-    return make_user(db)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -138,6 +138,7 @@ def _postmaster_pid(pgdata: Path) -> int | None:
     return int(pid_file.read_text().splitlines()[0]) if pid_file.exists() else None
 
 
+@pytest.mark.slow
 def test_processes_share_one_server_which_stops_after_the_last(pgdata: Path) -> None:
     holders = [_child(pgdata, hold=True) for _ in range(3)]
     try:
@@ -160,6 +161,7 @@ def test_processes_share_one_server_which_stops_after_the_last(pgdata: Path) -> 
     assert "PID file" not in log
 
 
+@pytest.mark.slow
 def test_restart_after_the_server_was_killed(pgdata: Path) -> None:
     holder = _child(pgdata, hold=True)
     try:
@@ -215,6 +217,7 @@ def test_a_forked_child_gets_its_own_connections(engine: sa.Engine) -> None:
         assert conn.execute(alive, {"pid": parent_backend}).scalar() == 1
 
 
+@pytest.mark.slow
 def test_a_server_that_never_answers_fails_within_the_connect_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

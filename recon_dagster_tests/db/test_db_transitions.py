@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim
-from recon_dagster_tests.support.factories import job_row, make_job, make_user
+from recon_dagster_tests.support.factories import job_row, make_job
 
 TTL = timedelta(minutes=10)
 
@@ -19,11 +19,6 @@ TTL = timedelta(minutes=10)
 def claim(bind: sa.Engine, claims: list[Claim], owner: str, ttl: timedelta = TTL) -> list[Claim]:
     with bind.begin() as conn:
         return jobs_db.claim_jobs(conn, claims, owner, ttl)
-
-
-@pytest.fixture
-def user(db: sa.Engine) -> uuid.UUID:
-    return make_user(db)
 
 
 # ---------------------------------------------------------------------------------------------

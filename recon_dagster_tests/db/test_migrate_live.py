@@ -21,7 +21,7 @@ from recon_dagster.db.migrate import (
     migrate,
 )
 from recon_dagster_tests.db.app_shaped import app_schema, create_app_tables
-from recon_dagster_tests.db.test_migrations import migrate_command
+from recon_dagster_tests.support.migrations import migrate_command
 
 LOCK_TIMEOUT_S = float(DEFAULT_LOCK_TIMEOUT.rstrip("s"))
 OUR_INDEXES_ON_APP_TABLES = {
@@ -98,6 +98,7 @@ def app_tables_on(engine: sa.Engine) -> None:
     create_app_tables(engine)
 
 
+@pytest.mark.slow
 def test_an_open_app_transaction_never_stalls_app_writes_and_migrate_finishes_after_it(
     fresh_engine: sa.Engine,
 ) -> None:

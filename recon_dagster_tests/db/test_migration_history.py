@@ -25,7 +25,7 @@ from recon_dagster.db.migrate import (
     migrate,
     migrations_dir,
 )
-from recon_dagster_tests.db.test_migrations import copy_migrations
+from recon_dagster_tests.support.migrations import copy_migrations
 
 SHIPPED = Path(__file__).parent / "shipped_migrations"
 

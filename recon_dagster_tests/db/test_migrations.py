@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import socket
 import threading
 from pathlib import Path
@@ -12,8 +10,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from recon_dagster.cli.commands import main as cli_main
-from recon_dagster.db.engine import DATABASE_URL_ENV, DatabaseUnavailable, get_engine, project_root
+from recon_dagster.db.engine import DatabaseUnavailable, get_engine, project_root
 from recon_dagster.db.migrate import (
     BOOKKEEPING_TABLE,
     MigrationError,
@@ -22,20 +19,7 @@ from recon_dagster.db.migrate import (
     migrations_dir,
 )
 from recon_dagster.db.migration_sql import MigrationSqlError, split
-
-
-def migrate_command(url: str, *options: str) -> int:
-    """``recon-dagster migrate [options] --database-url URL``, in this process. The CLI makes its
-    URL the process's ``RECON_DATABASE_URL`` (for its children); put the session's back after."""
-    saved = os.environ.get(DATABASE_URL_ENV)
-    try:
-        return cli_main(["migrate", *options, "--database-url", url])
-    finally:
-        if saved is None:
-            os.environ.pop(DATABASE_URL_ENV, None)
-        else:
-            os.environ[DATABASE_URL_ENV] = saved
-
+from recon_dagster_tests.support.migrations import copy_migrations, migrate_command
 
 # --------------------------------------------------------------------------------------------
 # Helpers
@@ -68,13 +52,6 @@ def schema_snapshot(engine: sa.Engine) -> dict[str, list[tuple]]:
             )
         ).all()
     return {"columns": list(columns), "indexes": list(indexes), "constraints": list(constraints)}
-
-
-def copy_migrations(dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    for path in migrations_dir().glob("*.sql"):
-        shutil.copy(path, dest / path.name)
-    return dest
 
 
 def closed_port() -> int:
@@ -152,6 +129,7 @@ def test_135_on_a_jobs_table_that_already_has_its_columns(fresh_engine: sa.Engin
     assert schema_snapshot(fresh_engine) == before
 
 
+@pytest.mark.slow
 def test_concurrent_migrators_apply_each_file_once(fresh_engine: sa.Engine) -> None:
     barrier = threading.Barrier(3)
     results: list[list[str]] = []
@@ -271,7 +249,7 @@ def test_migrate_command_reports_and_succeeds(
 
 
 # --------------------------------------------------------------------------------------------
-# The migration files (spec section 4 and its linter rule)
+# The migration files: their texts, names and lock rules, and what squawk says of them
 # --------------------------------------------------------------------------------------------
 
 

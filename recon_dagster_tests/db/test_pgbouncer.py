@@ -42,6 +42,7 @@ def test_without_the_setting_prepared_statements_collide_behind_pgbouncer(databa
                     second.execute("SELECT count(*) FROM pg_class WHERE relname = %s", ("jobs",))
 
 
+@pytest.mark.slow
 def test_reconcile_once_through_pgbouncer_in_transaction_mode(db, sandbox, database_url: str, tmp_path: Path) -> None:
     user = make_user(db, sub=10_000, topup=0)
     jobs = []

@@ -1,4 +1,4 @@
-"""Issue 17 items 1-2 and issue 16 item 5 on real PostgreSQL: no value a jobs row can hold stops
+"""On real PostgreSQL: no value a jobs row can hold stops
 reconciliation. A timestamp Python cannot represent is read as NULL plus a flag everywhere; the
 attempt counter saturates and never passes the cap; a lease no live run could hold is clamped to
 the lease TTL; an error while claiming stays with its job."""
@@ -15,9 +15,8 @@ from recon_dagster.db.jobs import load_job, scan_stale
 from recon_dagster.operator.explain import explain_command, load_story, to_json, to_text
 from recon_dagster.operator.status import kind_status, print_status
 from recon_dagster.sandbox import Scenario
-from recon_dagster_tests.reconcile.test_money_hardening import sql, state
-from recon_dagster_tests.reconcile.test_money_rules import anomaly_reasons
-from recon_dagster_tests.support.factories import make_job, make_user, reserve
+from recon_dagster_tests.support.factories import job_state, make_job, make_user, reserve, sql
+from recon_dagster_tests.support.ledger import anomaly_reasons
 from recon_dagster_tests.support.reconcile import make_defs, one, tick, usage_status
 
 # Values PostgreSQL's timestamptz holds and Python's datetime cannot (year 1..9999 only).
@@ -72,11 +71,11 @@ def test_a_timestamp_python_cannot_hold_is_read_as_null_plus_a_flag_everywhere(
 
     assert report.summary.scanned >= 1
     for j in good:
-        assert state(db, j)["status"] == "completed"
-    assert (state(db, good_sync)["status"], usage_status(db, good_sync)) == ("failed", "refunded")
+        assert job_state(db, j)["status"] == "completed"
+    assert (job_state(db, good_sync)["status"], usage_status(db, good_sync)) == ("failed", "refunded")
     for j in (polled, swept):
         assert explain_command(str(j)) == 0 and explain_command(str(j), as_json=True) == 0
-        assert state(db, j)["status"] in ("processing", "completed", "failed")
+        assert job_state(db, j)["status"] in ("processing", "completed", "failed")
     assert print_status() == 0
 
 
@@ -137,8 +136,8 @@ def test_the_attempt_counter_at_the_integer_max_is_exhausted_and_its_batch_mates
 
     tick(make_defs(media_dir, single_run_below=2), instance, sweep=True)
 
-    assert [state(db, j)["status"] for j in good] == ["completed"] * 12
-    assert (state(db, poisoned)["status"], usage_status(db, poisoned)) == ("failed", "refunded")
+    assert [job_state(db, j)["status"] for j in good] == ["completed"] * 12
+    assert (job_state(db, poisoned)["status"], usage_status(db, poisoned)) == ("failed", "refunded")
     assert "reconcile_exhausted" in anomaly_reasons(db, poisoned)
 
 
@@ -160,8 +159,8 @@ def test_a_lease_takeover_at_the_integer_max_never_overflows(db, instance, media
 
     tick(make_defs(media_dir, single_run_below=2), instance, sweep=True)
 
-    assert [state(db, j)["status"] for j in good] == ["completed"] * 3
-    assert (state(db, poisoned)["status"], usage_status(db, poisoned)) == ("failed", "refunded")
+    assert [job_state(db, j)["status"] for j in good] == ["completed"] * 3
+    assert (job_state(db, poisoned)["status"], usage_status(db, poisoned)) == ("failed", "refunded")
 
 
 @pytest.mark.parametrize("attempts", [-1, -INT_MAX - 1])
@@ -178,7 +177,7 @@ def test_a_negative_attempt_counter_is_exhausted(db, instance, media_dir, sandbo
 
         tick(make_defs(media_dir), instance, sweep=True)
 
-        assert (state(db, job)["status"], usage_status(db, job)) == ("failed", "refunded")
+        assert (job_state(db, job)["status"], usage_status(db, job)) == ("failed", "refunded")
         assert "reconcile_exhausted" in anomaly_reasons(db, job)
 
 
@@ -203,7 +202,7 @@ def test_a_lease_no_live_run_could_hold_expires_after_the_lease_ttl_with_an_anom
     )
     sql(db, "UPDATE jobs SET reconcile_lease_expires_at = now() - interval '1 ms' WHERE id = :j", j=job)
     tick(defs, instance, sweep=True)  # the clamped lease has run out: taken over like a dead run's
-    assert state(db, job)["status"] == "completed"
+    assert job_state(db, job)["status"] == "completed"
 
 
 def test_an_error_while_claiming_stays_with_its_job(db, instance, media_dir, sandbox):
@@ -232,8 +231,8 @@ def test_an_error_while_claiming_stays_with_its_job(db, instance, media_dir, san
         with db.begin() as conn:
             conn.exec_driver_sql("DROP TRIGGER poison_claim ON jobs; DROP FUNCTION poison_claim()")
 
-    assert [state(db, j)["status"] for j in good] == ["completed"] * 5
-    assert state(db, bad)["status"] == "processing"
+    assert [job_state(db, j)["status"] for j in good] == ["completed"] * 5
+    assert job_state(db, bad)["status"] == "processing"
     assert one(db, "SELECT count(*) FROM reconcile_events WHERE job_id = :j AND outcome = 'error' "
                "AND detail LIKE '%poisoned row%'", j=bad) >= 1  # fmt: skip
 
@@ -253,12 +252,12 @@ def test_the_attempt_counter_never_exceeds_the_cap_when_the_force_fail_raises(
     seen = []
     for _ in range(4):  # each pass: the lease of the run before expired, taken over again
         tick(defs, instance, sweep=True)
-        seen.append(state(db, job)["reconcile_attempts"])
+        seen.append(job_state(db, job)["reconcile_attempts"])
         sql(db, "UPDATE jobs SET reconcile_lease_expires_at = now() - interval '1 second', "
             "reconcile_next_at = NULL WHERE id = :j AND reconcile_lease_owner IS NOT NULL", j=job)  # fmt: skip
 
     assert max(seen) <= 18, seen
-    assert state(db, job)["status"] == "processing" and usage_status(db, job) == "reserved"
+    assert job_state(db, job)["status"] == "processing" and usage_status(db, job) == "reserved"
     assert one(db, "SELECT count(*) FROM credit_anomalies WHERE job_id = :j AND reason = 'reconcile_settle_error'",
                j=job) == 1  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Issue 41 item 4: alerts that reach a person, without Dagster+.
+"""Alerts that reach a person, without Dagster+.
 
 The ``reconcile_alerts`` sensor against loopback receivers speaking Slack's incoming webhook,
 PagerDuty Events v2, Teams Workflows and a generic JSON webhook: one alert when an incident opens,

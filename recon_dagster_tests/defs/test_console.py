@@ -1,4 +1,4 @@
-"""Issue 19: what the operator's console shows: run tags, severity, stuck jobs and the operator's
+"""What the operator's console shows: run tags, severity, stuck jobs and the operator's
 actions. Real PostgreSQL, the loopback sandbox and a throwaway Dagster instance."""
 
 from __future__ import annotations
@@ -13,11 +13,7 @@ from recon_dagster.core.kinds import KINDS, MAX_ATTEMPTS
 from recon_dagster.core.runtags import JOB_TAG_PREFIX, job_tag, run_label
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
-from recon_dagster_tests.support.reconcile import make_defs, stale_job_with_task, tick
-
-
-def _stuck(db, sandbox, kind, scenario=None, *, attempts=0, job_type="image"):
-    return stale_job_with_task(db, sandbox, kind, scenario, attempts=attempts, job_type=job_type)[1]
+from recon_dagster_tests.support.reconcile import make_defs, stale_job_id, tick
 
 
 def _runs_of(instance: dg.DagsterInstance, job) -> list[dg.DagsterRun]:
@@ -30,8 +26,8 @@ def test_a_partition_run_launched_without_config_carries_its_kind_provider_and_j
     db, instance, media_dir, sandbox, kind
 ):
     """The Launchpad / backfill shape: a partition, no run config, no tags of ours."""
-    job = _stuck(db, sandbox, kind, job_type="audio" if kind.startswith("eleven") else "image")
-    other = _stuck(db, sandbox, "kie-veo" if kind != "kie-veo" else "kie-standard", job_type="video")
+    job = stale_job_id(db, sandbox, kind, job_type="audio" if kind.startswith("eleven") else "image")
+    other = stale_job_id(db, sandbox, "kie-veo" if kind != "kie-veo" else "kie-standard", job_type="video")
     defs = make_defs(media_dir)
 
     res = defs.resolve_job_def("reconcile_job").execute_in_process(
@@ -49,7 +45,7 @@ def test_a_partition_run_launched_without_config_carries_its_kind_provider_and_j
 
 
 def test_every_job_of_a_batch_run_finds_that_run_by_its_tag(db, instance, media_dir, sandbox):
-    jobs = [_stuck(db, sandbox, "kie-veo", job_type="video") for _ in range(6)]
+    jobs = [stale_job_id(db, sandbox, "kie-veo", job_type="video") for _ in range(6)]
     defs = make_defs(media_dir, batch_size=3, single_run_below=2)
 
     report = tick(defs, instance)
@@ -88,7 +84,7 @@ def _failed_checks(instance: dg.DagsterInstance) -> list[tuple[str, str]]:
 
 
 def test_a_force_fail_at_the_cap_is_a_warning_and_fails_a_check(db, instance, media_dir, sandbox):
-    job = _stuck(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 1)
+    job = stale_job_id(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 1)
 
     tick(make_defs(media_dir), instance)
 
@@ -99,8 +95,8 @@ def test_a_force_fail_at_the_cap_is_a_warning_and_fails_a_check(db, instance, me
 
 
 def test_a_per_job_error_line_is_a_warning_and_a_quiet_run_fails_no_check(db, instance, media_dir, sandbox):
-    bad = _stuck(db, sandbox, "kie-standard", Scenario(polls_before_done=0, malformed=True))
-    _stuck(db, sandbox, "kie-standard")
+    bad = stale_job_id(db, sandbox, "kie-standard", Scenario(polls_before_done=0, malformed=True))
+    stale_job_id(db, sandbox, "kie-standard")
 
     tick(make_defs(media_dir), instance)
 
@@ -114,7 +110,7 @@ def test_a_sensor_run_is_not_re_tagged_with_the_job_tags_its_request_carried(
 ):
     """The sensor's request already carries one tag per job; re-adding them made Dagster re-write
     each (one UPDATE per tag): a run adds only the job tags it lacks."""
-    jobs = [_stuck(db, sandbox, "kie-veo", job_type="video") for _ in range(4)]
+    jobs = [stale_job_id(db, sandbox, "kie-veo", job_type="video") for _ in range(4)]
     added: list[dict[str, str]] = []
     real_add = instance.add_run_tags
 
@@ -133,7 +129,7 @@ def test_a_sensor_run_is_not_re_tagged_with_the_job_tags_its_request_carried(
         assert job_row(db, job)["status"] == "completed"
 
     # A run launched without them (Launchpad, backfill) adds its jobs' tags, once each.
-    late = _stuck(db, sandbox, "kie-veo", job_type="video")
+    late = stale_job_id(db, sandbox, "kie-veo", job_type="video")
     added.clear()
     res = (
         make_defs(media_dir)
@@ -151,7 +147,7 @@ def test_the_story_says_attempts_left_next_attempt_lease_and_the_runs_filter(
 
     from recon_dagster.operator.explain import explain, facts
 
-    job = _stuck(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=4)
+    job = stale_job_id(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=4)
     tick(make_defs(media_dir), instance)
 
     told = dict(facts(explain(db, instance, job)))
@@ -177,8 +173,8 @@ def test_provider_health_turns_red_for_the_failing_provider_from_the_runs_that_p
     db, instance, media_dir, sandbox
 ):
     for _ in range(6):
-        _stuck(db, sandbox, "replicate-prediction", Scenario(polls_before_done=0, server_error_first=1000))
-    _stuck(db, sandbox, "kie-standard")
+        stale_job_id(db, sandbox, "replicate-prediction", Scenario(polls_before_done=0, server_error_first=1000))
+    stale_job_id(db, sandbox, "kie-standard")
 
     tick(make_defs(media_dir, batch_size=10, single_run_below=2), instance)
 
@@ -233,11 +229,11 @@ def test_a_run_of_one_provider_leaves_every_busy_providers_health_check_shown(
     must not turn Replicate's red check into "Not evaluated" in the middle of its outage. Idle
     providers (no job polled in the window) are left unevaluated: neither red nor green."""
     for _ in range(6):
-        _stuck(db, sandbox, "replicate-prediction", Scenario(polls_before_done=0, server_error_first=1000))
+        stale_job_id(db, sandbox, "replicate-prediction", Scenario(polls_before_done=0, server_error_first=1000))
     tick(make_defs(media_dir, batch_size=10, single_run_below=2), instance)
     assert _latest_health_checks(instance)["replicate"] is False
 
-    _stuck(db, sandbox, "kie-standard")
+    stale_job_id(db, sandbox, "kie-standard")
     with db.begin() as conn:  # only the KIE job is due now: the next run is KIE's alone
         conn.execute(
             sa.text(
@@ -268,6 +264,7 @@ def test_provider_health_is_materialized_at_startup_once(db, instance, media_dir
     assert request.run_key
 
 
+@pytest.mark.slow
 def test_loading_the_code_location_prints_no_dagster_beta_or_supersession_warning():
     """What `dagster dev`'s code server, every run and every sensor tick do: import the definitions."""
     import os
@@ -292,7 +289,7 @@ def test_a_failed_runs_alert_reason_is_one_line_without_dagster_internals(db, in
     from recon_dagster.defs.alerts.signals import failure_reason
 
     for _ in range(2):
-        _stuck(db, sandbox, "kie-standard", Scenario(polls_before_done=0, server_error_first=1000))
+        stale_job_id(db, sandbox, "kie-standard", Scenario(polls_before_done=0, server_error_first=1000))
 
     report = tick(make_defs(media_dir, single_run_below=1), instance)
 
@@ -323,18 +320,18 @@ def test_a_failed_runs_alert_reason_is_one_line_without_dagster_internals(db, in
 def test_each_run_adds_a_point_to_its_providers_outcome_series(db, instance, media_dir, sandbox):
     from recon_dagster.defs.observe.outcomes import provider_outcomes_key
 
-    _stuck(db, sandbox, "kie-standard")
-    _stuck(db, sandbox, "kie-veo", Scenario(outcome="fail", polls_before_done=0), job_type="video")
+    stale_job_id(db, sandbox, "kie-standard")
+    stale_job_id(db, sandbox, "kie-veo", Scenario(outcome="fail", polls_before_done=0), job_type="video")
     defs = make_defs(media_dir)
     tick(defs, instance)
-    _stuck(db, sandbox, "kie-standard")
+    stale_job_id(db, sandbox, "kie-standard")
     tick(defs, instance)
 
     key = provider_outcomes_key("kie")
     events = instance.fetch_materializations(key, limit=10).records
     assert len(events) == 3  # one point per run that touched KIE
     points = [e.asset_materialization.metadata for e in events]
-    # Issue 41: a run adds points for the kinds it worked (every outcome, zeros included), never a
+    # A run adds points for the kinds it worked (every outcome, zeros included), never a
     # flat zero series of a kind it did not touch.
     assert not any(k.endswith("/kie-suno") for p in points for k in p)
     assert all(p["jobs/kie-standard"].value >= 1 for p in points if "jobs/kie-standard" in p)
@@ -374,8 +371,8 @@ def test_a_reconcile_runs_row_shows_only_what_the_run_queue_limits_by(db, instan
 
     from recon_dagster.core.paths import project_root
 
-    single = _stuck(db, sandbox, "kie-standard")
-    batch = [_stuck(db, sandbox, "replicate-prediction") for _ in range(4)]
+    single = stale_job_id(db, sandbox, "kie-standard")
+    batch = [stale_job_id(db, sandbox, "replicate-prediction") for _ in range(4)]
     tick(make_defs(media_dir, single_run_below=2), instance)
 
     runs = {r.tags["recon/provider_kind"]: r for r in instance.get_runs()}

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from recon_dagster.core.kinds import KIND_NAMES
 from recon_dagster.definitions import defs
@@ -59,6 +60,7 @@ def test_secrets_are_env_vars_not_literals():
         assert isinstance(key, dg.EnvVar), f"{name}.api_key must come from dg.EnvVar"
 
 
+@pytest.mark.slow
 def test_dagster_definitions_validate_passes(tmp_path):
     env = dict(os.environ)
     env["DAGSTER_HOME"] = str(tmp_path)

@@ -1,4 +1,4 @@
-"""Issue 21 item 1: a job of one kind that turns stale is never held back by another kind's
+"""A job of one kind that turns stale is never held back by another kind's
 backlog, neither in the sensor's scan nor in the run queue (real PostgreSQL, a real instance)."""
 
 from __future__ import annotations

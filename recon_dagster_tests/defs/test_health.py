@@ -1,4 +1,5 @@
-"""Issue 41 items 1-3 through real reconcile runs (sandbox over HTTP, PostgreSQL, a Dagster instance):
+"""Provider health, run verdicts and failure reasons, through real reconcile runs (sandbox over
+HTTP, PostgreSQL, a Dagster instance):
 
 1. a provider is judged by its answers over distinct jobs: a job's own bad result never makes it
    look down, an outage turns that provider red within two ticks and no other, and a provider

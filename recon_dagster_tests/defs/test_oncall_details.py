@@ -1,4 +1,4 @@
-"""Issue 41 item 6, the smaller things an on-call engineer tripped over: ``explain_job`` numbers its
+"""The smaller things an on-call engineer meets: ``explain_job`` numbers its
 runs in the order they worked the job and never shows two different attempt counts under one name;
 an intended outage failure prints its reason, not Dagster's stack frames, on the console."""
 

@@ -1,4 +1,4 @@
-"""The sensor never asks for more polls per cadence than the account budget serves (issue 34).
+"""The sensor never asks for more polls per cadence than the account budget serves.
 
 Per provider, the polls already in queued or running reconcile runs plus the polls a tick requests
 never exceed what the account's read budget serves in one cadence; the rest wait their turn,

@@ -1,4 +1,4 @@
-"""The run's shape and what it records (issue 10 items 1-3, 5, 6; issue 7 rule 3), on real
+"""The run's shape and what it records (tags, claims at run start, attempts, events), on real
 PostgreSQL, the loopback sandbox and a real Dagster instance.
 
 The sensor only reads; each run claims its jobs when it starts, so a preview, a daemon crash
@@ -20,9 +20,15 @@ from recon_dagster.db.jobs import Claim
 from recon_dagster.providers import ProvidersResource
 from recon_dagster.reconcile.reconciler import Reconciler
 from recon_dagster.sandbox import Scenario
-from recon_dagster_tests.reconcile.test_reconcile_phase3 import _stuck
 from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
-from recon_dagster_tests.support.reconcile import evaluate_sensor, make_defs, one, tick, usage_status
+from recon_dagster_tests.support.reconcile import (
+    evaluate_sensor,
+    make_defs,
+    one,
+    stale_job_with_task,
+    tick,
+    usage_status,
+)
 
 RUN_KEY_TAG = "dagster/run_key"
 
@@ -56,10 +62,10 @@ def _execute(defs: dg.Definitions, instance: dg.DagsterInstance, rr: dg.RunReque
 
 
 def test_evaluating_the_sensor_changes_no_job_row(db, instance, media_dir, sandbox):
-    _stuck(db, sandbox, "kie-standard")
-    _stuck(db, sandbox, "replicate-prediction", attempts=3)
+    stale_job_with_task(db, sandbox, "kie-standard")
+    stale_job_with_task(db, sandbox, "replicate-prediction", attempts=3)
     # A job whose run died holding the lease (expired), and a backlog kind packed into a batch.
-    _, crashed, _ = _stuck(db, sandbox, "kie-veo", job_type="video", attempts=2)
+    _, crashed, _ = stale_job_with_task(db, sandbox, "kie-veo", job_type="video", attempts=2)
     with db.begin() as conn:
         conn.execute(
             sa.text(
@@ -69,7 +75,7 @@ def test_evaluating_the_sensor_changes_no_job_row(db, instance, media_dir, sandb
             {"j": str(crashed)},
         )
     for _ in range(4):
-        _stuck(db, sandbox, "kie-suno", job_type="music")
+        stale_job_with_task(db, sandbox, "kie-suno", job_type="music")
     defs = make_defs(media_dir, single_run_below=3, batch_size=10)
     before = _jobs(db)
 
@@ -84,7 +90,7 @@ def test_evaluating_the_sensor_changes_no_job_row(db, instance, media_dir, sandb
 
 
 def test_a_daemon_crash_between_evaluation_and_submission_loses_nothing(db, instance, media_dir, sandbox):
-    _, job, _ = _stuck(db, sandbox, "kie-standard")
+    _, job, _ = stale_job_with_task(db, sandbox, "kie-standard")
     defs = make_defs(media_dir)
 
     [rr] = evaluate_sensor(defs, instance).run_requests
@@ -105,7 +111,7 @@ def test_a_daemon_crash_between_evaluation_and_submission_loses_nothing(db, inst
 
 
 def test_time_spent_queued_is_never_an_attempt(db, instance, media_dir, sandbox):
-    _, job, _ = _stuck(db, sandbox, "kie-standard", Scenario(outcome="run_forever"))
+    _, job, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="run_forever"))
     defs = make_defs(media_dir)
     [rr] = evaluate_sensor(defs, instance).run_requests
     # What the daemon's submission leaves behind: a QUEUED run waiting for a free slot.
@@ -138,7 +144,7 @@ class _Crash(BaseException):
 
 
 def test_a_job_whose_runs_keep_crashing_is_force_failed_at_the_cap(db, instance, media_dir, sandbox, monkeypatch):
-    user, job, _ = _stuck(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 4)
+    user, job, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 4)
 
     def crash(self, kind, task_id):
         raise _Crash()
@@ -167,7 +173,7 @@ def test_a_job_whose_runs_keep_crashing_is_force_failed_at_the_cap(db, instance,
 
 
 def test_two_runs_carrying_the_same_job_never_both_work_it(db, instance, media_dir, sandbox):
-    _, job, task = _stuck(db, sandbox, "kie-standard")
+    _, job, task = stale_job_with_task(db, sandbox, "kie-standard")
     defs = make_defs(media_dir)
     [rr] = evaluate_sensor(defs, instance).run_requests
     # Run A has started: its first op claimed the job and is polling ...
@@ -213,7 +219,7 @@ def _events(db: sa.Engine, job: uuid.UUID) -> list:
 
 
 def test_the_attempt_tag_equals_the_attempt_in_the_log_and_events_link_the_run(db, instance, media_dir, sandbox):
-    _, job, _ = _stuck(db, sandbox, "replicate-prediction", Scenario(outcome="run_forever"), attempts=3)
+    _, job, _ = stale_job_with_task(db, sandbox, "replicate-prediction", Scenario(outcome="run_forever"), attempts=3)
     defs = make_defs(media_dir)
     [rr] = evaluate_sensor(defs, instance).run_requests
 
@@ -229,9 +235,9 @@ def test_the_attempt_tag_equals_the_attempt_in_the_log_and_events_link_the_run(d
 
 
 def test_the_run_graph_shows_the_design_cards_steps(db, instance, media_dir, sandbox):
-    _stuck(db, sandbox, "kie-standard")  # succeeded upstream
-    _stuck(db, sandbox, "kie-standard", Scenario(outcome="fail", polls_before_done=0))
-    _stuck(db, sandbox, "kie-standard", Scenario(outcome="run_forever"))
+    stale_job_with_task(db, sandbox, "kie-standard")  # succeeded upstream
+    stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="fail", polls_before_done=0))
+    stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="run_forever"))
     defs = make_defs(media_dir, single_run_below=2)
     [rr] = evaluate_sensor(defs, instance).run_requests
 
@@ -253,7 +259,7 @@ def test_the_run_graph_shows_the_design_cards_steps(db, instance, media_dir, san
 
 
 def test_steps_with_nothing_to_do_are_skipped_and_the_run_still_records(db, instance, media_dir, sandbox):
-    _stuck(db, sandbox, "kie-standard")
+    stale_job_with_task(db, sandbox, "kie-standard")
     defs = make_defs(media_dir)
     [rr] = evaluate_sensor(defs, instance).run_requests
 
@@ -271,10 +277,10 @@ def _materializations(instance: dg.DagsterInstance, key: str) -> list:
 
 
 def test_each_run_records_its_outcomes_per_provider_kind(db, instance, media_dir, sandbox):
-    _stuck(db, sandbox, "kie-standard")
-    _stuck(db, sandbox, "kie-standard", Scenario(outcome="fail", polls_before_done=0))
-    _stuck(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 1)
-    _stuck(db, sandbox, "kie-standard", Scenario(outcome="run_forever"))
+    stale_job_with_task(db, sandbox, "kie-standard")
+    stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="fail", polls_before_done=0))
+    stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 1)
+    stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="run_forever"))
     defs = make_defs(media_dir, single_run_below=2)
 
     tick(defs, instance)
@@ -293,7 +299,7 @@ def test_each_run_records_its_outcomes_per_provider_kind(db, instance, media_dir
 
 def test_a_run_in_which_every_job_errored_fails_after_counting_attempts(db, instance, media_dir, sandbox):
     jobs = [
-        _stuck(db, sandbox, "kie-standard", Scenario(server_error_first=1000, polls_before_done=0))[1]
+        stale_job_with_task(db, sandbox, "kie-standard", Scenario(server_error_first=1000, polls_before_done=0))[1]
         for _ in range(3)
     ]
     defs = make_defs(media_dir, single_run_below=2)
@@ -312,8 +318,8 @@ def test_a_run_in_which_every_job_errored_fails_after_counting_attempts(db, inst
 
 
 def test_partial_errors_keep_the_run_green_and_log_a_warning(db, instance, media_dir, sandbox, caplog):
-    _stuck(db, sandbox, "kie-standard", Scenario(server_error_first=1000, polls_before_done=0))
-    _stuck(db, sandbox, "kie-standard")
+    stale_job_with_task(db, sandbox, "kie-standard", Scenario(server_error_first=1000, polls_before_done=0))
+    stale_job_with_task(db, sandbox, "kie-standard")
     defs = make_defs(media_dir, single_run_below=2)
     [rr] = evaluate_sensor(defs, instance).run_requests
 
@@ -328,9 +334,9 @@ def test_partial_errors_keep_the_run_green_and_log_a_warning(db, instance, media
 
 def test_health_checks_fail_on_an_outage_and_on_a_force_fail(db, instance, media_dir, sandbox):
     for _ in range(6):
-        _stuck(db, sandbox, "kie-standard", Scenario(server_error_first=1000, polls_before_done=0))
-    _stuck(db, sandbox, "replicate-prediction", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 1)
-    _stuck(db, sandbox, "replicate-prediction")
+        stale_job_with_task(db, sandbox, "kie-standard", Scenario(server_error_first=1000, polls_before_done=0))
+    stale_job_with_task(db, sandbox, "replicate-prediction", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 1)
+    stale_job_with_task(db, sandbox, "replicate-prediction")
     defs = make_defs(media_dir, single_run_below=100)
     tick(defs, instance)
 
@@ -360,8 +366,8 @@ def _kinds() -> list[str]:
 
 
 def test_a_run_launched_without_job_ids_works_its_partitions_due_jobs(db, instance, media_dir, sandbox):
-    _, standard, _ = _stuck(db, sandbox, "kie-standard")
-    _, other, _ = _stuck(db, sandbox, "replicate-prediction")
+    _, standard, _ = stale_job_with_task(db, sandbox, "kie-standard")
+    _, other, _ = stale_job_with_task(db, sandbox, "replicate-prediction")
     defs = make_defs(media_dir)
 
     # What "Launch backfill" or the Launchpad does: a partition and no run config.
@@ -392,7 +398,7 @@ def test_unknown_job_ids_in_the_run_config_are_a_clear_error(db, instance, media
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["hidden-work-tag", "runs-of-an-older-release"])
 def test_work_whose_run_failed_before_claiming_gets_a_fresh_key(db, instance, media_dir, sandbox, legacy):
-    _, job, _ = _stuck(db, sandbox, "kie-standard")
+    _, job, _ = stale_job_with_task(db, sandbox, "kie-standard")
     defs = make_defs(media_dir)
     [rr] = evaluate_sensor(defs, instance).run_requests
     tags = dict(rr.tags)
@@ -443,7 +449,7 @@ def test_the_sweep_records_its_outcomes_too(db, instance, media_dir, sandbox):
 def test_a_malformed_batch_config_fails_the_run_naming_the_field(db, instance, media_dir, sandbox, config, named):
     """The batch lists are typed ``Any`` for Dagster (it would walk them element by element on
     every resolve of the run's config); the op's config checks them instead, before any claim."""
-    _, job, _ = _stuck(db, sandbox, "kie-standard", Scenario(polls_before_done=0))
+    _, job, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(polls_before_done=0))
     defs = make_defs(media_dir)
     result = defs.resolve_job_def("reconcile_job").execute_in_process(
         instance=instance,

@@ -1,4 +1,4 @@
-"""In shadow, nothing recon_dagster defines changes an app table (issue 34 items 5 and 6).
+"""In shadow, nothing recon_dagster defines changes an app table.
 
 The test enumerates the definitions themselves, so a job, schedule or sensor added later is
 covered without editing it: every job is launched (each partition of a partitioned job, every
@@ -8,7 +8,7 @@ the run-failure sensor is given a failed run. The world is every situation recon
 plus a legacy LoRA training and rows whose lease or next attempt no write of ours could have set.
 Before and after, a digest of every app table (migration 001's) must be equal.
 
-Item 6's mixed rollout (some kinds enforced, the others shadowed) is below: the sweep clamps an
+A mixed rollout (some kinds enforced, the others shadowed) is below: the sweep clamps an
 enforced job's impossible lease and records a shadowed job's as a decision.
 """
 
@@ -195,7 +195,7 @@ def _tables(db: sa.Engine) -> list[str]:
         return list(conn.execute(sa.text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")).scalars())
 
 
-# -- item 6: a mixed rollout clamps its enforced kinds ------------------------------------------------
+# -- a mixed rollout clamps its enforced kinds ------------------------------------------------
 
 
 @pytest.mark.parametrize(

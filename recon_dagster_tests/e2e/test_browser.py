@@ -1,4 +1,4 @@
-"""The operator's console in a real browser (issue 10 item 7).
+"""The operator's console in a real browser.
 
 Headless Chromium (Debian's ``chromium`` package, driven by Playwright) against ``recon-dagster
 dev`` (webserver + daemon) on loopback, with dagster-postgres storage in a temporary
@@ -32,6 +32,7 @@ from recon_dagster_tests.support.daemon import dagster_dev_process
 from recon_dagster_tests.support.factories import make_job, make_user, reserve
 from recon_dagster_tests.support.harness import wait_for
 from recon_dagster_tests.support.instance import dagster_home
+from recon_dagster_tests.support.markers import require_marker
 from recon_dagster_tests.support.sandbox_process import sandbox_process
 
 pytestmark = pytest.mark.browser
@@ -259,6 +260,7 @@ def outage(engine: sa.Engine, database_url: str, tmp_path_factory: pytest.TempPa
 @contextmanager
 def open_console(url: str, width: int, height: int) -> Iterator[Console]:
     """Headless Debian Chromium on the Dagster UI at ``url``, closed on the way out."""
+    require_marker("browser", what="a browser")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

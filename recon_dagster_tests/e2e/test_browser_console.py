@@ -1,4 +1,5 @@
-"""The operator's console, round 2 (issue 19), in headless Chromium against ``recon-dagster dev``.
+"""The operator's console during a Replicate outage (run tags, severity, stuck jobs, actions), in
+headless Chromium against ``recon-dagster dev``.
 
 The scenario: 30 Replicate jobs whose polls get HTTP 503, an ElevenLabs job running past attempt
 17, five KIE jobs that succeeded upstream, two jobs the user cancelled, one leaked reservation.

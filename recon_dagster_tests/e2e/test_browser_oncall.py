@@ -1,4 +1,4 @@
-"""The on-call loop (issue 41) in headless Chromium against ``recon-dagster dev``.
+"""The on-call loop in headless Chromium against ``recon-dagster dev``.
 
 The scenario: an ElevenLabs outage (6 dubbing jobs whose polls get HTTP 500), three KIE Veo jobs
 that succeed (healthy KIE traffic), two KIE jobs whose upstream success carries a text object

@@ -51,7 +51,7 @@ def test_dg_cli_is_pinned_to_the_dagster_line():
 
 # --- the README and docs/ stand on their own ---------------------------------------------------------
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # A backticked path into the repository: starts at one of its top-level folders.
 _PATH = re.compile(r"`((?:recon_dagster|recon_dagster_tests|migrations|benchmarks|docs|\.ci)/[\w./*-]*)`")

@@ -1,4 +1,4 @@
-"""Issue 16 item 9: media a job promised is media. An empty object, an error page (HTML, XML, JSON,
+"""Media a job promised is media. An empty object, an error page (HTML, XML, JSON,
 plain text, whatever its Content-Type says) where an image, video or audio was promised, or a
 media body with a Content-Encoding although identity was asked for, is an unusable result: the
 attempt is counted, nothing is stored, completed or charged. Served from a loopback HTTP server
@@ -73,6 +73,7 @@ def _in_flight_with_an_attempt(db, user, job, media_dir) -> None:
     assert stored_files(media_dir) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("watermark", [False, True], ids=["clean-row", "watermark-row"])
 @pytest.mark.parametrize("body", sorted(BODIES))
 @pytest.mark.parametrize("promise", sorted(PROMISES))
@@ -92,7 +93,7 @@ def test_a_text_or_empty_body_under_a_media_content_type_is_unusable(
 @pytest.mark.parametrize("content_type", sorted(TEXT_TYPES))
 @pytest.mark.parametrize("promise", sorted(PROMISES))
 def test_an_error_page_served_as_text_is_unusable(db, served, media_dir, promise, content_type):
-    """Issue 41 item 3: the reason says what came back (its type, its size, what it reads as)
+    """The reason says what came back (its type, its size, what it reads as)
     and what was promised, not only that nothing was stored."""
     kind, job_type, _, name = PROMISES[promise]
     body = HTML if "html" in content_type else JSON

@@ -1,5 +1,5 @@
 """Every media transfer ends within its overall deadline, well inside the reconcile lease, however
-slowly the server drips its bytes (issue 8 item 3). Real HTTP to the sandbox, real PostgreSQL.
+slowly the server drips its bytes. Real HTTP to the sandbox, real PostgreSQL.
 
 Short deadlines come from the environment (``RECON_MEDIA_DEADLINE_S``) or the settings resource;
 pytest-timeout guards against a hang.
@@ -30,6 +30,7 @@ def _everything(folder: str) -> list[Path]:
     return [p for p in Path(folder).rglob("*") if p.is_file()]
 
 
+@pytest.mark.slow
 def test_a_dripping_download_into_the_store_stops_at_the_deadline(sandbox, tmp_path):
     task = sandbox.add_task("kie-standard", DRIP_MEDIA)
     store = FolderWriter(tmp_path)
@@ -41,6 +42,7 @@ def test_a_dripping_download_into_the_store_stops_at_the_deadline(sandbox, tmp_p
     assert _everything(str(tmp_path)) == []  # all-or-nothing: no object, no part file
 
 
+@pytest.mark.slow
 def test_a_dripping_image_fetch_stops_at_the_deadline(sandbox):
     task = sandbox.add_task("kie-standard", DRIP_MEDIA)
     with pytest.raises(MediaFetchError, match="deadline"):
@@ -48,8 +50,9 @@ def test_a_dripping_image_fetch_stops_at_the_deadline(sandbox):
 
 
 @pytest.mark.parametrize("every_s", [1.0, 8.0], ids=["a-byte-a-second", "a-byte-every-8-s"])
+@pytest.mark.slow
 def test_a_body_dripped_slowly_ends_at_the_deadline_not_at_its_next_byte(sandbox, every_s):
-    """Issue 34 item 9: the body's reads run under the download's deadline, so the read in
+    """The body's reads run under the download's deadline, so the read in
     progress ends at the deadline (the 30 s read timeout never fires against a drip, and the
     check between chunks only runs when the next byte comes). On main at 4786a20 both ended at
     the first byte after the deadline: 3 s and 8 s, 'download deadline passed after N bytes'."""
@@ -108,7 +111,7 @@ def test_a_declared_size_gets_its_share_of_the_budget_never_more():
 
 
 def test_a_media_host_that_never_answers_names_the_timeout_that_ran_out(tmp_path):
-    """Issue 41 item 3: "ReadTimeout: timed out" said nothing of which timeout; the reason says it."""
+    """A bare "ReadTimeout: timed out" says nothing of which timeout; the reason names it."""
     import socket
     import threading
 

@@ -1,5 +1,5 @@
 """A download killed mid-write leaves a ``.part`` file; the next write in that folder (or a tree
-sweep) removes it, and never a part a live writer is still filling (issue 8 item 7)."""
+sweep) removes it, and never a part a live writer is still filling."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The media guard and the deployment's egress proxy, together (issue 36 item 1).
+"""The media guard and the deployment's egress proxy, together.
 
 The rules (``recon_dagster/media/egress.py``): the guard decides every hop before the proxy sees
 anything; a checked host is tunnelled to by the address that was checked (``CONNECT <address>``,
@@ -24,8 +24,8 @@ from recon_dagster.media import download
 from recon_dagster.media.download import Hop, open_media_stream
 from recon_dagster.media.errors import MediaFetchError, MediaRefused
 from recon_dagster.reconcile import finalize
-from recon_dagster_tests.media.test_media_download import MediaServer, pattern_bytes
 from recon_dagster_tests.support.certs import self_signed
+from recon_dagster_tests.support.media_server import MediaServer, pattern_bytes
 from recon_dagster_tests.support.proxy import ForwardProxy, TlsFront, forward_proxy
 
 pytestmark = pytest.mark.timeout(60)

@@ -17,8 +17,6 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from dagster_aws.s3 import S3Resource
-from moto.server import ThreadedMotoServer
 
 from recon_dagster.media.errors import MediaExpired, MediaTooLarge
 from recon_dagster.media.folder import FolderWriter
@@ -32,34 +30,16 @@ from recon_dagster.media.store import (
     media_store_from_env,
 )
 from recon_dagster.media.transfer import fetch_bytes, fetch_to_store
-from recon_dagster_tests.media.test_media_download import MediaServer, pattern_bytes
+from recon_dagster_tests.support.media_server import MediaServer, pattern_bytes
+from recon_dagster_tests.support.s3 import BUCKET, s3_resource
 
 MIB = 1024 * 1024
-BUCKET = "recon-media-test"
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    client = S3MediaStore(s3=_s3_resource(endpoint), bucket=BUCKET)._get_client()
-    client.create_bucket(Bucket=BUCKET)
-    yield endpoint
-    server.stop()
-
-
-def _s3_resource(endpoint: str) -> S3Resource:
-    return S3Resource(
-        endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1"
-    )
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +54,7 @@ def make_store(kind: str, tmp_path: Path, endpoint: str | None) -> LocalMediaSto
     assert endpoint is not None
     # A fresh prefix per test keeps tests independent inside one bucket.
     return S3MediaStore(
-        s3=_s3_resource(endpoint), bucket=BUCKET, prefix=f"t-{uuid.uuid4().hex[:8]}/", part_size=5 * MIB
+        s3=s3_resource(endpoint), bucket=BUCKET, prefix=f"t-{uuid.uuid4().hex[:8]}/", part_size=5 * MIB
     )
 
 
@@ -223,7 +203,7 @@ def test_small_object_uses_single_put(moto_endpoint: str, tmp_path: Path) -> Non
 
 
 def test_part_size_below_s3_minimum_is_refused(moto_endpoint: str) -> None:
-    store = S3MediaStore(s3=_s3_resource(moto_endpoint), bucket=BUCKET, part_size=MIB)
+    store = S3MediaStore(s3=s3_resource(moto_endpoint), bucket=BUCKET, part_size=MIB)
     with pytest.raises(ValueError, match="5242880"):
         store.put_stream("files/j/0.bin", [b"x"], "application/octet-stream")
 
@@ -327,6 +307,7 @@ def test_from_env_defaults_to_local(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert Path(default.base_dir) == tmp_path / ".recon" / "media"
 
 
+@pytest.mark.slow
 def test_from_env_s3_in_and_out_of_dagster(monkeypatch: pytest.MonkeyPatch, moto_endpoint: str) -> None:
     secret = "s3cr3t-value-never-shown"
     monkeypatch.setenv("RECON_S3_BUCKET", BUCKET)
@@ -387,6 +368,7 @@ print(json.dumps({"before": imported_before_move, "heavy": heavy, "sizes": sizes
 """
 
 
+@pytest.mark.slow
 def test_production_move_path_imports_no_dagster(
     media_server: MediaServer, moto_endpoint: str, tmp_path: Path
 ) -> None:
@@ -516,6 +498,7 @@ def test_plain_classes_never_show_secrets(moto_endpoint: str) -> None:
         assert "AKIDNEVERSHOWN" not in text
 
 
+@pytest.mark.slow
 def test_the_code_location_loads_without_dagster_aws_when_media_is_local():
     # Every run worker imports the code location; dagster_aws (its components, boto3) was ~40% of
     # that import. It is loaded only when the S3 store is configured or asked for by name.

@@ -1,4 +1,4 @@
-"""Re-encoding a watermark row's videos is bounded (issue 34 item 10): duration, frames and pixels
+"""Re-encoding a watermark row's videos is bounded: duration, frames and pixels
 per job (all its videos together) and the encode's wall time, from the documented
 ``RECON_VIDEO_*`` settings. Past any bound the job is not completed clean: a ``watermark_failed``
 anomaly, the attempt counted, nothing stored, the credits still reserved. Real videos made with
@@ -38,6 +38,7 @@ def small_long_video() -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize(("kind", "job_type", "fmt"), [("kie-veo", "video", "mp4"), ("replicate-prediction", "video-wan", "webm")])
+@pytest.mark.slow
 def test_a_small_long_video_is_refused_with_the_default_bounds_not_re_encoded_for_hours(
     db, served, media_dir, small_long_video, kind: str, job_type: str, fmt: str
 ) -> None:

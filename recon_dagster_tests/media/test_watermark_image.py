@@ -93,7 +93,7 @@ def test_watermark_refuses_non_images(data: bytes) -> None:
 def test_watermark_only_composites_the_rows_the_overlay_draws_on(size: tuple[int, int], text: str) -> None:
     """The watermark composites only the rows its overlay draws on (the band and any text that
     overflows it); the pixels are those of compositing a whole-picture overlay, tiny pictures
-    included (their text is not clipped to the band) (issue 21: a full-size overlay per image)."""
+    included (their text is not clipped to the band) (a full-size overlay per image)."""
     from PIL import Image
 
     from recon_dagster.media.watermark import _overlay_rows

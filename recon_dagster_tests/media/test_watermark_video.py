@@ -1,4 +1,4 @@
-"""Issue 16 item 1: the media of a watermark row (``should_watermark`` true, or NULL: the free-tier
+"""The media of a watermark row (``should_watermark`` true, or NULL: the free-tier
 default) is stored watermarked, video included, with real small MP4/WebM files made here with
 PyAV, served from loopback and reconciled through the real Reconciler and PostgreSQL. Audio is
 stored as it came; media that cannot be watermarked never completes the job."""

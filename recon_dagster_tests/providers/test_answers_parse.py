@@ -15,13 +15,13 @@ import pytest
 from recon_dagster.core.kinds import ASYNC_KINDS, KINDS, Provider
 from recon_dagster.providers import ProviderProtocolError, parse_poll_response
 from recon_dagster.providers.parse import KieEnvelopeError
-from recon_dagster_tests.providers.test_parse import IMG, NF, E, F, S, kie, pred
+from recon_dagster_tests.support.poll_bodies import IMG, NF, E, F, S, kie, pred
 
 MP3 = "https://cdn.example.com/a/1.mp3"
 KIE_KINDS = [k for k in ASYNC_KINDS if KINDS[k].provider is Provider.KIE]
 
 
-# --- Issue 7 rule 6: an answer that is not proof of failure is not a failure -------------------
+# --- an answer that is not proof of failure is not a failure -------------------
 
 
 def _suno(status, tracks):
@@ -99,7 +99,7 @@ def test_replicate_data_removed_true_is_expired(kind, output):
     assert parse_poll_response(kind, pred("succeeded", output=output, data_removed=True)).state is E
 
 
-# --- Issue 8 item 4: a success with nothing usable is not a success ---------------------------
+# --- a success with nothing usable is not a success ---------------------------
 
 
 @pytest.mark.parametrize(

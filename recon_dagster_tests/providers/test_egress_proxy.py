@@ -1,4 +1,4 @@
-"""Provider calls and media downloads honour the deployment's egress proxy (issue 36 item 1).
+"""Provider calls and media downloads honour the deployment's egress proxy.
 
 A real forward proxy on loopback (``support.proxy``) counts what it saw: plain ``http`` polls
 arrive at it in absolute form, ``https`` ones as a ``CONNECT`` to a TLS front before the sandbox,
@@ -18,8 +18,8 @@ import pytest
 from recon_dagster.providers import AmbiguousCreateError, ProviderHTTPError, providers_from_env
 from recon_dagster.reconcile import finalize
 from recon_dagster.sandbox import SandboxServer, Scenario
-from recon_dagster_tests.providers.test_providers_http import PAYLOADS
 from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
+from recon_dagster_tests.support.payloads import PAYLOADS
 from recon_dagster_tests.support.proxy import ForwardProxy, TlsFront, forward_proxy
 from recon_dagster_tests.support.reconcile import make_defs, tick, usage_status
 
@@ -115,6 +115,7 @@ def test_no_proxy_sends_a_listed_host_direct(sandbox, proxy, monkeypatch, no_pro
     assert status.state.value == "succeeded" and sandbox.poll_count(task) == 1
 
 
+@pytest.mark.slow
 def test_a_create_the_proxy_refuses_was_never_sent_so_it_is_retried_not_ambiguous(
     sandbox, tls_front, monkeypatch
 ):

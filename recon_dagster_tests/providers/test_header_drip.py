@@ -1,4 +1,4 @@
-"""One overall deadline per exchange, headers included (issue 17 item 3).
+"""One overall deadline per exchange, headers included.
 
 A host that sends its response headers one line per second resets every per-read timeout; the
 poll (``RECON_POLL_DEADLINE_S``) and the media download (``RECON_MEDIA_DEADLINE_S``) must still
@@ -33,6 +33,7 @@ def _waited(message: str) -> float:
     ("kind", "base_env"),
     [("kie-standard", "KIE_BASE_URL"), ("replicate-prediction", "REPLICATE_BASE_URL")],
 )
+@pytest.mark.slow
 def test_a_poll_whose_headers_drip_ends_at_its_deadline_and_closes_the_socket(monkeypatch, kind, base_env):
     deadline = 3.0
     with drip_server(interval_s=0.5) as server:
@@ -55,6 +56,7 @@ def test_a_poll_whose_headers_drip_ends_at_its_deadline_and_closes_the_socket(mo
         assert max(server.closed_after_s) < deadline + SLACK_S
 
 
+@pytest.mark.slow
 def test_a_media_download_whose_headers_drip_ends_at_its_deadline_and_closes_the_socket():
     deadline = 3.0
     with drip_server(interval_s=0.5) as server:

@@ -1,5 +1,5 @@
-"""Account budgets are configured, validated and never overwritten by one process (issue 17
-items 4 and 5), against real PostgreSQL with two engines standing for two processes."""
+"""Account budgets are configured, validated and never overwritten by one process, against real
+PostgreSQL with two engines standing for two processes."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def two_engines(database_url, db):
         e.dispose()
 
 
-# -- item 5: every limit validated at load, with bounds, one line naming the variable -----------
+# -- every limit validated at load, with bounds, one line naming the variable -----------
 
 BAD_LIMITS = [
     "concurrency=99999999999999999999",
@@ -81,7 +81,7 @@ def test_none_stays_the_explicit_unlimited_and_sane_values_load(raw, field, expe
     assert getattr(limits, field) == expected
 
 
-# -- item 4: the shared budget is configured, not overwritten ----------------------------------
+# -- the shared budget is configured, not overwritten ----------------------------------
 
 
 def test_a_process_whose_budget_differs_from_the_account_row_refuses_to_start(two_engines, monkeypatch):

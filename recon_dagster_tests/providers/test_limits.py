@@ -213,6 +213,7 @@ def test_slots_bound_the_account_and_a_backlogged_kind_leaves_room_for_another(d
     assert held == {"kie-lip-sync": 4, "kie-standard": 4}
 
 
+@pytest.mark.slow
 def test_a_killed_holder_frees_its_slot_at_expiry(db, database_url) -> None:
     account = _account()
     script = f"""

@@ -1,11 +1,11 @@
-"""A request the shared limiter does not let out costs nothing (issue 34 items 1, 7 and 8).
+"""A request the shared limiter does not let out costs nothing.
 
 - a refused reservation takes no token, so no sequence of refusals grows the wait: after a
-  Retry-After the account serves its budget again at once (item 1);
+  Retry-After the account serves its budget again at once;
 - a concurrency slot lives exactly as long as its request, however long the request takes and
-  however it ends (item 7);
+  however it ends;
 - a limiter that cannot reach its database fails closed: nothing is sent, the slot is released,
-  one log line says so (item 8).
+  one log line says so.
 
 Two ``AccountLimiter``s on two engines stand for two processes sharing one account.
 """
@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from recon_dagster.db.engine import normalize_url
 from recon_dagster.providers.limits import AccountLimiter, AccountLimits, Budget
 from recon_dagster.providers.status import NotSent, NotSentReason
+from recon_dagster_tests.support.ledger import held_slots
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -39,17 +40,6 @@ def two_engines(database_url, db):
         e.dispose()
 
 
-def _held_slots(engine: sa.Engine, account: str) -> int:
-    with engine.connect() as conn:
-        return conn.execute(
-            sa.text(
-                "SELECT count(*) FROM provider_limit_slots WHERE account = :a AND holder IS NOT NULL "
-                "AND expires_at > clock_timestamp()"
-            ),
-            {"a": account},
-        ).scalar_one()
-
-
 def _serve(limiter: AccountLimiter, deadline_s: float, kind: str = "kie-standard") -> bool:
     """One request with ``deadline_s`` to get out: True when it was let out, False when refused."""
     try:
@@ -59,10 +49,11 @@ def _serve(limiter: AccountLimiter, deadline_s: float, kind: str = "kie-standard
         return False
 
 
-# -- item 1: a refusal takes no token -------------------------------------------------------------
+# -- a refusal takes no token -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("create", [False, True], ids=["reads", "creates"])
+@pytest.mark.slow
 def test_refusals_during_a_retry_after_never_grow_the_wait_after_it(two_engines, create: bool) -> None:
     """Two processes keep asking while the account is blocked; every ask is refused (its token
     would come after its deadline). Once the block ends the account serves its rate at once:
@@ -124,9 +115,10 @@ def _tokens(engine: sa.Engine, account: str) -> float:
         )
 
 
-# -- item 7: a slot lives as long as its request ----------------------------------------------------
+# -- a slot lives as long as its request ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_slot_outlives_its_ttl_while_its_request_is_in_flight(two_engines) -> None:
     """A request that takes three times the slot TTL keeps its slot all along (renewed while in
     flight): another process never gets the account's only slot meanwhile, and gets it right after."""
@@ -153,7 +145,7 @@ def test_a_slot_outlives_its_ttl_while_its_request_is_in_flight(two_engines) -> 
     finally:
         leave.set()
         t.join(10)
-    assert _held_slots(two_engines[1], account) == 0  # released on exit, not left to its TTL
+    assert held_slots(two_engines[1], account) == 0  # released on exit, not left to its TTL
     assert other.take_slot("anthropic-sync") is not None
 
 
@@ -169,11 +161,11 @@ def test_a_slot_is_released_on_every_exit_path(db, exit_path: str) -> None:
     else:
         cm = lim.request("kie-standard", create=False)
         cm.__enter__()
-        assert _held_slots(db, lim.limits.account) == 1
+        assert held_slots(db, lim.limits.account) == 1
         cm.gen.close()  # abandoned mid-request (the thread was torn down)
-    assert _held_slots(db, lim.limits.account) == 0
+    assert held_slots(db, lim.limits.account) == 0
     time.sleep(0.2)
-    assert _held_slots(db, lim.limits.account) == 0  # and the renewal did not bring it back
+    assert held_slots(db, lim.limits.account) == 0  # and the renewal did not bring it back
 
 
 def test_a_slot_wait_past_the_deadline_is_not_sent_in_time(two_engines) -> None:
@@ -192,7 +184,7 @@ def test_a_slot_wait_past_the_deadline_is_not_sent_in_time(two_engines) -> None:
     assert time.monotonic() - started < 3  # today it waited up to SLOT_WAIT_MAX_S (600 s)
 
 
-# -- item 8: fail closed ------------------------------------------------------------------------------
+# -- fail closed ------------------------------------------------------------------------------
 
 
 def test_a_limiter_without_its_database_sends_nothing_and_says_so_once(caplog) -> None:
@@ -234,7 +226,7 @@ def test_a_database_error_after_the_slot_was_taken_releases_the_slot_and_sends_n
             with pytest.raises(NotSent) as caught, lim.request("kie-standard", create=False):
                 pytest.fail("sent while the limiter could not reserve a token")
         assert caught.value.reason is NotSentReason.LIMITER_DB
-        assert _held_slots(db, account) == 0
+        assert held_slots(db, account) == 0
         assert sum(r.name == "recon_dagster.providers.limits" for r in caplog.records) == 1
         # The database answers again: the next request goes out.
         with lim.request("kie-standard", create=False):

@@ -17,20 +17,9 @@ from recon_dagster.providers import (
     parse_poll_response,
 )
 from recon_dagster.providers.parse import KieEnvelopeError
+from recon_dagster_tests.support.poll_bodies import IMG, NF, E, F, R, S, kie, pred
 
-R, S, F, E, NF = (
-    UpstreamState.RUNNING,
-    UpstreamState.SUCCEEDED,
-    UpstreamState.FAILED,
-    UpstreamState.EXPIRED,
-    UpstreamState.NOT_FOUND,
-)
-IMG = "https://tempfile.aiquickdraw.com/r/abc.png"
 VID = "https://cdn.example.com/v/abc.mp4"
-
-
-def kie(data, code=200, msg="success"):
-    return {"code": code, "msg": msg, "data": data}
 
 
 def market(state, **extra):
@@ -239,15 +228,6 @@ def test_runway_spelling_is_not_market_spelling():
 
 
 # --- Replicate --------------------------------------------------------------------------------
-
-
-def pred(status, **extra):
-    return {
-        "id": "p1",
-        "status": status,
-        "urls": {"get": "https://api.replicate.com/v1/predictions/p1"},
-        **extra,
-    }
 
 
 @pytest.mark.parametrize("status", ["starting", "processing"])
@@ -485,12 +465,14 @@ def _check(kind, body):
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(KIND_NAMES), body=bodies | kie_bodies | json_like)
+@pytest.mark.slow
 def test_parser_never_raises_anything_else(kind, body):
     _check(kind, body)
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=mutated())
+@pytest.mark.slow
 def test_parser_never_raises_anything_else_near_valid_bodies(case):
     _check(*case)
 

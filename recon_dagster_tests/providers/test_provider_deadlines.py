@@ -1,5 +1,5 @@
 """Every poll ends within its overall deadline, whatever the server's pace, and no answer is read
-past its decoded size cap (issue 8 items 3 and 7), against the loopback sandbox over real HTTP.
+past its decoded size cap, against the loopback sandbox over real HTTP.
 
 Short limits come from the environment (``RECON_POLL_DEADLINE_S``, ``RECON_POLL_MAX_BYTES``), the
 way an operator sets them, so the tests run in seconds. pytest-timeout guards against a hang.
@@ -29,6 +29,7 @@ DRIP = Scenario(outcome="run_forever", poll_drip_s=0.5)
 
 
 @pytest.mark.parametrize("kind", ["kie-standard", "replicate-prediction", "elevenlabs-async"])
+@pytest.mark.slow
 def test_a_dripping_poll_body_ends_at_the_deadline(sandbox, monkeypatch, kind):
     monkeypatch.setenv("RECON_POLL_DEADLINE_S", "2")
     providers = providers_from_env()
@@ -43,6 +44,7 @@ def test_a_dripping_poll_body_ends_at_the_deadline(sandbox, monkeypatch, kind):
     assert elapsed < 2 + 5
 
 
+@pytest.mark.slow
 def test_the_deadline_covers_retries_and_their_waits(sandbox, monkeypatch):
     monkeypatch.setenv("RECON_POLL_DEADLINE_S", "2")
     providers = providers_from_env()
@@ -95,7 +97,7 @@ def test_a_billed_sync_answer_is_not_held_to_the_poll_cap(sandbox, monkeypatch):
     assert len(audio) >= 256 * 1024
 
 
-# --- issue 41 item 3: a timeout says which deadline ---------------------------------------------
+# --- a timeout says which deadline ---------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["kie-standard", "replicate-prediction", "elevenlabs-async"])
@@ -114,6 +116,7 @@ def test_a_read_timeout_names_the_read_timeout_and_never_says_http_none(sandbox,
     assert message.startswith(f"{kind}: GET ")
 
 
+@pytest.mark.slow
 def test_the_overall_deadline_names_itself_as_the_poll_deadline(sandbox, monkeypatch):
     monkeypatch.setenv("RECON_POLL_DEADLINE_S", "1")
     providers = providers_from_env()

@@ -40,38 +40,11 @@ from recon_dagster.providers.http import (
     shared_limiter,
 )
 from recon_dagster.sandbox import SandboxServer, Scenario
+from recon_dagster_tests.support.payloads import PAYLOADS
 
 KEY = "sandbox-key"
 WRONG_KEY = "sk-wrong-0123456789abcdef"
 FAST = {"backoff_initial_s": 0.01, "backoff_max_s": 0.05, "create_rate_per_s": None, "read_rate_per_s": None}
-
-PAYLOADS: dict[str, dict[str, Any]] = {
-    "kie-standard": {
-        "model": "google/nano-banana",
-        "input": {"prompt": "a cat"},
-        "sandbox_kind": "kie-standard",
-    },
-    "kie-kling3": {"model": "kling-3.0/video", "input": {"prompt": "a cat"}, "sandbox_kind": "kie-kling3"},
-    "kie-lip-sync": {
-        "model": "infinitalk/lip-sync",
-        "input": {"prompt": "hi"},
-        "sandbox_kind": "kie-lip-sync",
-    },
-    "kie-veo": {"prompt": "a cat", "model": "veo3_fast"},
-    "kie-suno": {"prompt": "a song", "customMode": False, "model": "V4"},
-    "kie-kontext": {"prompt": "a cat"},
-    "kie-runway": {"prompt": "a cat", "duration": 5},
-    "kie-luma": {"prompt": "make it snow", "videoUrl": "https://example.com/in.mp4"},
-    "replicate-prediction": {"version": "5c7d5dc6", "input": {"prompt": "a cat"}},
-    "replicate-training": {
-        "model": "ostris/flux-dev-lora-trainer",
-        "version": "e440909d",
-        "destination": "me/my-lora",
-        "input": {"input_images": "https://example.com/x.zip"},
-    },
-    "elevenlabs-async": {"source_url": "https://example.com/in.mp4", "target_lang": "es"},
-}
-assert set(PAYLOADS) == set(ASYNC_KINDS)
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +172,7 @@ def _retry_waits(caplog) -> list[float]:
     ]
 
 
+@pytest.mark.slow
 def test_429_retry_after_is_honoured_then_succeeds(sb, caplog):
     caplog.set_level(logging.WARNING, logger="recon_dagster.providers")
     task_id = sb.add_task(
@@ -514,6 +488,7 @@ def test_provider_http_repr_hides_headers():
     http.close()
 
 
+@pytest.mark.slow
 def test_kie_in_envelope_429_honours_retry_after_header(sb, caplog):
     caplog.set_level(logging.WARNING, logger="recon_dagster.providers")
     scenario = Scenario(polls_before_done=0, kie_http200_errors=True, rate_limit_first=1, retry_after_s=1)

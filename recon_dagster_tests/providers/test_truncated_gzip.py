@@ -1,4 +1,4 @@
-"""A compressed answer that stops before its end is refused as a protocol error (issue 34 item 11).
+"""A compressed answer that stops before its end is refused as a protocol error.
 
 zlib reports no error for a gzip or deflate stream that merely stops: the body decodes to a
 prefix (often the whole JSON: the trailer with the CRC and length is all that is missing), and
@@ -20,7 +20,7 @@ import pytest
 
 from recon_dagster.providers import AmbiguousCreateError, ProviderHTTPError, providers_from_env
 from recon_dagster.sandbox import SandboxServer, Scenario
-from recon_dagster_tests.providers.test_providers_http import PAYLOADS
+from recon_dagster_tests.support.payloads import PAYLOADS
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,5 +1,5 @@
 """Pure decisions over what an answer proves: which jobs promise media, when a success is usable,
-and the per-provider not-found breaker (issue 7 rule 7)."""
+and the per-provider not-found breaker."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_unusable_result_names_what_is_missing():
     ],
 )
 def test_a_success_without_the_promised_media_says_what_came_instead(promised, result, reason):
-    """Issue 41 item 3: 'the job promised media and none was stored' said nothing of what came."""
+    """'the job promised media and none was stored' says nothing of what came; the reason does."""
     assert unusable_result(media=0, result=result, promised=promised) == reason
 
 
@@ -93,7 +93,7 @@ def test_promised_kind_names_what_a_job_can_only_complete_with(kind, job_type, p
     assert promised_kind(kind, job_type) == promised
 
 
-# --- Issue 7 rule 7: the not-found breaker, as a pure decision ---------------------------------
+# --- the not-found breaker, as a pure decision ---------------------------------
 
 
 def _nf(kind="replicate-prediction"):

@@ -1,12 +1,10 @@
-"""What a provider answer proves, through the Reconciler on real PostgreSQL (issue 7 rule 6, issue 8
-item 4): ambiguous answers count an attempt instead of failing, a success without what the job
+"""What a provider answer proves, through the Reconciler on real PostgreSQL: ambiguous answers count an attempt instead of failing, a success without what the job
 promised never completes or charges, and the attempt cap still ends every such job with a refund."""
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -15,10 +13,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from recon_dagster.core.kinds import ASYNC_KINDS, KINDS, TEXT_RESULT_KINDS
+from recon_dagster.core.kinds import ASYNC_KINDS, TEXT_RESULT_KINDS
 from recon_dagster.media.store import LocalMediaStore
-from recon_dagster.providers import parse_poll_response, providers_from_env
-from recon_dagster.providers.status import MediaRef, UpstreamStatus
+from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile.decide import Outcome, promised_media
 from recon_dagster.reconcile.finalize import (
     ProviderResult,
@@ -29,7 +26,9 @@ from recon_dagster.reconcile.reconciler import JobOutcome, Reconciler, Reconcile
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.support.answers import lease, stale_job
 from recon_dagster_tests.support.factories import balances, job_row
+from recon_dagster_tests.support.poll_bodies import kie
 from recon_dagster_tests.support.reconcile import count, usage_status
+from recon_dagster_tests.support.served_media import BodyUpstream, success_body
 
 # The job type a media job of each kind would carry in the app.
 NATURAL_JOB_TYPE = {
@@ -46,20 +45,6 @@ NATURAL_JOB_TYPE = {
     "elevenlabs-async": "audio",
 }
 assert set(NATURAL_JOB_TYPE) == set(ASYNC_KINDS)
-
-
-class BodyUpstream:
-    """The real parser over bodies the test chose (the HTTP layer has its own tests), so any
-    answer shape can reach the Reconciler."""
-
-    def __init__(self) -> None:
-        self.bodies: dict[str, dict[str, Any]] = {}
-
-    def poll(self, kind: str, task_id: str) -> UpstreamStatus:
-        return parse_poll_response(kind, self.bodies[task_id], task_id=task_id)
-
-    def media_headers(self, kind: str, ref: MediaRef) -> Mapping[str, str]:
-        return {}
 
 
 def _job(db, kind, job_type, *, attempts=0, task_id=None):
@@ -90,11 +75,7 @@ def _untouched_but_counted(db, user, job, attempts=1) -> None:
     assert count(db, "assets", job) == 0
 
 
-def _kie(data: Any, code: int = 200, msg: str = "success") -> dict[str, Any]:
-    return {"code": code, "msg": msg, "data": data}
-
-
-# --- rule 6 through the sandbox and the real clients -------------------------------------------
+# --- an answer that is no proof of failure, through the sandbox and the real clients -------------------------------------------
 
 
 def test_suno_callback_exception_with_tracks_is_recovered_not_failed(db, sandbox, media_dir):
@@ -116,12 +97,12 @@ def test_suno_callback_exception_with_tracks_is_recovered_not_failed(db, sandbox
 @pytest.mark.parametrize(
     ("kind", "body"),
     [
-        ("kie-suno", _kie({"taskId": "x", "status": "CALLBACK_EXCEPTION", "response": None})),
-        ("kie-standard", _kie(None, code=422, msg="taskId is invalid")),
+        ("kie-suno", kie({"taskId": "x", "status": "CALLBACK_EXCEPTION", "response": None})),
+        ("kie-standard", kie(None, code=422, msg="taskId is invalid")),
         ("kie-veo", {"code": 422, "message": "whatever", "data": None}),
         ("replicate-prediction", {"id": "x", "status": "succeeded", "output": None, "data_removed": False}),
         ("replicate-training", {"id": "x", "status": "succeeded", "output": None}),
-        ("kie-luma", _kie({"taskId": "x", "successFlag": 4, "response": None})),
+        ("kie-luma", kie({"taskId": "x", "successFlag": 4, "response": None})),
     ],
 )
 def test_an_answer_that_proves_nothing_counts_an_attempt_and_refunds_nothing(db, media_dir, kind, body):
@@ -134,10 +115,10 @@ def test_an_answer_that_proves_nothing_counts_an_attempt_and_refunds_nothing(db,
 @pytest.mark.parametrize(
     ("kind", "body"),
     [
-        ("kie-veo", _kie(None, code=422, msg="recordInfo is null")),
+        ("kie-veo", kie(None, code=422, msg="recordInfo is null")),
         ("kie-suno", {"code": 422, "message": "recordInfo is null", "data": None}),
         ("replicate-prediction", {"id": "x", "status": "succeeded", "output": None, "data_removed": True}),
-        ("kie-suno", _kie({"taskId": "x", "status": "GENERATE_AUDIO_FAILED", "response": None})),
+        ("kie-suno", kie({"taskId": "x", "status": "GENERATE_AUDIO_FAILED", "response": None})),
     ],
 )
 def test_documented_failures_still_fail_and_refund_at_once(db, media_dir, kind, body):
@@ -148,7 +129,7 @@ def test_documented_failures_still_fail_and_refund_at_once(db, media_dir, kind, 
     assert balances(db, user) == (Decimal(100), Decimal(50))
 
 
-# --- issue 8 item 4: a success with nothing usable ---------------------------------------------
+# --- a success with nothing usable ---------------------------------------------
 
 IMG = "https://cdn.example.com/out/0.png"
 
@@ -165,11 +146,11 @@ IMG = "https://cdn.example.com/out/0.png"
         ("replicate-prediction", {"id": "x", "status": "succeeded", "output": [IMG, 5]}),
         (
             "kie-standard",
-            _kie({"taskId": "x", "state": "success", "resultJson": json.dumps({"resultObject": {}})}),
+            kie({"taskId": "x", "state": "success", "resultJson": json.dumps({"resultObject": {}})}),
         ),
         (
             "kie-standard",
-            _kie({"taskId": "x", "state": "success", "resultJson": '{"resultObject": {"t": "hi"}}'}),
+            kie({"taskId": "x", "state": "success", "resultJson": '{"resultObject": {"t": "hi"}}'}),
         ),
     ],
 )
@@ -194,7 +175,7 @@ def test_the_attempt_cap_still_ends_a_job_whose_success_is_unusable(db, media_di
 @pytest.mark.parametrize("kind", sorted(TEXT_RESULT_KINDS))
 def test_a_text_result_still_completes_a_text_job(db, media_dir, kind):
     body = (
-        _kie({"taskId": "x", "state": "success", "resultJson": '{"resultObject": {"text": "a poem"}}'})
+        kie({"taskId": "x", "state": "success", "resultJson": '{"resultObject": {"text": "a poem"}}'})
         if kind == "kie-standard"
         else {"id": "x", "status": "succeeded", "output": ["a ", "poem"]}
     )
@@ -225,29 +206,6 @@ _BAD = [None, [], {}, "", " ", 5, True, "Error: NSFW content detected", "not a u
         {"url": "x"}, ["ftp://x/y.png"], "ftp://x/y.png"]  # fmt: skip
 
 
-def _success_body(kind: str, url: str, media: Any, text: Any) -> dict[str, Any]:
-    """A documented success body of ``kind`` whose media field holds ``media`` (or ``url``)."""
-    family = KINDS[kind].family.value
-    if family == "kie-market":
-        inner = {"resultUrls": media} if text is None else {"resultObject": text}
-        return _kie({"taskId": "x", "state": "success", "resultJson": json.dumps(inner)})
-    if family in ("kie-veo", "kie-luma"):
-        return _kie({"taskId": "x", "successFlag": 1, "response": {"resultUrls": media}})
-    if family == "kie-kontext":
-        return _kie({"taskId": "x", "successFlag": 1, "response": {"resultImageUrl": media}})
-    if family == "kie-suno":
-        tracks = media if not isinstance(media, list) else [{"audioUrl": m} for m in media]
-        return _kie({"taskId": "x", "status": "SUCCESS", "response": {"sunoData": tracks}})
-    if family == "kie-runway":
-        return _kie({"taskId": "x", "state": "success", "expireFlag": 0, "videoInfo": {"videoUrl": media}})
-    if family == "replicate-training":
-        return {"id": "x", "status": "succeeded", "output": {"weights": media}}
-    if family == "replicate-prediction":
-        return {"id": "x", "status": "succeeded", "output": media if text is None else text}
-    # ElevenLabs dubbing: the media is an authenticated endpoint named by the language code.
-    return {"dubbing_id": "x", "status": "dubbed", "target_languages": media}
-
-
 @st.composite
 def success_cases(draw: st.DrawFn) -> tuple[str, str, Any, Any]:
     kind = draw(st.sampled_from(ASYNC_KINDS))
@@ -261,6 +219,7 @@ def success_cases(draw: st.DrawFn) -> tuple[str, str, Any, Any]:
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=success_cases())
+@pytest.mark.slow
 def test_no_success_body_completes_a_media_job_without_stored_media(db, sandbox, media_dir, case):
     kind, job_type, media, text = case
     task = sandbox.add_task(kind, Scenario(polls_before_done=0))
@@ -269,7 +228,7 @@ def test_no_success_body_completes_a_media_job_without_stored_media(db, sandbox,
     media = [fill(m) for m in media] if isinstance(media, list) else fill(media)
     user, job = _job(db, kind, job_type)
     upstream = BodyUpstream()
-    upstream.bodies[job_row(db, job)["provider_task_id"]] = _success_body(kind, url, media, text)
+    upstream.bodies[job_row(db, job)["provider_task_id"]] = success_body(kind, url, media, text)
 
     _reconcile(db, upstream, media_dir, job)
 

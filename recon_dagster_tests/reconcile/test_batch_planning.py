@@ -5,7 +5,7 @@ from __future__ import annotations
 from recon_dagster.core.kinds import KINDS
 from recon_dagster.core.types import JobRow
 from recon_dagster.reconcile.batches import plan_batches
-from recon_dagster_tests.reconcile.test_decide import row
+from recon_dagster_tests.support.factories import unsaved_job_row as row
 
 
 def _rows(kind: str, n: int) -> list[JobRow]:

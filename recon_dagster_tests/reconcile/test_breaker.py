@@ -1,4 +1,4 @@
-"""Issue 7 rule 7: a burst of "not found" is a misconfiguration, not lost tasks.
+"""A burst of "not found" is a misconfiguration, not lost tasks.
 
 Real PostgreSQL, the loopback sandbox over real HTTP (a task id the sandbox never issued is what a
 wrong account or base path looks like: KIE answers 422 "recordInfo is null", Replicate and
@@ -113,6 +113,7 @@ def _start_other_process(db: sa.Engine, media_dir: str, jobs: list[uuid.UUID]) -
 
 
 @pytest.mark.parametrize("provider", sorted(KIND_OF))
+@pytest.mark.slow
 def test_a_burst_of_not_found_from_two_processes_fails_at_most_the_burst_threshold(
     db, sandbox, media_dir, provider, caplog
 ):
@@ -145,7 +146,7 @@ def test_a_burst_of_not_found_from_two_processes_fails_at_most_the_burst_thresho
     assert any(r.levelno == logging.ERROR and provider in r.getMessage() for r in caplog.records)
     check = _check(db)
     assert not check.passed and check.severity is dg.AssetCheckSeverity.ERROR
-    # Open for the provider as a whole and for the kind that burst (issue 16 item 11: per kind).
+    # Open for the provider as a whole and for the kind that burst (per kind).
     assert check.metadata["open_for"].value == [provider, kind]
     # Other providers are not affected: a lone not-found elsewhere still fails at once.
     other_provider = next(p for p in sorted(KIND_OF) if p != provider)
@@ -178,6 +179,7 @@ def test_the_breaker_closes_once_the_burst_leaves_the_window(db, sandbox, media_
     assert one(db, "SELECT count(*) FROM provider_poll_answers WHERE at < now() - interval '10 minutes'") == 0
 
 
+@pytest.mark.slow
 def test_a_burst_that_is_not_most_of_the_answers_does_not_open_the_breaker(db, sandbox, media_dir):
     # 30 healthy answers, then 8 genuinely lost tasks: a bad batch, not a bad configuration.
     running = [
@@ -227,6 +229,7 @@ def test_a_smaller_configured_burst_opens_sooner(db, sandbox, media_dir):
 # --- answers that cannot open the breaker are written in batches ----------------------------------
 
 
+@pytest.mark.slow
 def test_found_answers_are_recorded_in_a_few_statements_and_all_counted(db, sandbox, media_dir):
     # One INSERT per poll was a transaction per poll (about 6% of a backlog run's CPU); a found
     # answer can only lower the not-found share, so it may wait for a batch.
@@ -241,6 +244,7 @@ def test_found_answers_are_recorded_in_a_few_statements_and_all_counted(db, sand
         assert {w.provider: w.answers for w in provider_windows(conn, BreakerPolicy())} == {"kie": 120}
 
 
+@pytest.mark.slow
 def test_a_not_found_is_judged_against_the_found_answers_before_it(db, sandbox, media_dir, monkeypatch):
     # This process's held found answers are written before a not-found is counted, so a healthy
     # batch with a few lost tasks does not look like a burst (and fails those tasks). One thread,
@@ -263,7 +267,7 @@ def test_a_not_found_is_judged_against_the_found_answers_before_it(db, sandbox, 
     assert {outcomes[j] for j in running} == {Outcome.STILL_RUNNING}
 
 
-# --- issue 16 item 11: not-found is counted per kind -----------------------------------------------
+# --- not-found is counted per kind -----------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -274,6 +278,7 @@ def test_a_not_found_is_judged_against_the_found_answers_before_it(db, sandbox, 
         ("kie-veo", "kie-runway"),
     ],
 )
+@pytest.mark.slow
 def test_not_found_breaker_counts_per_kind_whatever_the_providers_other_traffic(
     db, sandbox, media_dir, healthy, bursting
 ):

@@ -1,4 +1,4 @@
-"""Issue 41 item 1: whose fault an attempt's end was, and what provider health makes of it (pure).
+"""Whose fault an attempt's end was, and what provider health makes of it (pure).
 
 A provider is judged by how it answered polls; a job's own bad result and our own errors never
 count against it, and an outcome that represents no exchange with the provider counts as nothing.

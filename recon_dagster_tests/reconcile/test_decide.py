@@ -3,14 +3,11 @@ upstream state, and every boundary of the attempt cap. No database, no I/O."""
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import replace
-from datetime import UTC, datetime
 
 import pytest
 
 from recon_dagster.core.kinds import KINDS, MAX_ATTEMPTS
-from recon_dagster.db.jobs import JobRow
 from recon_dagster.providers.status import UpstreamState, UpstreamStatus
 from recon_dagster.reconcile.decide import (
     Action,
@@ -21,32 +18,10 @@ from recon_dagster.reconcile.decide import (
     failure_message,
     route,
 )
+from recon_dagster_tests.support.factories import unsaved_job_row as row
 
 ASYNC_KINDS = sorted(k.name for k in KINDS.values() if k.is_async)
 SYNC_KINDS = sorted(k.name for k in KINDS.values() if not k.is_async)
-
-
-def row(provider_kind: str | None, provider_task_id: str | None) -> JobRow:
-    return JobRow(
-        id=uuid.uuid4(),
-        status="processing",
-        user_id=uuid.uuid4(),
-        job_type="image",
-        provider_kind=provider_kind,
-        provider_task_id=provider_task_id,
-        provider_call_started_at=datetime.now(UTC),
-        reconcile_attempts=0,
-        reconcile_last_error=None,
-        reconcile_lease_owner=None,
-        reconcile_lease_expires_at=None,
-        should_watermark=False,
-        is_public=None,
-        workflow_execution_id=None,
-        node_id=None,
-        progress=0,
-        created_at=datetime.now(UTC),
-        started_at=None,
-    )
 
 
 def status(state: UpstreamState, error: str | None = None) -> UpstreamStatus:

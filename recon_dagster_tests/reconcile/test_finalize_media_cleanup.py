@@ -1,5 +1,5 @@
 """A finalize that loses its guarded completion removes the media it wrote, unless the winner is a
-completion that references the same (deterministic) keys (issue 8 item 7). Real PostgreSQL, real
+completion that references the same (deterministic) keys. Real PostgreSQL, real
 HTTP to the sandbox, a real media folder; the competing write lands between the media phase and
 the settle transaction, where the race really happens."""
 
@@ -15,14 +15,13 @@ from recon_dagster.db import jobs as jobs_db
 from recon_dagster.media.store import LocalMediaStore, StoredObject
 from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile.finalize import (
-    MediaPolicy,
     ProviderResult,
     finalize_job_with_media,
     media_to_discard,
 )
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
-from recon_dagster_tests.support.reconcile import stored_files
+from recon_dagster_tests.support.reconcile import media_policy, stored_files
 
 
 def _finished_job(db, sandbox, *, watermark=False, media_count=1):
@@ -39,10 +38,6 @@ def _finished_job(db, sandbox, *, watermark=False, media_count=1):
     )
     reserve(db, job, user, 10)
     return job, ProviderResult.from_status(providers_from_env().poll(kind, task))
-
-
-def _policy() -> MediaPolicy:
-    return MediaPolicy(headers_for=providers_from_env().media_headers)
 
 
 class _InterruptAfterUpload:
@@ -84,7 +79,7 @@ def test_losing_to_a_cancel_or_a_failure_removes_every_object_written(
     uploads = media_count  # a watermarked image is stored only as its watermarked variant
     store = _InterruptAfterUpload(LocalMediaStore(base_dir=media_dir), uploads, _terminal(db, job, how))
 
-    res = finalize_job_with_media(db, store, job, result, source="reconcile", policy=_policy())
+    res = finalize_job_with_media(db, store, job, result, source="reconcile", policy=media_policy())
 
     assert res.ok is False and len(res.stored) == uploads
     assert sorted(res.discarded) == sorted(o.key for o in res.stored)
@@ -98,11 +93,11 @@ def test_losing_to_a_completion_of_the_same_keys_keeps_the_winners_media(db, san
     plain = LocalMediaStore(base_dir=media_dir)
 
     def winner_completes() -> None:
-        won = finalize_job_with_media(db, plain, job, result, source="worker", policy=_policy())
+        won = finalize_job_with_media(db, plain, job, result, source="worker", policy=media_policy())
         assert won.ok
 
     store = _InterruptAfterUpload(plain, 1, winner_completes)
-    res = finalize_job_with_media(db, store, job, result, source="webhook", policy=_policy())
+    res = finalize_job_with_media(db, store, job, result, source="webhook", policy=media_policy())
 
     assert res.ok is False and res.discarded == []
     row = job_row(db, job)

@@ -1,7 +1,7 @@
 """Two finalizes of one job with different upstream results (the persisted task and an orphan
 duplicate, or a stray webhook) never mix: a result from a task other than the row's is refused
-before any download, and a losing finalize never changes an object the winner references
-(issue 16 item 6). Real PostgreSQL, real HTTP to the sandbox, a real media folder."""
+before any download, and a losing finalize never changes an object the winner references.
+Real PostgreSQL, real HTTP to the sandbox, a real media folder."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from recon_dagster.media.store import LocalMediaStore, StoredObject
 from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile import finalize as finalize_mod
 from recon_dagster.reconcile.decide import Outcome
-from recon_dagster.reconcile.finalize import MediaPolicy, ProviderResult, finalize_job_with_media
+from recon_dagster.reconcile.finalize import ProviderResult, finalize_job_with_media
 from recon_dagster.reconcile.reconciler import Reconciler
 from recon_dagster.sandbox import Scenario, media_digest
 from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
-from recon_dagster_tests.support.reconcile import count, one, stored_files, usage_status
+from recon_dagster_tests.support.reconcile import count, media_policy, one, stored_files, usage_status
 
 KIND = "kie-veo"
 SIZE = 8192
@@ -39,10 +39,6 @@ def _job(db: sa.Engine, task: str | None) -> uuid.UUID:
     )
     reserve(db, job, user, 10)
     return job
-
-
-def _policy() -> MediaPolicy:
-    return MediaPolicy(headers_for=providers_from_env().media_headers)
 
 
 class _Hooked:
@@ -89,7 +85,7 @@ def _assert_store_is_the_winners(
 
 
 def _finalize(db, store, job, result, source):
-    return finalize_job_with_media(db, store, job, result, source=source, policy=_policy())
+    return finalize_job_with_media(db, store, job, result, source=source, policy=media_policy())
 
 
 # --- a result from another task than the row's ------------------------------------------------
@@ -176,7 +172,7 @@ def test_the_reconciler_reports_a_foreign_result_as_an_error_and_neither_complet
         def __getattr__(self, name: str):
             return getattr(providers, name)
 
-    rec = Reconciler(db, Misrouted(), LocalMediaStore(base_dir=media_dir), media_policy=_policy())
+    rec = Reconciler(db, Misrouted(), LocalMediaStore(base_dir=media_dir), media_policy=media_policy())
     with db.begin() as conn:
         assert jobs_db.claim_jobs(conn, [jobs_db.Claim(job, 0)], "run-1", rec.settings.lease_ttl)
 

@@ -1,4 +1,4 @@
-"""Spec Phase 3, LoRA-training migration: legacy trainings adopted onto the reconcile path,
+"""LoRA-training migration: legacy trainings adopted onto the reconcile path,
 recovered by the sensor, and shadow-compared against the legacy cron's decisions."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def test_legacy_training_is_adopted_recovered_and_matches_the_legacy_decision(
     check = _check(_cohort(defs, instance))
     assert check.passed
     assert check.metadata["compared"].value == 1
-    # One matching training is not a cohort (issue 7 rule 9: 20 compared are needed).
+    # One matching training is not a cohort (20 compared are needed).
     assert check.metadata["legacy_cron_can_be_retired"].value is False
     assert "only 1 training(s) compared, 20 needed" in check.metadata["retirement_blocked_by"].value
 
@@ -171,7 +171,7 @@ def test_health_checks_flag_a_job_reconciliation_is_not_reaching(db, instance, m
     assert checks["no_credit_leak"].passed is True
 
 
-# --- issue 16 items 2 and 3: the cohort is reconciliation's own, and a wrong failure shows ---------
+# --- the cohort is reconciliation's own, and a wrong failure shows ---------
 
 
 def _training_job(db, sandbox, scenario, *, attempts=0):

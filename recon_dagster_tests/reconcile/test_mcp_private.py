@@ -1,35 +1,22 @@
 """An MCP-origin job (its workflow execution carries an ``mcp_client``) is never made public by
 reconciliation, whatever its ``is_public`` holds; other jobs keep the row's value, NULL meaning
-public (issue 16 item 7). Real PostgreSQL, real HTTP to the sandbox."""
+public. Real PostgreSQL, real HTTP to the sandbox."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-import sqlalchemy as sa
 
 from recon_dagster.media.store import LocalMediaStore
 from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile.finalize import MediaPolicy, ProviderResult, finalize_job_with_media
-from recon_dagster_tests.support.factories import make_user
+from recon_dagster_tests.support.factories import make_user, make_workflow
 from recon_dagster_tests.support.reconcile import finished_kie_job, one
-
-
-def _workflow(db: sa.Engine, user: uuid.UUID, mcp_client: str | None) -> uuid.UUID:
-    with db.begin() as conn:
-        return conn.execute(
-            sa.text(
-                "INSERT INTO workflow_executions (user_id, status, mcp_client) VALUES (:u, 'running', :m) RETURNING id"
-            ),
-            {"u": str(user), "m": mcp_client},
-        ).scalar_one()
 
 
 def _asset_public(db, sandbox, media_dir, *, is_public, mcp_client, in_workflow=True):
     """Finalize one finished job and return its asset's ``is_public``."""
     user = make_user(db)
-    wf = _workflow(db, user, mcp_client) if in_workflow else None
+    wf = make_workflow(db, user, status="running", mcp_client=mcp_client) if in_workflow else None
     job, task = finished_kie_job(db, sandbox, user, is_public=is_public, workflow_execution_id=wf, node_id="X" if wf else None)
     providers = providers_from_env()
     out = finalize_job_with_media(

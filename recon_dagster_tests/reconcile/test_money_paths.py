@@ -29,6 +29,7 @@ from recon_dagster.reconcile.finalize import (
 )
 from recon_dagster.sandbox import SandboxServer
 from recon_dagster_tests.support.factories import balances, job_row, make_job, make_user, reserve
+from recon_dagster_tests.support.ledger import anomalies, usage_logs
 from recon_dagster_tests.support.reconcile import finished_training
 
 D = Decimal
@@ -49,24 +50,6 @@ def execute(bind: sa.Engine, statement: str, **params: Any) -> None:
         conn.execute(
             sa.text(statement), {k: str(v) if isinstance(v, uuid.UUID) else v for k, v in params.items()}
         )
-
-
-def usage_logs(bind: sa.Engine, job_id: uuid.UUID) -> list[dict[str, Any]]:
-    with bind.begin() as conn:
-        return [
-            dict(r)
-            for r in conn.execute(
-                sa.text("SELECT * FROM usage_logs WHERE job_id = :j ORDER BY created_at, id"),
-                {"j": str(job_id)},
-            ).mappings()
-        ]
-
-
-def anomalies(bind: sa.Engine) -> list[dict[str, Any]]:
-    with bind.begin() as conn:
-        return [
-            dict(r) for r in conn.execute(sa.text("SELECT * FROM credit_anomalies ORDER BY id")).mappings()
-        ]
 
 
 def make_character(bind: sa.Engine, user: uuid.UUID, job: uuid.UUID, training_status: str) -> uuid.UUID:
@@ -161,6 +144,7 @@ LATE_FAILS = {
 
 @pytest.mark.parametrize("path", sorted(LATE_FAILS))
 @pytest.mark.parametrize("terminal", ["completed", "cancelled", "failed"])
+@pytest.mark.slow
 def test_a_late_fail_on_a_terminal_row_changes_nothing(
     db: sa.Engine, listener: Listener, path: str, terminal: str
 ) -> None:
@@ -399,6 +383,7 @@ def test_finalize_of_another_kind_leaves_a_character_alone(db: sa.Engine, store:
 
 
 @pytest.mark.parametrize("terminal", ["completed", "cancelled", "failed"])
+@pytest.mark.slow
 def test_a_late_finalize_changes_nothing(
     db: sa.Engine, store: LocalMediaStore, listener: Listener, terminal: str
 ) -> None:

@@ -1,5 +1,8 @@
-"""Issue 7's money rules (1, 2, 4, 5, 8, 9) on real PostgreSQL, through ``reconcile --once``
-(sensor, reconcile runs and the sweep) and the loopback provider sandbox."""
+"""The money rules on real PostgreSQL, through ``reconcile --once`` (sensor, reconcile runs and the
+sweep) and the loopback provider sandbox: a job that never reached its provider call is not stuck;
+legacy LoRA trainings are adopted, never swept; a watermarked job never exposes its clean original;
+a sole cause means a sole cause; the leak check reads open reservations only, and the legacy cron
+is retired only on a full clean cohort."""
 
 from __future__ import annotations
 
@@ -22,24 +25,21 @@ from recon_dagster.media.store import S3MediaStore
 from recon_dagster.providers import ProvidersResource, UpstreamStatus, providers_from_env
 from recon_dagster.reconcile import app_worker as worker
 from recon_dagster.sandbox import SandboxServer, Scenario
-from recon_dagster_tests.media.test_media_store import BUCKET, _s3_resource, moto_endpoint  # noqa: F401
-from recon_dagster_tests.reconcile.test_reconcile_phase3 import _stuck, _workflow
-from recon_dagster_tests.reconcile.test_scan_plan import _index_of, _nodes
-from recon_dagster_tests.support.factories import balances, job_row, make_job, make_user, reserve
-from recon_dagster_tests.support.reconcile import make_defs, one, tick, usage_status
+from recon_dagster_tests.support.factories import (
+    balances,
+    job_row,
+    make_job,
+    make_user,
+    make_workflow,
+    reserve,
+)
+from recon_dagster_tests.support.ledger import anomaly_reasons
+from recon_dagster_tests.support.plans import index_of, plan_nodes
+from recon_dagster_tests.support.reconcile import make_defs, one, stale_job_id, tick, usage_status
+from recon_dagster_tests.support.s3 import BUCKET, s3_resource
 
 D = Decimal
 PRECALL_BUDGET_ENV = "RECON_PRECALL_BUDGET_S"
-
-
-def anomaly_reasons(db: sa.Engine, job_id: uuid.UUID) -> list[str]:
-    with db.connect() as conn:
-        return list(
-            conn.execute(
-                sa.text("SELECT reason FROM credit_anomalies WHERE job_id = :j ORDER BY id"),
-                {"j": str(job_id)},
-            ).scalars()
-        )
 
 
 def set_started_at(db: sa.Engine, job_id: uuid.UUID, minutes_ago: float) -> None:
@@ -51,12 +51,12 @@ def set_started_at(db: sa.Engine, job_id: uuid.UUID, minutes_ago: float) -> None
 
 
 # ---------------------------------------------------------------------------------------------
-# Rule 1: a job that has not reached its provider call is not stuck
+# A job that has not reached its provider call is not stuck
 # ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("minutes", [10, 40, 170])
-def test_rule1_a_job_that_has_not_reached_its_provider_call_is_not_stuck(
+def test_a_job_that_has_not_reached_its_provider_call_is_not_stuck(
     db, instance, media_dir, sandbox, minutes
 ):
     user = make_user(db, sub=100, topup=50)
@@ -78,7 +78,7 @@ def test_rule1_a_job_that_has_not_reached_its_provider_call_is_not_stuck(
         assert sum(r["stale"] for r in inflight_counts(conn)) == 0
 
 
-def test_rule1_past_the_precall_budget_such_a_row_is_swept_and_refunded(db, instance, media_dir, sandbox):
+def test_past_the_precall_budget_such_a_row_is_swept_and_refunded(db, instance, media_dir, sandbox):
     user = make_user(db, sub=100, topup=50)
     old = make_job(db, user, provider_kind="kie-standard", created_minutes_ago=181)
     young = make_job(db, user, provider_kind="kie-standard", created_minutes_ago=179)
@@ -92,7 +92,7 @@ def test_rule1_past_the_precall_budget_such_a_row_is_swept_and_refunded(db, inst
     assert balances(db, user) == (D(90), D(50))
 
 
-def test_rule1_the_precall_budget_is_configurable(db, monkeypatch):
+def test_the_precall_budget_is_configurable(db, monkeypatch):
     user = make_user(db)
     forty = make_job(db, user, created_minutes_ago=40)
     make_job(db, user, created_minutes_ago=5)
@@ -103,7 +103,7 @@ def test_rule1_the_precall_budget_is_configurable(db, monkeypatch):
 
 
 @pytest.mark.parametrize("raw", ["abc", "0", "-60", "nan", "inf", "3h"])
-def test_rule1_a_bad_precall_budget_is_a_clear_error(monkeypatch, raw):
+def test_a_bad_precall_budget_is_a_clear_error(monkeypatch, raw):
     monkeypatch.setenv(PRECALL_BUDGET_ENV, raw)
     with pytest.raises(ValueError, match=f"{PRECALL_BUDGET_ENV} must be a positive number of seconds"):
         kinds.precall_budget()
@@ -123,7 +123,7 @@ def _kie_run(providers: ProvidersResource):
 
 
 @pytest.mark.parametrize("status", ["failed", "cancelled", "completed"])
-def test_rule1_run_or_resume_never_starts_upstream_work_for_an_ended_job(db, sandbox, providers, status):
+def test_run_or_resume_never_starts_upstream_work_for_an_ended_job(db, sandbox, providers, status):
     user = make_user(db)
     job = make_job(db, user, status=status)
     before = sandbox.create_count()
@@ -135,7 +135,7 @@ def test_rule1_run_or_resume_never_starts_upstream_work_for_an_ended_job(db, san
     assert job_row(db, job)["provider_task_id"] is None
 
 
-def test_rule1_a_task_created_for_a_job_swept_meanwhile_is_refused_and_flagged(db, sandbox, providers):
+def test_a_task_created_for_a_job_swept_meanwhile_is_refused_and_flagged(db, sandbox, providers):
     """The sweep (or a cancel) ends the row while the worker's create is in flight."""
     user = make_user(db)
     job = make_job(db, user, status="processing")
@@ -155,7 +155,7 @@ def test_rule1_a_task_created_for_a_job_swept_meanwhile_is_refused_and_flagged(d
     assert anomaly_reasons(db, job) == ["upstream_task_for_ended_job"]
 
 
-def test_rule1_mark_provider_call_start_refuses_an_ended_job(db):
+def test_mark_provider_call_start_refuses_an_ended_job(db):
     user = make_user(db)
     job = make_job(db, user, status="cancelled")
 
@@ -168,7 +168,7 @@ def test_rule1_mark_provider_call_start_refuses_an_ended_job(db):
 
 
 # ---------------------------------------------------------------------------------------------
-# Rule 2: legacy LoRA trainings are adopted, never swept
+# Legacy LoRA trainings are adopted, never swept
 # ---------------------------------------------------------------------------------------------
 
 
@@ -189,7 +189,7 @@ def _legacy_training(db: sa.Engine, sandbox: SandboxServer, scenario: Scenario, 
     return user, job, character, training
 
 
-def test_rule2_legacy_lora_trainings_are_adopted_never_swept(db, instance, media_dir, sandbox):
+def test_legacy_lora_trainings_are_adopted_never_swept(db, instance, media_dir, sandbox):
     user, job, character, training = _legacy_training(db, sandbox, Scenario(outcome="run_forever"))
     defs = make_defs(media_dir)
 
@@ -206,7 +206,7 @@ def test_rule2_legacy_lora_trainings_are_adopted_never_swept(db, instance, media
     assert balances(db, user) == (D(60), D(0))
 
 
-def test_rule2_an_adopted_training_replicate_reports_finished_is_settled(db, instance, media_dir, sandbox):
+def test_an_adopted_training_replicate_reports_finished_is_settled(db, instance, media_dir, sandbox):
     _, job, character, _ = _legacy_training(db, sandbox, Scenario(polls_before_done=0))
     defs = make_defs(media_dir)
 
@@ -219,12 +219,12 @@ def test_rule2_an_adopted_training_replicate_reports_finished_is_settled(db, ins
 
 
 # ---------------------------------------------------------------------------------------------
-# Rule 5: a watermarked job never exposes its clean original
+# A watermarked job never exposes its clean original
 # ---------------------------------------------------------------------------------------------
 
 
 def _stuck_image(db: sa.Engine, sandbox: SandboxServer, should_watermark: bool | None) -> uuid.UUID:
-    return _stuck(db, sandbox, "kie-standard", should_watermark=should_watermark)[1]
+    return stale_job_id(db, sandbox, "kie-standard", should_watermark=should_watermark)
 
 
 def _references(db: sa.Engine, job: uuid.UUID) -> str:
@@ -255,7 +255,7 @@ def _assert_only_watermarked(db: sa.Engine, job: uuid.UUID, stored_keys: list[st
 
 
 @pytest.mark.parametrize("should_watermark", [True, None], ids=["true", "null-is-free-tier"])
-def test_rule5_a_watermarked_job_never_exposes_its_clean_original_folder(
+def test_a_watermarked_job_never_exposes_its_clean_original_folder(
     db, instance, media_dir, sandbox, should_watermark
 ):
     job = _stuck_image(db, sandbox, should_watermark)
@@ -266,7 +266,7 @@ def test_rule5_a_watermarked_job_never_exposes_its_clean_original_folder(
     _assert_only_watermarked(db, job, keys)
 
 
-def test_rule5_unwatermarked_rows_keep_their_original(db, instance, media_dir, sandbox):
+def test_unwatermarked_rows_keep_their_original(db, instance, media_dir, sandbox):
     job = _stuck_image(db, sandbox, False)
 
     tick(make_defs(media_dir), instance)
@@ -277,17 +277,17 @@ def test_rule5_unwatermarked_rows_keep_their_original(db, instance, media_dir, s
 
 
 @pytest.mark.parametrize("should_watermark", [True, None], ids=["true", "null-is-free-tier"])
-def test_rule5_a_watermarked_job_never_exposes_its_clean_original_s3(
+def test_a_watermarked_job_never_exposes_its_clean_original_s3(
     db,
     instance,
     sandbox,
-    moto_endpoint,  # noqa: F811
+    moto_endpoint,
     should_watermark,
 ):
     job = _stuck_image(db, sandbox, should_watermark)
     prefix = f"wm-{uuid.uuid4().hex[:8]}/"
     store = S3MediaStore(
-        s3=_s3_resource(moto_endpoint), bucket=BUCKET, prefix=prefix, public_base_url="https://cdn.example"
+        s3=s3_resource(moto_endpoint), bucket=BUCKET, prefix=prefix, public_base_url="https://cdn.example"
     )
     defs = build_defs(
         {
@@ -307,14 +307,14 @@ def test_rule5_a_watermarked_job_never_exposes_its_clean_original_s3(
 
 
 # ---------------------------------------------------------------------------------------------
-# Rule 8: sole cause means sole cause
+# Sole cause means sole cause
 # ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("sibling_status", ["failed", "completed", None])
-def test_rule8_sole_cause_means_sole_cause(db, instance, media_dir, sandbox, sibling_status):
+def test_sole_cause_means_sole_cause(db, instance, media_dir, sandbox, sibling_status):
     user = make_user(db)
-    wf = _workflow(db, user, ["n1"], "failed")
+    wf = make_workflow(db, user, failed_nodes=["n1"])
     task = sandbox.add_task("kie-standard", Scenario(polls_before_done=0))
     stuck = make_job(
         db, user, provider_kind="kie-standard", provider_task_id=task, started_minutes_ago=11,
@@ -333,11 +333,12 @@ def test_rule8_sole_cause_means_sole_cause(db, instance, media_dir, sandbox, sib
 
 
 # ---------------------------------------------------------------------------------------------
-# Rule 9: no_credit_leak reads the open reservations only; the LoRA retirement flag needs a cohort
+# no_credit_leak reads the open reservations only; the LoRA retirement flag needs a cohort
 # ---------------------------------------------------------------------------------------------
 
 
-def test_rule9_no_credit_leak_does_not_scan_all_of_usage_logs(db):
+@pytest.mark.slow
+def test_no_credit_leak_does_not_scan_all_of_usage_logs(db):
     with db.begin() as conn:
         conn.execute(
             sa.text(
@@ -366,10 +367,10 @@ def test_rule9_no_credit_leak_does_not_scan_all_of_usage_logs(db):
             sa.text("EXPLAIN (FORMAT JSON) " + assets.CREDIT_LEAK_SQL), {"grace": 10}
         ).scalar_one()
     plan = raw if isinstance(raw, list) else json.loads(raw)
-    nodes = _nodes(plan[0]["Plan"])
+    nodes = plan_nodes(plan[0]["Plan"])
     on_logs = [n for n in nodes if n.get("Relation Name") == "usage_logs"]
     assert on_logs
-    assert {_index_of(n) for n in on_logs} == {"usage_logs_reserved_idx"}, [n["Node Type"] for n in on_logs]
+    assert {index_of(n) for n in on_logs} == {"usage_logs_reserved_idx"}, [n["Node Type"] for n in on_logs]
     assert all(n["Node Type"] != "Seq Scan" for n in nodes if n.get("Relation Name") == "jobs")
 
 
@@ -390,7 +391,7 @@ def _settled_trainings(db: sa.Engine, sandbox: SandboxServer, n: int) -> None:
                 ),
                 {"u": str(user), "t": training, "j": str(job)},
             )
-            # Reconciliation's own audit trail: only trainings it settled count (issue 16 item 2).
+            # Reconciliation's own audit trail: only trainings it settled count.
             conn.execute(
                 sa.text(
                     "INSERT INTO reconcile_events (job_id, provider_kind, attempt, outcome) "
@@ -419,7 +420,7 @@ def _retirement(db: sa.Engine, instance: Any, media_dir: str) -> dict[str, Any]:
         (20, False, False, None),
     ],
 )
-def test_rule9_the_legacy_cron_is_retired_only_on_a_full_clean_cohort(
+def test_the_legacy_cron_is_retired_only_on_a_full_clean_cohort(
     db, instance, media_dir, sandbox, settled, orphan, mismatch, blocked_by
 ):
     sandbox.reset()

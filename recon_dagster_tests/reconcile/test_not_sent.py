@@ -1,4 +1,4 @@
-"""A poll this process never sent is not an attempt (issue 34 item 2).
+"""A poll this process never sent is not an attempt.
 
 Whatever kept the poll in the process (the account's token comes after the poll's deadline, the
 account is blocked by a provider's Retry-After, no slot came free in time, the limiter's database
@@ -24,6 +24,7 @@ from recon_dagster.providers.limits import AccountLimiter, account_limiter
 from recon_dagster.reconcile.decide import not_sent_reason
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.support.factories import job_row
+from recon_dagster_tests.support.ledger import reconcile_events
 from recon_dagster_tests.support.reconcile import make_defs, one, stale_job_with_task, tick, usage_status
 
 pytestmark = pytest.mark.timeout(120)
@@ -106,7 +107,7 @@ def test_a_poll_its_limiter_never_sent_is_rescheduled_not_counted(
     assert usage_status(db, job) == "reserved"
     assert sandbox.poll_count(task) == 0  # nothing reached the provider
     assert report.summary.not_sent == 1 and report.summary.errors == 0 and report.summary.exhausted == 0
-    events = _events(db, job)
+    events = reconcile_events(db, job)
     assert [e.outcome for e in events] == ["not_sent"]
     assert not_sent_reason(events[0].detail) == reason, events[0].detail
     # Due again once the account lets polls out (at most one cadence), not a cadence of attempts.
@@ -135,14 +136,6 @@ def _shown_by_explain_and_status(db: sa.Engine, job, kind: str, reason: str) -> 
     assert reason in (explain(row, now) or "")
 
 
-def _events(db: sa.Engine, job) -> list:
-    with db.connect() as conn:
-        return conn.execute(
-            sa.text("SELECT outcome, detail, attempt FROM reconcile_events WHERE job_id = :j ORDER BY id"),
-            {"j": str(job)},
-        ).all()
-
-
 @pytest.mark.parametrize(("kind", "variable"), POLLED[:2], ids=[k for k, _ in POLLED[:2]])
 def test_a_poll_that_reached_the_provider_counts_even_if_its_retry_was_refused(
     db, instance, media_dir, sandbox, monkeypatch, kind: str, variable: str
@@ -159,7 +152,7 @@ def test_a_poll_that_reached_the_provider_counts_even_if_its_retry_was_refused(
     assert row["status"] == "processing" and row["reconcile_attempts"] == 1, row
     assert "sent, then" in row["reconcile_last_error"] and "not sent" in row["reconcile_last_error"]
     assert report.summary.errors == 1 and report.summary.not_sent == 0
-    assert [e.outcome for e in _events(db, job)] == ["error"]
+    assert [e.outcome for e in reconcile_events(db, job)] == ["error"]
 
 
 def test_a_short_retry_after_is_waited_out_inside_the_run_and_the_poll_then_sent(

@@ -137,6 +137,7 @@ def _create_asset(db: sa.Engine, row: jobs_db.JobRow) -> bool:
 
 
 @pytest.mark.parametrize("writer", ["settle_completion", "create_asset"])
+@pytest.mark.slow
 def test_an_asset_the_app_adds_under_the_job_row_lock_meanwhile_is_seen(fresh_engine: sa.Engine, writer: str) -> None:
     """The app holds the job row (its own finalize, not yet committed) and adds an asset without
     completing the job. The settle waits for the row; once the app commits, the settle still wins
@@ -206,6 +207,7 @@ def test_an_anomaly_already_in_the_apps_table_is_not_repeated(app_db: sa.Engine)
     assert _anomalies(app_db, job) == 1
 
 
+@pytest.mark.slow
 def test_two_writers_of_one_anomaly_at_once_log_it_once(fresh_engine: sa.Engine) -> None:
     create_app_tables(fresh_engine)  # no unique index on credit_anomalies
     migrate(fresh_engine)

@@ -13,23 +13,7 @@ from recon_dagster.cli.commands import main
 from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile.plan import build_plan
 from recon_dagster.reconcile.reconciler import ReconcileSettings
-from recon_dagster_tests.support.world import LIMITER_TABLES, fingerprint, seed_world
-
-EXPECTED = {
-    "complete": ("complete", ("10", "0", "0")),
-    "complete_twice_reserved": ("complete", ("5", "1", "2")),
-    "fail": ("fail", ("0", "2", "6")),
-    "fail_not_found": ("fail", ("0", "4", "0")),
-    "running": ("leave_alone", ("0", "0", "0")),
-    "force_fail": ("force_fail", ("0", "0", "6")),
-    "sweep_sync": ("sweep", ("0", "2", "0")),
-    "sweep_legacy": ("sweep", ("0", "3", "0")),
-    "not_stale": ("leave_alone", ("0", "0", "0")),
-    "leased": ("leave_alone", ("0", "0", "0")),
-    "takeover_at_cap": ("force_fail", ("0", "5", "0")),
-    "cadence": ("leave_alone", ("0", "0", "0")),
-    "nonfinite": ("complete", ("0", "0", "0")),
-}
+from recon_dagster_tests.support.world import LIMITER_TABLES, WORLD_DECISIONS, fingerprint, seed_world
 
 
 def _plan_cli(*args: str) -> dict:
@@ -66,7 +50,7 @@ def test_plan_decides_every_situation_and_writes_nothing(db, sandbox, media_dir,
     }
     decided = _decided(plan, jobs)
     assert str(jobs["finished"]) not in {j["job_id"] for j in plan["jobs"]}
-    assert decided == EXPECTED
+    assert decided == WORLD_DECISIONS
     totals = plan["totals"]
     assert Decimal(totals["credits"]["commit"]) == 15
     assert Decimal(totals["credits"]["refund_subscription"]) == 1 + 2 + 4 + 2 + 3 + 5

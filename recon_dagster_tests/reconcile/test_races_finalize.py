@@ -14,10 +14,10 @@ import sqlalchemy as sa
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.media.store import LocalMediaStore, StoredObject
 from recon_dagster.providers import providers_from_env
-from recon_dagster.reconcile.finalize import MediaPolicy, ProviderResult, finalize_job_with_media
+from recon_dagster.reconcile.finalize import ProviderResult, finalize_job_with_media
 from recon_dagster.sandbox import Scenario
 from recon_dagster_tests.support.factories import balances, job_row, make_job, make_user, reserve
-from recon_dagster_tests.support.reconcile import count, one, usage_status
+from recon_dagster_tests.support.reconcile import count, media_policy, one, usage_status
 
 
 def _finished_job(db, sandbox, kind="kie-standard"):
@@ -27,10 +27,6 @@ def _finished_job(db, sandbox, kind="kie-standard"):
     reserve(db, job, user, 10)
     status = providers_from_env().poll(kind, task)
     return user, job, ProviderResult.from_status(status)
-
-
-def _policy() -> MediaPolicy:
-    return MediaPolicy(headers_for=providers_from_env().media_headers)
 
 
 @pytest.mark.parametrize("round_", range(5))
@@ -43,7 +39,7 @@ def test_worker_and_reconciler_finalize_at_once_one_wins(db, sandbox, media_dir,
 
     def finalize(source: str) -> None:
         barrier.wait()
-        res = finalize_job_with_media(db, store, job, result, source=source, policy=_policy())
+        res = finalize_job_with_media(db, store, job, result, source=source, policy=media_policy())
         with lock:
             outcomes.append(res.ok)
 
@@ -84,7 +80,7 @@ def test_user_cancel_during_finalize_wins(db, sandbox, media_dir):
     _, job, result = _finished_job(db, sandbox)
     store = _CancelDuringUpload(LocalMediaStore(base_dir=media_dir), db, job)
 
-    res = finalize_job_with_media(db, store, job, result, source="reconcile", policy=_policy())
+    res = finalize_job_with_media(db, store, job, result, source="reconcile", policy=media_policy())
 
     assert res.ok is False
     assert job_row(db, job)["status"] == "cancelled"
@@ -96,8 +92,8 @@ def test_webhook_style_second_finalize_is_a_no_op(db, sandbox, media_dir):
     user, job, result = _finished_job(db, sandbox)
     store = LocalMediaStore(base_dir=media_dir)
 
-    first = finalize_job_with_media(db, store, job, result, source="worker", policy=_policy())
-    second = finalize_job_with_media(db, store, job, result, source="webhook", policy=_policy())
+    first = finalize_job_with_media(db, store, job, result, source="worker", policy=media_policy())
+    second = finalize_job_with_media(db, store, job, result, source="webhook", policy=media_policy())
 
     assert first.ok is True
     assert second.ok is False and second.reason == "already completed"
@@ -113,14 +109,14 @@ def test_finalize_never_completes_a_failed_row(db, sandbox, media_dir):
         assert jobs_db.fail_job(conn, job, "reconcile_no_recovery")
 
     res = finalize_job_with_media(
-        db, LocalMediaStore(base_dir=media_dir), job, result, source="worker", policy=_policy()
+        db, LocalMediaStore(base_dir=media_dir), job, result, source="worker", policy=media_policy()
     )
 
     assert res.ok is False
     assert job_row(db, job)["status"] == "failed"
 
 
-# --- the act step's batch read (issue 21) ------------------------------------------------------
+# --- the act step's batch read ------------------------------------------------------
 
 
 def _claimed_and_polled(db, sandbox, n: int, media_dir: str, store=None):
@@ -129,7 +125,7 @@ def _claimed_and_polled(db, sandbox, n: int, media_dir: str, store=None):
 
     jobs = [_finished_job(db, sandbox) for _ in range(n)]
     rec = Reconciler(
-        db, providers_from_env(), store or LocalMediaStore(base_dir=media_dir), media_policy=_policy()
+        db, providers_from_env(), store or LocalMediaStore(base_dir=media_dir), media_policy=media_policy()
     )
     with db.connect() as conn:
         rows = jobs_db.load_jobs(conn, [j for _, j, _ in jobs])
@@ -166,7 +162,7 @@ class _WorkerFinishesFirst:
         obj = self.inner.put_stream(key, chunks, content_type)
         job = next(j for j in self.results if str(j) in key)
         res = finalize_job_with_media(
-            self.engine, self.inner, job, self.results[job], source="worker", policy=_policy()
+            self.engine, self.inner, job, self.results[job], source="worker", policy=media_policy()
         )
         self.won.append(res.ok)
         return obj

@@ -9,29 +9,13 @@ import sqlalchemy as sa
 
 from recon_dagster.db.jobs import scan_stale, stale_scan_sql
 from recon_dagster_tests.support.factories import bulk_jobs
-
-
-def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    found = [plan]
-    for child in plan.get("Plans", []):
-        found.extend(_nodes(child))
-    return found
-
-
-def _index_of(node: dict[str, Any]) -> str | None:
-    """The index a node on jobs reads through: its own (index scans) or its bitmap children's."""
-    if node["Node Type"] in ("Index Scan", "Index Only Scan"):
-        return node["Index Name"]
-    if node["Node Type"] == "Bitmap Heap Scan":
-        names = {n.get("Index Name") for n in _nodes(node) if n["Node Type"] == "Bitmap Index Scan"}
-        return names.pop() if len(names) == 1 else f"several: {sorted(map(str, names))}"
-    return None  # a Seq Scan, or anything else that is not the index
+from recon_dagster_tests.support.plans import index_of, plan_nodes
 
 
 def _explain(conn: sa.Connection) -> list[dict[str, Any]]:
     raw = conn.execute(sa.text("EXPLAIN (FORMAT JSON) " + stale_scan_sql()), {"limit": 500}).scalar_one()
     plan = raw if isinstance(raw, list) else json.loads(raw)
-    return _nodes(plan[0]["Plan"])
+    return plan_nodes(plan[0]["Plan"])
 
 
 def test_stale_scan_uses_the_inflight_index(db: sa.Engine) -> None:
@@ -42,7 +26,7 @@ def test_stale_scan_uses_the_inflight_index(db: sa.Engine) -> None:
         on_jobs = [n for n in nodes if n.get("Relation Name") == "jobs"]
         assert on_jobs, "the plan reads no jobs relation at all"
         for node in on_jobs:
-            assert _index_of(node) == "jobs_inflight_idx", (node["Node Type"], node.get("Index Name"))
+            assert index_of(node) == "jobs_inflight_idx", (node["Node Type"], node.get("Index Name"))
         # The fill really has stale rows, and the scan finds them (the plan is of a live query).
         assert scan_stale(conn, limit=500)
 
@@ -63,7 +47,7 @@ def test_the_plan_check_sees_a_sequential_scan(db: sa.Engine) -> None:
         conn.exec_driver_sql("SET LOCAL enable_bitmapscan = off")
         on_jobs = [n for n in _explain(conn) if n.get("Relation Name") == "jobs"]
         assert on_jobs
-        assert {_index_of(n) for n in on_jobs} == {None}
+        assert {index_of(n) for n in on_jobs} == {None}
 
 
 def test_bulk_fill_has_the_documented_shape(db: sa.Engine) -> None:

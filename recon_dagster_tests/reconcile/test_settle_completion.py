@@ -17,8 +17,7 @@ from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.media.base import StoredObject
 from recon_dagster.reconcile.completion import Settled, create_asset, settle_completion
-from recon_dagster_tests.reconcile.test_money_hardening import _nan_reservation
-from recon_dagster_tests.support.factories import balances, make_job, make_user, reserve
+from recon_dagster_tests.support.factories import balances, make_job, make_user, nan_reservation, reserve
 
 KIND = "kie-standard"
 
@@ -29,7 +28,7 @@ def _setup(db: sa.Engine, status: str, row_task: str | None, reserved: int, nan:
     for i in range(reserved):
         reserve(db, job, user, 5 + i, from_sub=3 + i, from_topup=2)
     if nan:
-        _nan_reservation(db, job, user)
+        nan_reservation(db, job, user)
     with db.connect() as conn:
         row, _ = jobs_db.load_job_and_reservation(conn, job)
     assert row is not None
@@ -120,6 +119,7 @@ CASES = list(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("status", "row_task", "task", "reserved", "nan", "asset"), CASES)
 def test_one_statement_writes_what_the_three_wrote(db, status, row_task, task, reserved, nan, asset):
     user_a, row_a = _setup(db, status, row_task, reserved, nan)

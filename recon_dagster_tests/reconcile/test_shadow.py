@@ -16,9 +16,8 @@ from recon_dagster.cli.commands import main
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.defs.settings_check import shadow_modes
 from recon_dagster.reconcile.shadow import Modes
-from recon_dagster_tests.reconcile.test_plan import EXPECTED
 from recon_dagster_tests.support.reconcile import make_defs, tick
-from recon_dagster_tests.support.world import LIMITER_TABLES, fingerprint, seed_world
+from recon_dagster_tests.support.world import LIMITER_TABLES, WORLD_DECISIONS, fingerprint, seed_world
 
 # What shadow may write: its decisions, and what every poll records anyway (the breaker's answers,
 # the provider account's rate-limit tokens).
@@ -82,7 +81,7 @@ def test_plan_shadow_and_enforce_take_the_same_decisions(
     assert len(rows) == len(shadowed)
     assert shadowed == {k: a for k, a in planned.items() if k not in ("not_stale", "leased", "cadence")}
     money = {names[str(r.job_id)]: (r.commit_credits, r.refund_subscription, r.refund_topup) for r in rows}
-    for name, (_, credits) in EXPECTED.items():
+    for name, (_, credits) in WORLD_DECISIONS.items():
         if name in money:
             assert tuple(format(Decimal(v).normalize(), "f") for v in money[name]) == credits, name
 

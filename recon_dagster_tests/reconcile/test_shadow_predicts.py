@@ -1,4 +1,4 @@
-"""Plan and shadow predict what enforce does (issue 34 items 3 and 4).
+"""Plan and shadow predict what enforce does.
 
 - Shadow writes no attempt counter, so it counts the cadences it decided a job itself (its own
   ``reconcile_decisions``) and predicts the force-fail at the cap exactly when enforce, on a twin
@@ -44,7 +44,7 @@ def _decisions(db: sa.Engine, job: uuid.UUID) -> list[sa.Row]:
         ).all()  # fmt: skip
 
 
-# -- item 3: shadow reaches the cap ---------------------------------------------------------------
+# -- shadow reaches the cap ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("shadowed", "enforced"), [("kie-kling3", "kie-veo"), ("replicate-prediction", "kie-standard")])
@@ -103,7 +103,7 @@ def test_plan_counts_a_shadowed_jobs_attempts_from_its_decisions(db, sandbox, me
     assert planned["action"] == "force_fail" and planned["attempt"] == 3, planned
 
 
-# -- item 4: a success finalize refuses -------------------------------------------------------------
+# -- a success finalize refuses -------------------------------------------------------------
 
 
 class Misrouted:

@@ -321,7 +321,7 @@ def make_machine(engine: sa.Engine, media_root: str) -> type[RuleBasedStateMachi
                 else:
                     assert state == "reserved", f"{job.job_id}: in flight with credits {state}"
                     # Under the cap: the run that takes over a dead run's lease at the cap
-                    # force-fails the job in its claim step (test_found_bugs.py pins it).
+                    # force-fails the job in its claim step (chaos/test_attempt_cap_dying_runs.py pins it).
                     assert r.reconcile_attempts < SETTINGS.max_attempts, (
                         f"{job.job_id}: {r.reconcile_attempts} attempts"
                     )
@@ -354,6 +354,7 @@ def make_machine(engine: sa.Engine, media_root: str) -> type[RuleBasedStateMachi
 
 
 @pytest.mark.timeout(0)
+@pytest.mark.slow
 def test_jobs_state_machine(engine: sa.Engine, sandbox: SandboxServer, tmp_path: Any) -> None:
     """``sandbox`` (conftest) points the provider environment at the loopback sandbox."""
     machine = make_machine(engine, str(tmp_path))

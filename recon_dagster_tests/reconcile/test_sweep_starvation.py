@@ -1,4 +1,4 @@
-"""Issue 16 item 8: the sweep reads sweepable rows on their own, so an older backlog of async rows
+"""The sweep reads sweepable rows on their own, so an older backlog of async rows
 (which only the sensor's polls can settle) never fills its batch and hides legacy or sync rows."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from recon_dagster.media.store import LocalMediaStore
 from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile.decide import Outcome, Route, route
 from recon_dagster.reconcile.reconciler import Reconciler
-from recon_dagster_tests.reconcile.test_scan_plan import _index_of, _nodes
 from recon_dagster_tests.support.factories import bulk_jobs, job_row, make_job, make_user, reserve
+from recon_dagster_tests.support.plans import index_of, plan_nodes
 from recon_dagster_tests.support.reconcile import usage_status
 
 BACKLOG = 650  # more than the sweep's batch of 500
@@ -98,7 +98,7 @@ def _explain_sweep(conn: sa.Connection) -> list[dict[str, Any]]:
         sa.text("EXPLAIN (FORMAT JSON) " + jobs_db.sweep_scan_sql()), {"limit": 500}
     ).scalar_one()
     plan = raw if isinstance(raw, list) else json.loads(raw)
-    return _nodes(plan[0]["Plan"])
+    return plan_nodes(plan[0]["Plan"])
 
 
 def test_sweep_scan_stays_on_an_index(db):
@@ -108,7 +108,7 @@ def test_sweep_scan_stays_on_an_index(db):
         conn.exec_driver_sql("ANALYZE jobs")
         on_jobs = [n for n in _explain_sweep(conn) if n.get("Relation Name") == "jobs"]
         assert on_jobs, "the plan reads no jobs relation at all"
-        used = {_index_of(n) for n in on_jobs}
+        used = {index_of(n) for n in on_jobs}
         assert used <= {"jobs_taskless_inflight_idx", "jobs_inflight_idx"}, used
         assert "jobs_taskless_inflight_idx" in used
         assert jobs_db.scan_sweepable(conn, limit=500)

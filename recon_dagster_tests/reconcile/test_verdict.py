@@ -1,4 +1,4 @@
-"""Issue 41 item 2: what a reconcile run says about itself (pure): it fails only when its provider
+"""What a reconcile run says about itself (pure): it fails only when its provider
 did not answer (or it failed inside), it never reads as plain green when it refunded at the cap,
 and a job's own bad result is never an outage."""
 

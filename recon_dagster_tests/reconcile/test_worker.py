@@ -14,7 +14,8 @@ from recon_dagster.core.kinds import UnknownProviderKind
 from recon_dagster.providers import ProvidersResource, UpstreamState, UpstreamStatus, providers_from_env
 from recon_dagster.reconcile import app_worker as worker
 from recon_dagster.sandbox import SandboxServer, Scenario
-from recon_dagster_tests.support.factories import job_row, make_job, make_user
+from recon_dagster_tests.support.factories import job_row, make_job
+from recon_dagster_tests.support.ledger import anomalies
 
 KIE_PAYLOAD = {"model": "flux-test", "input": {"prompt": "a lighthouse"}}
 FAST = 0.01  # poll interval for runs against the sandbox
@@ -34,24 +35,9 @@ def providers(sb: SandboxServer) -> Iterator[ProvidersResource]:
     res.close()
 
 
-@pytest.fixture
-def user(db: sa.Engine) -> uuid.UUID:
-    return make_user(db)
-
-
 def kie_run(providers: ProvidersResource, kind: str = "kie-standard") -> Callable[[Any], UpstreamStatus]:
     """The worker's normal call: create, report the task id, poll until terminal."""
     return lambda cb: providers.run(kind, KIE_PAYLOAD, on_task_created=cb, poll_interval_s=FAST)
-
-
-def anomalies(bind: sa.Engine, job_id: uuid.UUID) -> list[dict[str, Any]]:
-    with bind.begin() as conn:
-        return [
-            dict(r)
-            for r in conn.execute(
-                sa.text("SELECT * FROM credit_anomalies WHERE job_id = :j ORDER BY id"), {"j": str(job_id)}
-            ).mappings()
-        ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,7 +257,7 @@ def test_unknown_kind_is_refused_before_any_upstream_call(
 
 
 # ---------------------------------------------------------------------------------------------
-# Phase 4: resume dispatches by provider_kind
+# Resume dispatches by provider_kind
 # ---------------------------------------------------------------------------------------------
 
 

@@ -1,11 +1,10 @@
 """A failed workflow is reopened only once every job of its failed node in that execution has
-completed, and by the last of them to complete (issue 16 item 4). Real PostgreSQL, real HTTP to
+completed, and by the last of them to complete. Real PostgreSQL, real HTTP to
 the sandbox; the race runs two finalizes on two connections at once."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import uuid
 
@@ -21,25 +20,14 @@ from recon_dagster.reconcile.finalize import (
     fail_and_refund,
     finalize_job_with_media,
 )
-from recon_dagster_tests.support.factories import make_job, make_user
-from recon_dagster_tests.support.reconcile import finished_kie_job, one
-
-
-def _workflow(db: sa.Engine, user: uuid.UUID, failed_nodes: list[str]) -> uuid.UUID:
-    with db.begin() as conn:
-        return conn.execute(
-            sa.text(
-                "INSERT INTO workflow_executions (user_id, status, failed_nodes) "
-                "VALUES (:u, 'failed', CAST(:f AS jsonb)) RETURNING id"
-            ),
-            {"u": str(user), "f": json.dumps(failed_nodes)},
-        ).scalar_one()
+from recon_dagster_tests.support.factories import job_row, make_job, make_user, make_workflow
+from recon_dagster_tests.support.reconcile import count, finished_kie_job, make_defs, one, tick
 
 
 def _node_jobs(db, sandbox, n: int, node: str = "X"):
     """A workflow failed on ``node`` and ``n`` in-flight jobs of that node whose tasks finished."""
     user = make_user(db)
-    wf = _workflow(db, user, [node])
+    wf = make_workflow(db, user, failed_nodes=[node])
     jobs = []
     for _ in range(n):
         job, task = finished_kie_job(db, sandbox, user, workflow_execution_id=wf, node_id=node)
@@ -138,3 +126,42 @@ def test_two_siblings_completing_at_once_reopen_the_workflow_exactly_once(
     assert all(r.ok for r in results.values())
     assert sorted(r.workflow_reopened for r in results.values()) == [False, True]
     assert _wf_status(db, wf) == "completed"
+
+
+# --- through a reconcile run (sensor tick, in-process run) ------------------------------------------
+
+
+def _stuck_in_workflow(db, sandbox, failed_nodes, status="failed"):
+    user = make_user(db)
+    wf = make_workflow(db, user, status=status, failed_nodes=failed_nodes)
+    job, _ = finished_kie_job(db, sandbox, user, workflow_execution_id=wf, node_id="X")
+    return wf, job
+
+
+def test_sole_cause_workflow_failure_is_reopened(db, instance, media_dir, sandbox):
+    wf, job = _stuck_in_workflow(db, sandbox, ["X"])
+
+    tick(make_defs(media_dir), instance)
+
+    assert job_row(db, job)["status"] == "completed"
+    assert one(db, "SELECT status FROM workflow_executions WHERE id = :w", w=wf) == "completed"
+    assert one(db, "SELECT failed_nodes::text FROM workflow_executions WHERE id = :w", w=wf) == "[]"
+
+
+def test_cancelled_workflow_is_not_flipped_back(db, instance, media_dir, sandbox):
+    wf, job = _stuck_in_workflow(db, sandbox, ["X"], status="cancelled")
+
+    tick(make_defs(media_dir), instance)
+
+    assert job_row(db, job)["status"] == "completed"
+    assert one(db, "SELECT status FROM workflow_executions WHERE id = :w", w=wf) == "cancelled"
+
+
+def test_multi_failure_workflow_stays_failed_but_the_output_lands(db, instance, media_dir, sandbox):
+    wf, job = _stuck_in_workflow(db, sandbox, ["X", "Y"])
+
+    tick(make_defs(media_dir), instance)
+
+    assert job_row(db, job)["status"] == "completed"
+    assert count(db, "assets", job) == 1
+    assert one(db, "SELECT status FROM workflow_executions WHERE id = :w", w=wf) == "failed"

@@ -36,6 +36,7 @@ def _until(fetch: Callable[[], _T], done: Callable[[_T], bool], timeout_s: float
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_anthropic_sdk_creates_a_message_with_its_current_auth_and_version() -> None:
     anthropic = pytest.importorskip("anthropic")
     pass_through = {"max_retries": 0, "timeout": 10.0}
@@ -126,6 +127,7 @@ def test_elevenlabs_sdk_dubs_polls_and_fetches_audio(sb: SandboxServer, tmp_path
     assert len(audio) > 0
 
 
+@pytest.mark.slow
 def test_elevenlabs_sdk_converts_text_to_speech(sb: SandboxServer) -> None:
     elevenlabs = pytest.importorskip("elevenlabs")
     client = elevenlabs.ElevenLabs(api_key=KEY, base_url=f"{sb.base_url}/elevenlabs")

@@ -27,6 +27,7 @@ from recon_dagster_tests.support.harness import (
     wait_for,
 )
 from recon_dagster_tests.support.instance import DagsterHome
+from recon_dagster_tests.support.markers import require_marker
 
 
 @dataclass
@@ -72,6 +73,7 @@ def daemon_process(
     Yields as soon as the process is started (the sensor's first tick follows within seconds).
     On exit: SIGTERM, then SIGKILL after ``stop_timeout_s``, and every descendant is killed.
     """
+    require_marker("daemon", "browser", what="a dagster-daemon")
     log = Path(log_path) if log_path is not None else home.path / f"daemon-{secrets.token_hex(3)}.log"
     cmd = [venv_script("dagster-daemon"), "run", "-w", str(home.workspace_yaml)]
     full_env = {**home.env(), **(env or {})}
@@ -112,6 +114,7 @@ def dagster_dev_process(
 
     On exit the whole process group (webserver, daemon, code servers, run workers) is stopped.
     """
+    require_marker("daemon", "browser", what="`recon-dagster dev` (webserver and daemon)")
     full_env = {**os.environ, **home.env(), **(env or {})}
     log = home.path / f"dev-{secrets.token_hex(3)}.log"
     cmd = [venv_script("recon-dagster"), "dev", "--", "-h", "127.0.0.1", "-p", str(port)]

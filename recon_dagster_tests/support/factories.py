@@ -131,6 +131,76 @@ def reserve(
     return _run(bind, lambda conn: record_reservation(conn, job_id, user_id, total, sub, topup))
 
 
+def make_workflow(
+    bind: Bind,
+    user_id: uuid.UUID,
+    *,
+    status: str = "failed",
+    failed_nodes: list[str] | None = None,
+    mcp_client: str | None = None,
+) -> uuid.UUID:
+    """A ``workflow_executions`` row of ``user_id`` (``failed_nodes`` empty unless given)."""
+    return _run(
+        bind,
+        lambda conn: conn.execute(
+            sa.text(
+                "INSERT INTO workflow_executions (user_id, status, failed_nodes, mcp_client) "
+                "VALUES (:u, :s, CAST(:f AS jsonb), :m) RETURNING id"
+            ),
+            {"u": str(user_id), "s": status, "f": json.dumps(failed_nodes or []), "m": mcp_client},
+        ).scalar_one(),
+    )
+
+
+def sql(bind: Bind, statement: str, **params: Any) -> None:
+    """Put a row in a state the code under test cannot reach by itself (an expired lease, a value
+    Python cannot load); uuid parameters are passed as text."""
+    _run(
+        bind,
+        lambda conn: conn.execute(
+            sa.text(statement), {k: str(v) if isinstance(v, uuid.UUID) else v for k, v in params.items()}
+        ),
+    )
+
+
+def job_state(bind: Bind, job_id: uuid.UUID) -> dict[str, Any]:
+    """A job's status, attempts and last error (``job_row``'s ``SELECT *`` would fail to load a row
+    holding a timestamp Python cannot represent)."""
+    return _run(
+        bind,
+        lambda conn: dict(
+            conn.execute(
+                sa.text("SELECT status, reconcile_attempts, reconcile_last_error FROM jobs WHERE id = :j"),
+                {"j": str(job_id)},
+            )
+            .mappings()
+            .one()
+        ),
+    )
+
+
+def nan_reservation(bind: sa.Engine, job_id: uuid.UUID, user_id: uuid.UUID) -> None:
+    """A reservation of NaN credits in the app's ledger (which may hold one: no CHECK of ours
+    refuses it); a NOT VALID CHECK an older schema has is dropped for the insert and put back."""
+    with bind.begin() as conn:
+        had = conn.execute(
+            sa.text("SELECT count(*) FROM pg_constraint WHERE conname = 'usage_logs_amount_not_nan'")
+        ).scalar_one()
+        conn.exec_driver_sql("ALTER TABLE usage_logs DROP CONSTRAINT IF EXISTS usage_logs_amount_not_nan")
+        conn.execute(
+            sa.text(
+                "INSERT INTO usage_logs (job_id, user_id, status, amount, metadata) "
+                'VALUES (:j, :u, \'reserved\', \'NaN\', \'{"from_sub": "NaN", "from_topup": "0"}\')'
+            ),
+            {"j": str(job_id), "u": str(user_id)},
+        )
+        if had:
+            conn.exec_driver_sql(
+                "ALTER TABLE usage_logs ADD CONSTRAINT usage_logs_amount_not_nan "
+                "CHECK (amount <> 'NaN'::numeric) NOT VALID"
+            )
+
+
 def balances(bind: Bind, user_id: uuid.UUID) -> tuple[Decimal, Decimal]:
     """``(subscription_credits, topup_credits)`` of a user."""
     row = _run(
@@ -158,9 +228,9 @@ def bulk_jobs(bind: Bind, count: int, *, inflight_fraction: float = 0.01, legacy
 
     About ``inflight_fraction`` of the ``count`` rows are pending/processing, of every kind in the
     registry, with provider calls started 0-3 hours ago; the rest finished over the last 30 days,
-    one in 15 of them a legacy row written before Phase 1 (no ``provider_kind``, no
+    one in 15 of them a legacy row written before the reconcile columns existed (no ``provider_kind``, no
     ``provider_call_started_at``). ``legacy_inflight`` adds that many in-flight legacy rows
-    (stuck since before Phase 1, aged 0-3 hours by ``created_at``): a cohort that does not grow
+    (stuck since before those columns, aged 0-3 hours by ``created_at``): a cohort that does not grow
     with the table. Pseudo-random but deterministic per row number.
     """
     from recon_dagster.core.kinds import KIND_NAMES
@@ -238,3 +308,27 @@ def job_row_value(
         "started_at": None,
     }
     return JobRow(**{**values, **fields})
+
+
+def unsaved_job_row(provider_kind: str | None, provider_task_id: str | None) -> JobRow:
+    """A ``JobRow`` as a scan would load it (in flight, called just now), never written anywhere."""
+    return JobRow(
+        id=uuid.uuid4(),
+        status="processing",
+        user_id=uuid.uuid4(),
+        job_type="image",
+        provider_kind=provider_kind,
+        provider_task_id=provider_task_id,
+        provider_call_started_at=datetime.now(UTC),
+        reconcile_attempts=0,
+        reconcile_last_error=None,
+        reconcile_lease_owner=None,
+        reconcile_lease_expires_at=None,
+        should_watermark=False,
+        is_public=None,
+        workflow_execution_id=None,
+        node_id=None,
+        progress=0,
+        created_at=datetime.now(UTC),
+        started_at=None,
+    )

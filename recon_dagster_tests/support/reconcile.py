@@ -16,6 +16,7 @@ from recon_dagster.definitions import build_defs
 from recon_dagster.defs.resources import ReconcileSettingsResource
 from recon_dagster.media.store import LocalMediaStore
 from recon_dagster.providers import providers_from_env
+from recon_dagster.reconcile.finalize import MediaPolicy
 
 
 def make_defs(media_dir: str, **settings: Any) -> dg.Definitions:
@@ -77,16 +78,32 @@ def statements_like(engine: sa.Engine, fragment: str) -> Iterator[list[str]]:
         sa.event.remove(engine, "before_cursor_execute", _collect)
 
 
-def stale_job_with_task(db, sandbox, kind, scenario=None, *, minutes=None, job_type="image", attempts=0, **kw):
-    """An in-flight job of ``kind`` past its stale threshold, its sandbox task made by ``scenario``
-    (finished at the first poll by default), with 30 credits reserved (20 subscription, 10 top-up).
+def stale_job_with_task(
+    db,
+    sandbox,
+    kind,
+    scenario=None,
+    *,
+    minutes=None,
+    job_type="image",
+    attempts=0,
+    user=None,
+    credits=(30, 20, 10),
+    **kw,
+):
+    """An in-flight job of ``kind`` past its stale threshold (``minutes`` since its provider call
+    otherwise), its sandbox task made by ``scenario`` (finished at the first poll by default).
+
+    ``user`` defaults to a new one with 100 subscription and 50 top-up credits. ``credits`` is what
+    is reserved: ``(amount, from_sub, from_topup)``, 30 = 20 + 10 by default, or a bare amount for
+    the app's own split (subscription first). ``kw`` goes to ``make_job``.
 
     Returns ``(user, job, task)``."""
     from recon_dagster.core.kinds import KINDS
     from recon_dagster.sandbox.scenario import Scenario
     from recon_dagster_tests.support.factories import make_job, make_user, reserve
 
-    user = make_user(db, sub=100, topup=50)
+    user = user if user is not None else make_user(db, sub=100, topup=50)
     task = sandbox.add_task(kind, scenario or Scenario(polls_before_done=0))
     minutes = minutes if minutes is not None else KINDS[kind].stale_threshold.total_seconds() / 60 + 1
     job = make_job(
@@ -99,8 +116,22 @@ def stale_job_with_task(db, sandbox, kind, scenario=None, *, minutes=None, job_t
         reconcile_attempts=attempts,
         **kw,
     )
-    reserve(db, job, user, 30, from_sub=20, from_topup=10)
+    if isinstance(credits, tuple):
+        amount, from_sub, from_topup = credits
+        reserve(db, job, user, amount, from_sub=from_sub, from_topup=from_topup)
+    else:
+        reserve(db, job, user, credits)
     return user, job, task
+
+
+def stale_job_id(db, sandbox, kind, scenario=None, **kw):
+    """``stale_job_with_task``'s job id alone."""
+    return stale_job_with_task(db, sandbox, kind, scenario, **kw)[1]
+
+
+def media_policy() -> MediaPolicy:
+    """The media policy a reconcile run uses, with the providers' media headers from the environment."""
+    return MediaPolicy(headers_for=providers_from_env().media_headers)
 
 
 def stored_files(media_dir: str) -> dict[str, str]:

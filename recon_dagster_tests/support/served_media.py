@@ -3,9 +3,10 @@ whose provider answers success with a URL on it, reconciled once through the rea
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -13,12 +14,17 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from recon_dagster.core.kinds import KINDS
 from recon_dagster.media.store import LocalMediaStore
-from recon_dagster.reconcile.finalize import MediaPolicy
+from recon_dagster.providers import parse_poll_response
+from recon_dagster.providers.status import MediaRef, UpstreamStatus
+from recon_dagster.reconcile.finalize import (
+    MediaPolicy,
+)
 from recon_dagster.reconcile.reconciler import JobOutcome, Reconciler, ReconcileSettings
-from recon_dagster_tests.reconcile.test_answers_reconcile import BodyUpstream, _success_body
 from recon_dagster_tests.support.answers import lease, stale_job
 from recon_dagster_tests.support.factories import job_row
+from recon_dagster_tests.support.poll_bodies import kie
 
 # Kinds whose success names one URL rather than a list.
 _ONE_URL = frozenset({"kie-runway", "kie-kontext"})
@@ -119,7 +125,7 @@ def reconcile_served(
         )
     upstream = BodyUpstream()
     task_id = job_row(db, job)["provider_task_id"]
-    body = _success_body(kind, url, url if kind in _ONE_URL else [url], None)
+    body = success_body(kind, url, url if kind in _ONE_URL else [url], None)
     upstream.bodies[task_id] = _about_task(body, task_id)  # an answer about this row's own task
     owner = f"run-{uuid.uuid4().hex[:8]}"
     lease(db, [job], owner)
@@ -152,3 +158,40 @@ def anomaly_reasons(db: sa.Engine, job: uuid.UUID) -> list[str]:
             sa.text("SELECT reason FROM credit_anomalies WHERE job_id = :j ORDER BY id"), {"j": str(job)}
         )
         return list(rows.scalars())
+
+
+class BodyUpstream:
+    """The real parser over bodies the test chose (the HTTP layer has its own tests), so any
+    answer shape can reach the Reconciler."""
+
+    def __init__(self) -> None:
+        self.bodies: dict[str, dict[str, Any]] = {}
+
+    def poll(self, kind: str, task_id: str) -> UpstreamStatus:
+        return parse_poll_response(kind, self.bodies[task_id], task_id=task_id)
+
+    def media_headers(self, kind: str, ref: MediaRef) -> Mapping[str, str]:
+        return {}
+
+
+def success_body(kind: str, url: str, media: Any, text: Any) -> dict[str, Any]:
+    """A documented success body of ``kind`` whose media field holds ``media`` (or ``url``)."""
+    family = KINDS[kind].family.value
+    if family == "kie-market":
+        inner = {"resultUrls": media} if text is None else {"resultObject": text}
+        return kie({"taskId": "x", "state": "success", "resultJson": json.dumps(inner)})
+    if family in ("kie-veo", "kie-luma"):
+        return kie({"taskId": "x", "successFlag": 1, "response": {"resultUrls": media}})
+    if family == "kie-kontext":
+        return kie({"taskId": "x", "successFlag": 1, "response": {"resultImageUrl": media}})
+    if family == "kie-suno":
+        tracks = media if not isinstance(media, list) else [{"audioUrl": m} for m in media]
+        return kie({"taskId": "x", "status": "SUCCESS", "response": {"sunoData": tracks}})
+    if family == "kie-runway":
+        return kie({"taskId": "x", "state": "success", "expireFlag": 0, "videoInfo": {"videoUrl": media}})
+    if family == "replicate-training":
+        return {"id": "x", "status": "succeeded", "output": {"weights": media}}
+    if family == "replicate-prediction":
+        return {"id": "x", "status": "succeeded", "output": media if text is None else text}
+    # ElevenLabs dubbing: the media is an authenticated endpoint named by the language code.
+    return {"dubbing_id": "x", "status": "dubbed", "target_languages": media}

@@ -33,6 +33,7 @@ from recon_dagster_tests.support.harness import (
     wait_for,
 )
 from recon_dagster_tests.support.instance import DagsterHome
+from recon_dagster_tests.support.markers import require_marker
 
 LOCATION = "recon_dagster"
 MODULE = "recon_dagster.definitions"
@@ -104,6 +105,7 @@ def code_server_process(
 ) -> Iterator[ServiceProcess]:
     """``dagster code-server start -m recon_dagster.definitions`` on loopback; rewrites the home's
     ``workspace.yaml`` to point at it and yields once it answers gRPC health checks."""
+    require_marker("daemon", what="a Dagster code server")
     port = port or free_port()
     dagster = venv_script("dagster")
     cmd = [
@@ -156,6 +158,7 @@ def webserver_process(
     startup_timeout_s: float = 120.0,
 ) -> Iterator[ServiceProcess]:
     """``dagster-webserver -w <workspace.yaml>`` on loopback; yields once ``/server_info`` answers."""
+    require_marker("daemon", "browser", what="a Dagster webserver")
     port = port or free_port()
     cmd = [
         venv_script("dagster-webserver"),

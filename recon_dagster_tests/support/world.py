@@ -126,3 +126,21 @@ def money_rows(engine: sa.Engine) -> list[tuple[Any, ...]]:
             sa.text("SELECT user_id, subscription_credits, topup_credits FROM user_credits ORDER BY user_id")
         ).all()
     return [tuple(r) for r in logs] + [tuple(r) for r in bal]
+
+
+# What plan, shadow and enforce decide for each job ``seed_world`` seeds, and its credit columns.
+WORLD_DECISIONS = {
+    "complete": ("complete", ("10", "0", "0")),
+    "complete_twice_reserved": ("complete", ("5", "1", "2")),
+    "fail": ("fail", ("0", "2", "6")),
+    "fail_not_found": ("fail", ("0", "4", "0")),
+    "running": ("leave_alone", ("0", "0", "0")),
+    "force_fail": ("force_fail", ("0", "0", "6")),
+    "sweep_sync": ("sweep", ("0", "2", "0")),
+    "sweep_legacy": ("sweep", ("0", "3", "0")),
+    "not_stale": ("leave_alone", ("0", "0", "0")),
+    "leased": ("leave_alone", ("0", "0", "0")),
+    "takeover_at_cap": ("force_fail", ("0", "5", "0")),
+    "cadence": ("leave_alone", ("0", "0", "0")),
+    "nonfinite": ("complete", ("0", "0", "0")),
+}

@@ -1,4 +1,4 @@
-"""Issue 34 rule 5 probed through the provider client itself: the account's concurrency slot and
+"""Through the provider client itself: the account's concurrency slot and
 the process's own request slot live exactly as long as the exchange, whatever ends it (an answer
 error, a timeout, an interrupt, a database error in the limiter after the slot was taken).
 """
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from recon_dagster.providers.http import HttpSettings, Limits, ProviderHttp
 from recon_dagster.providers.limits import AccountLimits, Budget
 from recon_dagster.providers.status import NotSent, NotSentReason
-from recon_dagster_tests.providers.test_limits_not_sent import _held_slots
+from recon_dagster_tests.support.ledger import held_slots
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,7 +42,7 @@ def test_whatever_ends_the_exchange_both_slots_are_given_back(db, sandbox, monke
     inside: list[int] = []
 
     def exchange(*args, **kwargs):
-        inside.append(_held_slots(db, http.settings.account.account))  # type: ignore[union-attr]
+        inside.append(held_slots(db, http.settings.account.account))  # type: ignore[union-attr]
         raise raised("the exchange ended")
 
     monkeypatch.setattr(http, "_send_capped", exchange)
@@ -52,7 +52,7 @@ def test_whatever_ends_the_exchange_both_slots_are_given_back(db, sandbox, monke
     finally:
         http.close()
     assert inside == [1]  # it did hold the account's slot during the exchange
-    assert _held_slots(db, http.settings.account.account) == 0  # type: ignore[union-attr]
+    assert held_slots(db, http.settings.account.account) == 0  # type: ignore[union-attr]
     assert http._limiter.semaphore._value == 2  # type: ignore[attr-defined]  # the process's slot too
 
 
@@ -74,7 +74,7 @@ def test_a_database_error_on_the_block_check_after_a_token_wait_releases_the_slo
     finally:
         http.close()
     assert caught.value.reason is NotSentReason.LIMITER_DB
-    assert _held_slots(db, limiter.limits.account) == 0
+    assert held_slots(db, limiter.limits.account) == 0
     assert http._limiter.semaphore._value == 2  # type: ignore[attr-defined]
     assert sandbox.requests_total() == 0
 
@@ -103,7 +103,7 @@ def test_a_slot_held_while_its_request_waits_for_a_token_outlives_its_ttl(db) ->
             time.sleep(0.2)
     finally:
         t.join(10)
-    assert done.is_set() and _held_slots(db, limits.account) == 0
+    assert done.is_set() and held_slots(db, limits.account) == 0
 
 
 def test_a_request_interrupted_while_it_sleeps_for_its_token_gives_its_slot_back(db) -> None:
@@ -117,7 +117,7 @@ def test_a_request_interrupted_while_it_sleeps_for_its_token_gives_its_slot_back
     lim.take_token(create=False)
     with pytest.raises(KeyboardInterrupt), lim.request("kie-standard", create=False):
         pytest.fail("sent before its token")
-    assert _held_slots(db, limits.account) == 0
+    assert held_slots(db, limits.account) == 0
 
 
 @contextmanager
@@ -174,4 +174,4 @@ def test_a_token_statement_stuck_behind_a_lock_ends_at_the_request_bound_not_sen
         elapsed = time.monotonic() - started
     assert elapsed < 3.0, elapsed  # before: as long as the lock was held (15 s here), then sent
     assert caught.value.reason is NotSentReason.LIMITER_DB
-    assert _held_slots(db, limits.account) == 0
+    assert held_slots(db, limits.account) == 0

@@ -1,4 +1,6 @@
-"""Spec section 8, Phase 2: the sync sweep, through Dagster against real PostgreSQL."""
+"""The sync sweep, through Dagster against real PostgreSQL: a sync call (or a legacy row, or an async
+one that never got a task id) past its threshold is failed and refunded once; rows within their
+threshold, terminal rows and pipeline wrappers are left alone."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Bugs the fault harness and the state machine found, pinned as plain tests once fixed (while
-open, a pin is ``xfail(strict=True)``, so the day a fix lands it fails and is turned into a plain
-test). Each names its invariant and how it was found."""
+"""The attempt cap holds while runs keep dying on a job: each takeover of a dead run's lease counts
+an attempt, and the one that reaches the cap fails and refunds the job with an anomaly.
+
+An invariant the fault harness or the state machine once broke is pinned here as a plain test (an
+open one as ``xfail(strict=True)``, which fails the day the fix lands)."""
 
 from __future__ import annotations
 

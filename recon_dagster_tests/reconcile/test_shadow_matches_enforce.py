@@ -1,4 +1,4 @@
-"""Issue 34 rules 3 and 4 probed with variants: shadow counts toward the cap only what enforce
+"""Shadow counts toward the cap only what enforce
 counts (a poll its account never let out is no attempt in shadow either), and in a mixed rollout
 an operator's action never changes a shadowed kind's rows.
 """
@@ -119,7 +119,7 @@ def test_in_a_mixed_rollout_an_operator_action_on_a_shadowed_kind_changes_nothin
     assert fingerprint(db, None) != before
 
 
-# -- rule 3: successes finalize refuses before any download, on every provider ------------------------
+# -- successes finalize refuses before any download, on every provider ------------------------
 
 
 class _Answers:

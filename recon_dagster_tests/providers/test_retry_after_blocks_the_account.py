@@ -1,4 +1,4 @@
-"""Issue 34 rule 2 probed with variants: a provider's Retry-After blocks the whole account (every
+"""A provider's Retry-After blocks the whole account (every
 process, every kind, every request already waiting for its token), and refusals never grow the
 wait after it. Two ``AccountLimiter``s on two engines stand for two processes.
 """

@@ -1,5 +1,6 @@
-"""Spec section 8, Phase 3: async recovery through Dagster (sensor + reconcile_job), against real
-PostgreSQL and the loopback provider sandbox over real HTTP."""
+"""Async recovery through Dagster (sensor + reconcile_job): a stale job whose upstream task finished,
+failed or is still running is completed with its media, refunded, or left for the next attempt up
+to the cap, for every async family; against real PostgreSQL and the loopback provider sandbox over real HTTP."""
 
 from __future__ import annotations
 
@@ -21,15 +22,12 @@ from recon_dagster_tests.support.factories import balances, job_row, make_job, m
 from recon_dagster_tests.support.reconcile import (
     count,
     evaluate_sensor,
-    finished_kie_job,
     make_defs,
     one,
     stale_job_with_task,
     tick,
     usage_status,
 )
-
-_stuck = stale_job_with_task
 
 
 def _files(media_dir: str) -> list[Path]:
@@ -39,7 +37,7 @@ def _files(media_dir: str) -> list[Path]:
 def test_kie_success_recovers_the_job_with_media_credits_asset_and_event(
     db, engine, instance, media_dir, sandbox, database_url
 ):
-    user, job, task = _stuck(db, sandbox, "kie-standard")
+    user, job, task = stale_job_with_task(db, sandbox, "kie-standard")
     listener = psycopg.connect(libpq_url(database_url), autocommit=True)
     listener.execute("LISTEN job_events")
 
@@ -63,7 +61,7 @@ def test_kie_success_recovers_the_job_with_media_credits_asset_and_event(
 
 
 def test_kie_failure_marks_failed_and_refunds_to_the_right_pools(db, instance, media_dir, sandbox):
-    user, job, _ = _stuck(db, sandbox, "kie-standard", Scenario(outcome="fail", polls_before_done=0))
+    user, job, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="fail", polls_before_done=0))
 
     tick(make_defs(media_dir), instance)
 
@@ -76,7 +74,7 @@ def test_kie_failure_marks_failed_and_refunds_to_the_right_pools(db, instance, m
 
 
 def test_kie_still_processing_bumps_attempts_once_and_waits_for_the_cadence(db, instance, media_dir, sandbox):
-    _, job, _ = _stuck(db, sandbox, "kie-standard", Scenario(outcome="run_forever"))
+    _, job, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="run_forever"))
     defs = make_defs(media_dir)
 
     tick(defs, instance)
@@ -106,7 +104,7 @@ def test_kie_still_processing_bumps_attempts_once_and_waits_for_the_cadence(db, 
     ],
 )
 def test_every_async_family_recovers(db, instance, media_dir, sandbox, kind, job_type, scenario):
-    _, job, task = _stuck(db, sandbox, kind, scenario, job_type=job_type)
+    _, job, task = stale_job_with_task(db, sandbox, kind, scenario, job_type=job_type)
 
     report = tick(make_defs(media_dir), instance)
 
@@ -119,7 +117,7 @@ def test_every_async_family_recovers(db, instance, media_dir, sandbox, kind, job
 
 
 def test_replicate_training_recovery_marks_the_character_ready(db, instance, media_dir, sandbox):
-    user, job, task = _stuck(db, sandbox, "replicate-training", job_type="lora-training")
+    user, job, task = stale_job_with_task(db, sandbox, "replicate-training", job_type="lora-training")
     with db.begin() as conn:
         char = conn.execute(
             sa.text(
@@ -137,7 +135,7 @@ def test_replicate_training_recovery_marks_the_character_ready(db, instance, med
 
 
 def test_replicate_data_removed_fails_and_refunds(db, instance, media_dir, sandbox):
-    user, job, _ = _stuck(
+    user, job, _ = stale_job_with_task(
         db, sandbox, "replicate-prediction", Scenario(polls_before_done=0, data_removed=True)
     )
 
@@ -149,7 +147,7 @@ def test_replicate_data_removed_fails_and_refunds(db, instance, media_dir, sandb
 
 
 def test_attempt_cap_force_fails_refunds_and_logs_an_anomaly(db, instance, media_dir, sandbox):
-    user, job, _ = _stuck(
+    user, job, _ = stale_job_with_task(
         db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 1
     )
 
@@ -167,7 +165,7 @@ def test_attempt_cap_force_fails_refunds_and_logs_an_anomaly(db, instance, media
 def test_expired_media_url_bumps_attempts_never_false_completes_then_force_fails(
     db, instance, media_dir, sandbox
 ):
-    _, job, _ = _stuck(db, sandbox, "kie-standard", Scenario(polls_before_done=0, media_status=403))
+    _, job, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(polls_before_done=0, media_status=403))
     defs = make_defs(media_dir, cadence_seconds=0)
 
     tick(defs, instance)
@@ -187,55 +185,9 @@ def test_expired_media_url_bumps_attempts_never_false_completes_then_force_fails
     assert usage_status(db, job) == "refunded"
 
 
-def _workflow(db, user, failed_nodes, status="failed"):
-    with db.begin() as conn:
-        return conn.execute(
-            sa.text(
-                "INSERT INTO workflow_executions (user_id, status, failed_nodes) VALUES (:u, :s, CAST(:f AS jsonb)) RETURNING id"
-            ),
-            {"u": str(user), "s": status, "f": json.dumps(failed_nodes)},
-        ).scalar_one()
-
-
-def _stuck_in_workflow(db, sandbox, failed_nodes, status="failed"):
-    user = make_user(db)
-    wf = _workflow(db, user, failed_nodes, status)
-    job, _ = finished_kie_job(db, sandbox, user, workflow_execution_id=wf, node_id="X")
-    return wf, job
-
-
-def test_sole_cause_workflow_failure_is_reopened(db, instance, media_dir, sandbox):
-    wf, job = _stuck_in_workflow(db, sandbox, ["X"])
-
-    tick(make_defs(media_dir), instance)
-
-    assert job_row(db, job)["status"] == "completed"
-    assert one(db, "SELECT status FROM workflow_executions WHERE id = :w", w=wf) == "completed"
-    assert one(db, "SELECT failed_nodes::text FROM workflow_executions WHERE id = :w", w=wf) == "[]"
-
-
-def test_cancelled_workflow_is_not_flipped_back(db, instance, media_dir, sandbox):
-    wf, job = _stuck_in_workflow(db, sandbox, ["X"], status="cancelled")
-
-    tick(make_defs(media_dir), instance)
-
-    assert job_row(db, job)["status"] == "completed"
-    assert one(db, "SELECT status FROM workflow_executions WHERE id = :w", w=wf) == "cancelled"
-
-
-def test_multi_failure_workflow_stays_failed_but_the_output_lands(db, instance, media_dir, sandbox):
-    wf, job = _stuck_in_workflow(db, sandbox, ["X", "Y"])
-
-    tick(make_defs(media_dir), instance)
-
-    assert job_row(db, job)["status"] == "completed"
-    assert count(db, "assets", job) == 1
-    assert one(db, "SELECT status FROM workflow_executions WHERE id = :w", w=wf) == "failed"
-
-
 def test_is_public_null_defaults_to_public_and_row_value_is_honoured(db, instance, media_dir, sandbox):
-    _, public_job, _ = _stuck(db, sandbox, "kie-standard", is_public=None)
-    _, private_job, _ = _stuck(db, sandbox, "kie-standard", is_public=False)
+    _, public_job, _ = stale_job_with_task(db, sandbox, "kie-standard", is_public=None)
+    _, private_job, _ = stale_job_with_task(db, sandbox, "kie-standard", is_public=False)
 
     tick(make_defs(media_dir), instance)
 
@@ -244,8 +196,8 @@ def test_is_public_null_defaults_to_public_and_row_value_is_honoured(db, instanc
 
 
 def test_watermark_follows_the_rows_should_watermark(db, instance, media_dir, sandbox):
-    _, marked, _ = _stuck(db, sandbox, "kie-standard", should_watermark=True)
-    _, clean, _ = _stuck(db, sandbox, "kie-standard", should_watermark=False)
+    _, marked, _ = stale_job_with_task(db, sandbox, "kie-standard", should_watermark=True)
+    _, clean, _ = stale_job_with_task(db, sandbox, "kie-standard", should_watermark=False)
 
     tick(make_defs(media_dir), instance)
 
@@ -253,13 +205,13 @@ def test_watermark_follows_the_rows_should_watermark(db, instance, media_dir, sa
     clean_keys = one(db, "SELECT storage_key FROM assets WHERE job_id = :j", j=clean)
     assert ".watermarked." in marked_keys
     assert ".watermarked." not in clean_keys
-    # Only the watermarked variant is stored (issue 7 rule 5): no clean original to find.
+    # Only the watermarked variant is stored: no clean original to find.
     assert Path(media_dir, marked_keys).is_file()
     assert not Path(media_dir, marked_keys.replace(".watermarked", "")).exists()
 
 
 def test_sensor_requests_partitioned_runs_with_deterministic_keys_and_tags(db, instance, media_dir, sandbox):
-    _, job, _ = _stuck(db, sandbox, "replicate-prediction")
+    _, job, _ = stale_job_with_task(db, sandbox, "replicate-prediction")
     defs = make_defs(media_dir)
 
     result = evaluate_sensor(defs, instance)
@@ -276,7 +228,7 @@ def test_sensor_requests_partitioned_runs_with_deterministic_keys_and_tags(db, i
 
 
 def test_sensor_packs_a_backlog_into_batches_and_drains_it(db, instance, media_dir, sandbox):
-    jobs = [_stuck(db, sandbox, "kie-veo", job_type="video")[1] for _ in range(25)]
+    jobs = [stale_job_with_task(db, sandbox, "kie-veo", job_type="video")[1] for _ in range(25)]
     defs = make_defs(media_dir, batch_size=10, single_run_below=5)
 
     report = tick(defs, instance)
@@ -301,7 +253,7 @@ def test_sensor_skips_with_a_reason_and_survives_a_bad_row(db, instance, media_d
 
 
 def test_an_unexpected_poll_error_is_recorded_as_an_attempt(db, instance, media_dir, sandbox):
-    _, job, _ = _stuck(db, sandbox, "kie-standard", Scenario(polls_before_done=0, malformed=True))
+    _, job, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(polls_before_done=0, malformed=True))
 
     tick(make_defs(media_dir), instance)
 
@@ -313,9 +265,9 @@ def test_an_unexpected_poll_error_is_recorded_as_an_attempt(db, instance, media_
 
 
 def test_sensor_tick_reports_the_outcomes_of_runs_since_its_previous_tick(db, instance, media_dir, sandbox):
-    _stuck(db, sandbox, "kie-standard")
-    _stuck(db, sandbox, "kie-veo", Scenario(outcome="fail", polls_before_done=0), job_type="video")
-    _stuck(db, sandbox, "kie-suno", Scenario(outcome="run_forever"), job_type="audio")
+    stale_job_with_task(db, sandbox, "kie-standard")
+    stale_job_with_task(db, sandbox, "kie-veo", Scenario(outcome="fail", polls_before_done=0), job_type="video")
+    stale_job_with_task(db, sandbox, "kie-suno", Scenario(outcome="run_forever"), job_type="audio")
     defs = make_defs(media_dir)
     before = str(time.time() - 1)
 

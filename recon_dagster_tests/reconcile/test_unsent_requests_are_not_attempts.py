@@ -1,6 +1,8 @@
-"""Issue 34's rules probed with variants the first tests did not cover (an external reviewer's
-re-run): a request this process never sent is not an attempt, whichever of its own limits kept
-it in; a refusal takes nothing from the account.
+"""A request this process never sent is not an attempt, whichever of its own limits kept it in (the
+process's request cap, the account's slots and tokens, a Retry-After block, a held limiter row),
+on every path that polls (a reconcile run, the worker library, the finalize's authenticated media
+download); a refusal takes nothing from the account; a poll that was sent counts whatever came
+back.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import pytest
 from recon_dagster.providers import ProviderHTTPError, providers_from_env
 from recon_dagster.providers.status import NotSent, NotSentReason
 from recon_dagster.sandbox import Scenario
+from recon_dagster_tests.support.ledger import reconcile_events
+from recon_dagster_tests.support.payloads import PAYLOADS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,7 +68,6 @@ def _shared_account(monkeypatch, variable: str) -> str:
 
 def _throttled_call(providers, kind: str) -> None:
     """One create (or sync call) of ``kind``; the sandbox answers it 429 with a Retry-After."""
-    from recon_dagster_tests.providers.test_providers_http import PAYLOADS
 
     if kind == "elevenlabs-sync":
         providers.elevenlabs.model_copy(update={"max_attempts": 1}).text_to_speech("voice", "hello")
@@ -126,7 +129,6 @@ def test_a_worker_run_whose_poll_its_limiter_held_back_polls_again_instead_of_fa
     from recon_dagster.providers.limit_config import account_limits_from_env
     from recon_dagster.providers.limits import AccountLimiter, account_limiter
     from recon_dagster.worker import providers_from_env as worker_providers
-    from recon_dagster_tests.providers.test_providers_http import PAYLOADS
 
     _shared_account(monkeypatch, "RECON_LIMIT_KIE")
     monkeypatch.setenv("RECON_POLL_DEADLINE_S", "0.5")
@@ -151,7 +153,6 @@ def test_a_worker_run_whose_polls_stay_held_back_ends_resumable_at_its_budget(db
     from recon_dagster.providers.limit_config import account_limits_from_env
     from recon_dagster.providers.limits import AccountLimiter, account_limiter
     from recon_dagster.worker import providers_from_env as worker_providers
-    from recon_dagster_tests.providers.test_providers_http import PAYLOADS
 
     _shared_account(monkeypatch, "RECON_LIMIT_KIE")
     monkeypatch.setenv("RECON_POLL_DEADLINE_S", "0.5")
@@ -178,7 +179,6 @@ def test_a_reconcile_poll_held_back_by_the_process_cap_is_rescheduled_not_counte
     (other work of the same process) for longer than the poll's deadline; the run's poll is not
     sent, the job is rescheduled with the reason, its attempt counter untouched."""
     from recon_dagster.reconcile.decide import not_sent_reason
-    from recon_dagster_tests.reconcile.test_not_sent import _events
     from recon_dagster_tests.support.factories import job_row
     from recon_dagster_tests.support.reconcile import make_defs, stale_job_with_task, tick
 
@@ -198,7 +198,7 @@ def test_a_reconcile_poll_held_back_by_the_process_cap_is_rescheduled_not_counte
     row = job_row(db, job)
     assert row["reconcile_attempts"] == 3 and row["status"] == "processing", row
     assert sandbox.poll_count(task) == 0 and report.summary.not_sent == 1
-    [event] = _events(db, job)
+    [event] = reconcile_events(db, job)
     assert event.outcome == "not_sent" and not_sent_reason(event.detail) == "slot_wait_past_deadline"
 
 
@@ -208,7 +208,6 @@ def test_a_poll_that_was_sent_counts_whatever_came_back(
 ) -> None:
     """The other side of the rule: a poll that left the process counts as an attempt, also when
     nothing came back (the connection was refused, the answer never came within the deadline)."""
-    from recon_dagster_tests.reconcile.test_not_sent import _events
     from recon_dagster_tests.support.factories import job_row
     from recon_dagster_tests.support.reconcile import make_defs, stale_job_with_task, tick
 
@@ -222,7 +221,7 @@ def test_a_poll_that_was_sent_counts_whatever_came_back(
 
     row = job_row(db, job)
     assert row["reconcile_attempts"] == 3 and row["status"] == "processing", row
-    assert report.summary.not_sent == 0 and [e.outcome for e in _events(db, job)] == ["error"]
+    assert report.summary.not_sent == 0 and [e.outcome for e in reconcile_events(db, job)] == ["error"]
 
 
 # -- the finalize/media phase -------------------------------------------------------------------------
