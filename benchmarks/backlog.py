@@ -565,7 +565,9 @@ def main() -> int:
     problem = check_run_queue(args.max_concurrent_runs, args.budget)
     if problem:
         parser.error(problem.replace("dagster.yaml's run_queue.max_concurrent_runs", "--max-concurrent-runs"))
-    server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
+    server_url = (
+        normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
+    )
     name = f"recon_bench_{secrets.token_hex(4)}"
     ensure_database(server_url, name)
     url = with_database(server_url, name)

@@ -180,7 +180,9 @@ def main(argv: list[str]) -> int:
     if args.jobs < 2 or args.reads < 1 or args.window <= 0:
         parser.error("--jobs >= 2, --reads >= 1 and --window > 0 please")
 
-    server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
+    server_url = (
+        normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
+    )
     name = f"recon_bench_{secrets.token_hex(4)}"
     ensure_database(server_url, name)
     url = with_database(server_url, name)

@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         cases = tuple(tuple(c.split(":", 1)) for c in wanted)  # type: ignore[misc]
 
-    server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
+    server_url = (
+        normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
+    )
     name = f"recon_chaos_{secrets.token_hex(4)}"
     ensure_database(server_url, name)
     url = with_database(server_url, name)

@@ -126,7 +126,9 @@ def main(argv: list[str]) -> int:
     ):
         parser.error("--jobs, --count, --reads >= 1; --window > 0; --late, --gap, --second >= 0")
 
-    server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
+    server_url = (
+        normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
+    )
     name = f"recon_bench_{secrets.token_hex(4)}"
     ensure_database(server_url, name)
     url = with_database(server_url, name)

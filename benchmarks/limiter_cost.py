@@ -63,7 +63,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--database-url", default=None)
     args = parser.parse_args()
-    server = normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
+    server = (
+        normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
+    )
     name = f"recon_bench_{secrets.token_hex(4)}"
     ensure_database(server, name)
     url = with_database(server, name)

@@ -156,7 +156,9 @@ def main() -> int:
     from recon_dagster_tests.support.instance import dagster_home, drop_database, ensure_database
     from recon_dagster_tests.support.sandbox_process import sandbox_process
 
-    server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
+    server_url = (
+        normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
+    )
     name = f"recon_bench_{secrets.token_hex(4)}"
     ensure_database(server_url, name)
     url = with_database(server_url, name)

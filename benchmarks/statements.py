@@ -64,7 +64,9 @@ def main(argv: list[str]) -> int:
         help="write a cProfile of the phases here (shares are exact with --concurrency 1)",
     )
     args = parser.parse_args(argv)
-    server_url = normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
+    server_url = (
+        normalize_url(args.database_url) if args.database_url else resolve_database_url(allow_embedded=True)
+    )
     name = f"recon_bench_{secrets.token_hex(4)}"
     ensure_database(server_url, name)
     url = with_database(server_url, name)

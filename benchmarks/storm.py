@@ -165,18 +165,25 @@ def money(engine: sa.Engine, ids: list[str]) -> dict[str, int]:
             {"ids": ids},
         ).one()
         most = conn.execute(
-            sa.text("SELECT max(reconcile_attempts) FROM jobs WHERE id = ANY(CAST(:ids AS uuid[]))"), {"ids": ids}
+            sa.text("SELECT max(reconcile_attempts) FROM jobs WHERE id = ANY(CAST(:ids AS uuid[]))"),
+            {"ids": ids},
         ).scalar_one()
     return {**row._asdict(), "most_attempts_on_a_job": int(most or 0)}
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--retry-after", type=int, default=120, help="seconds; 0: no 429 (the plain drain)")
-    parser.add_argument("--scale", type=int, default=1, help="run the storm this many times faster (divides 120)")
+    parser.add_argument(
+        "--scale", type=int, default=1, help="run the storm this many times faster (divides 120)"
+    )
     parser.add_argument("--latency", type=float, default=0.1, help="seconds per provider answer")
-    parser.add_argument("--sensor-interval", type=int, default=30, help="RECON_SENSOR_INTERVAL_S (shipped: 30)")
+    parser.add_argument(
+        "--sensor-interval", type=int, default=30, help="RECON_SENSOR_INTERVAL_S (shipped: 30)"
+    )
     parser.add_argument("--database-url", default=None)
     parser.add_argument("--timeout", type=float, default=5400)
     args = parser.parse_args(argv)
@@ -233,7 +240,9 @@ def main(argv: list[str]) -> int:
                         raise SystemExit(f"{left:,} jobs left after {args.timeout:g} s\n{daemon.log_tail()}")
                     if time.time() - last >= 30:
                         blocked = f"; blocked until +{watch.until - started:.0f} s" if watch.until else ""
-                        log(f"  {time.time() - started:6.0f} s: {args.jobs - left:,}/{args.jobs:,} terminal{blocked}")
+                        log(
+                            f"  {time.time() - started:6.0f} s: {args.jobs - left:,}/{args.jobs:,} terminal{blocked}"
+                        )
                         last = time.time()
                     time.sleep(0.5)
                 drained = time.time()
@@ -253,7 +262,12 @@ def main(argv: list[str]) -> int:
     print("polls served per minute (minute from the first poll: count): " + ", ".join(
         f"{m}: {timeline[m]}" for m in range(max(timeline, default=-1) + 1)
     ))  # fmt: skip
-    out: dict[str, Any] = {"drain_s": drained - started, "polls": len(stamps), "budget_per_min": rate * 60, **figures}
+    out: dict[str, Any] = {
+        "drain_s": drained - started,
+        "polls": len(stamps),
+        "budget_per_min": rate * 60,
+        **figures,
+    }
     if hit is not None and until is not None:
         back = recovery_s(stamps, until, rate)
         out.update(
@@ -272,14 +286,18 @@ def main(argv: list[str]) -> int:
             + f" (target <= 5 s{' scaled' if s > 1 else ''})"
         )
     else:
-        print(f"no Retry-After was recorded; drain at {per_minute(stamps, first_poll, stamps[-1]):.0f} polls/min")
+        print(
+            f"no Retry-After was recorded; drain at {per_minute(stamps, first_poll, stamps[-1]):.0f} polls/min"
+        )
     print(
         f"{args.jobs:,} jobs drained in {out['drain_s']:.0f} s; force-failed at the cap: {figures['exhausted']} "
         f"(by a refusal of our own limiter: {figures['exhausted_by_refusal']}, must be 0); polls not sent "
         f"(rescheduled, no attempt): {figures['not_sent']}; attempts counted: {figures['attempts_counted']} "
         f"({figures['errors']} errors); most attempts on one job: {figures['most_attempts_on_a_job']}"
     )
-    print(f"verification: {'OK, 0 settled twice, credits conserved, 0 creates' if not problems else 'FAILED'}")
+    print(
+        f"verification: {'OK, 0 settled twice, credits conserved, 0 creates' if not problems else 'FAILED'}"
+    )
     for p in problems:
         print(f"  - {p}")
     print(json.dumps(out, default=str))

@@ -24,7 +24,14 @@ from recon_dagster.providers import providers_from_env
 
 # Modules, not their Definitions objects: a code location module holds exactly one Definitions at
 # its top level (`dg check defs` refuses more), and each feature's module keeps its own.
-FEATURES = (reconcile_feature, observe_feature, lora_feature, rollout_feature, explain_feature, alerts_feature)
+FEATURES = (
+    reconcile_feature,
+    observe_feature,
+    lora_feature,
+    rollout_feature,
+    explain_feature,
+    alerts_feature,
+)
 
 
 def default_resources() -> dict[str, Any]:
@@ -44,7 +51,9 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
 
     Every ``RECON_*`` setting is checked first: a bad one is a load error naming its variable."""
     validate_settings()
-    wired = dg.Definitions(resources=with_nested_resources_on_top({**default_resources(), **(resources or {})}))
+    wired = dg.Definitions(
+        resources=with_nested_resources_on_top({**default_resources(), **(resources or {})})
+    )
     return dg.Definitions.merge(*(feature.defs for feature in FEATURES), wired)
 
 

@@ -100,7 +100,15 @@ class IncidentBook:
             }
             return [
                 Alert(
-                    "trigger", s.key, s.title, s.summary, s.severity, s.provider, dict(s.details), s.links, _iso(s.at)
+                    "trigger",
+                    s.key,
+                    s.title,
+                    s.summary,
+                    s.severity,
+                    s.provider,
+                    dict(s.details),
+                    s.links,
+                    _iso(s.at),
                 )
             ]
         incident = self.open.pop(s.key, None)

@@ -71,10 +71,18 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
     links = " · ".join(f"<{link['href']}|{link['text']}>" for link in a["links"])
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": _cut(a["title"], _SLACK_HEADER_MAX)}},
-        {"type": "section", "text": {"type": "mrkdwn", "text": _cut(f"{mark} {a['summary']}", _SLACK_TEXT_MAX)}},
+        {
+            "type": "section",
+            "text": {"type": "mrkdwn", "text": _cut(f"{mark} {a['summary']}", _SLACK_TEXT_MAX)},
+        },
     ]
     context = [part for part in (facts, links, f"`{a['key']}` · {a['at']}") if part]
-    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": _cut(p, _SLACK_TEXT_MAX)} for p in context]})
+    blocks.append(
+        {
+            "type": "context",
+            "elements": [{"type": "mrkdwn", "text": _cut(p, _SLACK_TEXT_MAX)} for p in context],
+        }
+    )
     return {"text": _cut(f"{a['title']}: {a['summary']}", _SLACK_TEXT_MAX), "blocks": blocks}
 
 
@@ -143,10 +151,14 @@ def teams_payload(alert: Alert) -> dict[str, Any]:
         "body": body,
     }
     if a["links"]:
-        card["actions"] = [{"type": "Action.OpenUrl", "title": link["text"], "url": link["href"]} for link in a["links"]]
+        card["actions"] = [
+            {"type": "Action.OpenUrl", "title": link["text"], "url": link["href"]} for link in a["links"]
+        ]
     return {
         "type": "message",
-        "attachments": [{"contentType": "application/vnd.microsoft.card.adaptive", "contentUrl": None, "content": card}],
+        "attachments": [
+            {"contentType": "application/vnd.microsoft.card.adaptive", "contentUrl": None, "content": card}
+        ],
     }
 
 
@@ -224,7 +236,11 @@ def build_targets(
     if slack_webhook_url:
         targets.append(Target("slack", slack_webhook_url.strip()))
     if pagerduty_routing_key:
-        targets.append(Target("pagerduty", pagerduty_url, routing_key=pagerduty_routing_key.strip(), client_url=client_url))
+        targets.append(
+            Target(
+                "pagerduty", pagerduty_url, routing_key=pagerduty_routing_key.strip(), client_url=client_url
+            )
+        )
     if teams_webhook_url:
         targets.append(Target("teams", teams_webhook_url.strip()))
     if webhook_url:

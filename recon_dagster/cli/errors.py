@@ -4,7 +4,6 @@
 command fails with one line and the traceback only with ``--debug`` or ``RECON_DEBUG=1``.
 """
 
-
 import importlib
 import warnings
 
@@ -109,7 +108,9 @@ def as_cli_error(exc: BaseException) -> CliError:
             f"see {embedded_pgdata() / 'log'}, or set {_URL} to a running PostgreSQL",
         )
     if isinstance(exc, MigrationError):
-        return CliError(str(exc), exc.fix or "fix the migration named here, then run `recon-dagster migrate` again")
+        return CliError(
+            str(exc), exc.fix or "fix the migration named here, then run `recon-dagster migrate` again"
+        )
     if isinstance(exc, sa.exc.ProgrammingError) and type(exc.orig).__name__ in (
         "UndefinedTable",
         "UndefinedColumn",

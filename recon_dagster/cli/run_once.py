@@ -51,9 +51,7 @@ def _instance(instance: dg.DagsterInstance | None) -> Iterator[dg.DagsterInstanc
         yield inst
 
 
-def evaluate_sensor(
-    defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None = None
-) -> Any:
+def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None = None) -> Any:
     """Evaluate the stale-jobs sensor once, with just the resources it requires.
 
     Returns Dagster's tick data: ``run_requests``, ``skip_message``, ``cursor``.
@@ -135,7 +133,9 @@ def _recorded_outcomes(run_id: str) -> Counter[str]:
     try:
         with DatabaseResource().get_engine().connect() as conn:
             rows = conn.execute(
-                sa.text("SELECT outcome, count(*) AS n FROM reconcile_events WHERE run_id = :r GROUP BY outcome"),
+                sa.text(
+                    "SELECT outcome, count(*) AS n FROM reconcile_events WHERE run_id = :r GROUP BY outcome"
+                ),
                 {"r": run_id},
             )
             return Counter({r.outcome: int(r.n) for r in rows})

@@ -160,7 +160,6 @@ def _limit_setting(shown: str, doc: str) -> Var[dict[str, Any]]:
     )  # fmt: skip
 
 
-
 def _secret(group: str, doc: str, *, name: str = "", readers: str = "") -> Var[Never]:
     return Var(group, "secret", None, doc, secret=True, name=name, readers=readers)  # type: ignore[arg-type]
 
@@ -537,8 +536,6 @@ class Settings:
 def _provider(
     title: str, url: str, key: str, key_doc: str, url_note: str = ""
 ) -> tuple[Var[Never], Var[Never]]:
-
-
     """A provider's base URL and key variables, both passed as ``dg.EnvVar`` by its resource."""
     base_url = _named(
         "providers", "URL", None, f"{title} API base URL{url_note}; passed as dg.EnvVar.",
@@ -597,7 +594,6 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 _LIVE = Settings()
-
 
 
 def limit_name(provider: str) -> str:

@@ -91,7 +91,7 @@ def markdown() -> str:
         "tests. Every setting is declared once, in `recon_dagster/config/__init__.py`, and checked when",
         "the definitions load and when the CLI starts: a bad value is one line naming its variable (the",
         "CLI exits 1). Secrets are read only through `dg.EnvVar`, so their values never appear in run",
-        "config, tags, logs or the UI. The \"read by\" column is found in the code.",
+        'config, tags, logs or the UI. The "read by" column is found in the code.',
     ]
     found = readers()
     groups: dict[str, list[Var[object]]] = {}
@@ -99,7 +99,10 @@ def markdown() -> str:
         groups.setdefault(setting.group, []).append(setting)
     for group, settings in groups.items():
         lines += ["", f"## {group[0].upper()}{group[1:]}", ""]
-        lines += ["| variable | type | default | bounds | meaning | read by |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            "| variable | type | default | bounds | meaning | read by |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for s in settings:
             kind = f"{s.type} (dg.EnvVar, never printed)" if s.secret else s.type
             read_by = s.readers or ", ".join(found.get(s.name, ())) or "—"

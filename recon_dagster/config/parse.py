@@ -11,6 +11,7 @@ from typing import Any
 
 Parse = Callable[[str, str], Any]  # (variable, stripped non-empty value) -> value
 
+
 class LimitsConfigError(ValueError):
     """A malformed ``RECON_LIMITS``, ``RECON_LIMITS_MIGRATE`` or ``RECON_LIMIT_<PROVIDER>`` value; the
     message names the variable."""
@@ -28,7 +29,9 @@ def bounded_number(name: str, raw: str, cast: type, low: float, high: float) -> 
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and low <= value <= high):
-        raise ValueError(f"{name} must be {what} from {shown_number(low)} to {shown_number(high)}, got {raw.strip()!r}")
+        raise ValueError(
+            f"{name} must be {what} from {shown_number(low)} to {shown_number(high)}, got {raw.strip()!r}"
+        )
     return value
 
 
@@ -52,7 +55,11 @@ def positive(cast: type, what: str = "a positive finite number") -> Parse:
 
 
 def choice(
-    choices: Mapping[str, Any], expected: str, error: type[ValueError] = ValueError, *, echo_as_given: bool = False
+    choices: Mapping[str, Any],
+    expected: str,
+    error: type[ValueError] = ValueError,
+    *,
+    echo_as_given: bool = False,
 ) -> Parse:
     """One of ``choices`` (case-insensitive); the error echoes the value lowercased unless
     ``echo_as_given``."""
@@ -147,9 +154,13 @@ def _parse_budget(name: str, text: str) -> tuple[int, float] | None:
     except ValueError:
         raise LimitsConfigError(f"{shape}, got {text!r}") from None
     if not 1 <= requests <= MAX_REQUESTS:
-        raise LimitsConfigError(f"{shape}, with N from 1 to {MAX_REQUESTS} ('none' for unlimited), got {text!r}")
+        raise LimitsConfigError(
+            f"{shape}, with N from 1 to {MAX_REQUESTS} ('none' for unlimited), got {text!r}"
+        )
     if not (math.isfinite(window_s) and MIN_WINDOW_S <= window_s <= MAX_WINDOW_S):
-        raise LimitsConfigError(f"{shape}, with SECONDS from {MIN_WINDOW_S:g} to {MAX_WINDOW_S:g}, got {text!r}")
+        raise LimitsConfigError(
+            f"{shape}, with SECONDS from {MIN_WINDOW_S:g} to {MAX_WINDOW_S:g}, got {text!r}"
+        )
     return requests, window_s
 
 
@@ -188,7 +199,9 @@ def parse_limit_overrides(name: str, raw: str) -> dict[str, Any]:
         elif key == "account":
             fields[key] = value
         else:
-            raise LimitsConfigError(f"{name}: unknown field {key!r} (reads, creates, concurrency, kind_share, account)")
+            raise LimitsConfigError(
+                f"{name}: unknown field {key!r} (reads, creates, concurrency, kind_share, account)"
+            )
     return fields
 
 
@@ -210,5 +223,3 @@ def importable_hook(name: str, spec: str) -> Callable[..., Any]:
 
 def text(name: str, raw: str) -> str:
     return raw
-
-

@@ -142,6 +142,7 @@ def precall_budget(environ: Mapping[str, str] | None = None) -> timedelta:
     """
     return timedelta(seconds=settings(environ).precall_budget_s)
 
+
 # Job types that never call a provider themselves (spec 9.1: pipeline wrapper jobs deliberately
 # carry no provider_kind). A row of these types with no provider_kind is not a legacy stuck call,
 # so the sweep leaves it alone.

@@ -81,7 +81,9 @@ def complete_job(
         task_id=task_id,
         notify_source=notify_source,
     )
-    return conn.execute(sql(f"{COMPLETE_UPDATE} RETURNING id, {NOTIFY_RETURNING}"), params).first() is not None
+    return (
+        conn.execute(sql(f"{COMPLETE_UPDATE} RETURNING id, {NOTIFY_RETURNING}"), params).first() is not None
+    )
 
 
 def fail_job(
@@ -220,7 +222,9 @@ def _event(job_id: uuid.UUID, status: str, source: str | None) -> str | None:
 
 # In a guarded write's RETURNING: evaluated only for the row it won, so the event goes out exactly
 # when a separate notify_job_event after a won write would have (and, like it, only on COMMIT).
-NOTIFY_RETURNING = "CASE WHEN CAST(:notify AS text) IS NOT NULL THEN pg_notify('job_events', :notify) END AS notified"
+NOTIFY_RETURNING = (
+    "CASE WHEN CAST(:notify AS text) IS NOT NULL THEN pg_notify('job_events', :notify) END AS notified"
+)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -62,7 +62,9 @@ def check_headers(
     if encoding and encoding != "identity":
         return f"Content-Encoding {encoding!r} although identity was asked for"
     if content_length == 0:
-        return f"{_media_type(content_type) or 'no Content-Type'}, 0 bytes (an empty object)" + _where(promised)
+        return f"{_media_type(content_type) or 'no Content-Type'}, 0 bytes (an empty object)" + _where(
+            promised
+        )
     return None
 
 
@@ -115,7 +117,9 @@ def _judge(
 ) -> None:
     media_type = _media_type(content_type)
     if not head:
-        raise MediaUnusable(url, f"{media_type or 'no Content-Type'}, 0 bytes (an empty object)" + _where(promised))
+        raise MediaUnusable(
+            url, f"{media_type or 'no Content-Type'}, 0 bytes (an empty object)" + _where(promised)
+        )
     declared_text = promised is not None and _is_text_type(media_type)
     if declared_text or sniff_problem(head, promised) is not None:
         raise MediaUnusable(url, describe_body(media_type, head, complete, content_length) + _where(promised))

@@ -156,7 +156,9 @@ def check_url(
     if literal is not None and not is_public_address(literal):
         raise MediaRefused(url, f"address {literal} is not public")
     if scheme != "https":
-        raise MediaRefused(url, f"plain http is only allowed for hosts listed in {Settings.media_allowed_hosts.name}")
+        raise MediaRefused(
+            url, f"plain http is only allowed for hosts listed in {Settings.media_allowed_hosts.name}"
+        )
 
     if literal is not None:
         addresses = [str(literal)]

@@ -28,7 +28,9 @@ class VideoLimits:
 
 def video_limits_from_env(environ: Mapping[str, str] | None = None) -> VideoLimits:
     now = settings(environ)
-    return VideoLimits(now.video_max_duration_s, now.video_max_frames, now.video_max_pixels, now.video_encode_deadline_s)
+    return VideoLimits(
+        now.video_max_duration_s, now.video_max_frames, now.video_max_pixels, now.video_encode_deadline_s
+    )
 
 
 class VideoBudget:
@@ -43,7 +45,9 @@ class VideoBudget:
         self.pixels = 0
         self.wall_s = 0.0
 
-    def refusal(self, *, duration_s: float = 0.0, frames: int = 0, pixels: int = 0, wall_s: float = 0.0) -> str | None:
+    def refusal(
+        self, *, duration_s: float = 0.0, frames: int = 0, pixels: int = 0, wall_s: float = 0.0
+    ) -> str | None:
         """Why re-encoding may not go on once this much more is spent (None: it may)."""
         lim = self.limits
         for spent, bound, what, env in (

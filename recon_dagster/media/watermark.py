@@ -179,7 +179,9 @@ _CONTENT_TYPES = {"mp4": "video/mp4", "matroska": "video/x-matroska"}
 _X264_OPTIONS = {"preset": "ultrafast", "crf": "20", "threads": "2"}
 
 
-def watermark_video(src_path: str, dst_path: str, text: str = "recon", budget: VideoBudget | None = None) -> str:
+def watermark_video(
+    src_path: str, dst_path: str, text: str = "recon", budget: VideoBudget | None = None
+) -> str:
     """Re-encode the video at ``src_path`` into ``dst_path`` with the band drawn into every frame,
     within what ``budget`` (the job's; default: ``RECON_VIDEO_*``) has left.
 
@@ -297,7 +299,10 @@ def _reencode(
     target.mux(out_video.encode(None))
     check()
     budget.spend(
-        duration_s=last - (first or 0.0), frames=frames, pixels=frames * per_frame, wall_s=time.monotonic() - started
+        duration_s=last - (first or 0.0),
+        frames=frames,
+        pixels=frames * per_frame,
+        wall_s=time.monotonic() - started,
     )
     return frames
 

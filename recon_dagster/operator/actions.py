@@ -75,7 +75,11 @@ def _refuse(conn: sa.Connection, job_id: uuid.UUID, action: str) -> OperatorErro
     how = ""
     if ended is not None:
         message = " ".join((ended.error_message or "").split())
-        how = f" ({message[:160] + ('…' if len(message) > 160 else '')}; {ended.at})" if message else f" ({ended.at})"
+        how = (
+            f" ({message[:160] + ('…' if len(message) > 160 else '')}; {ended.at})"
+            if message
+            else f" ({ended.at})"
+        )
     return OperatorError(f"job {job_id} is already {row.status}{how}; nothing to {action}")
 
 

@@ -142,12 +142,13 @@ def provider_figures(conn: sa.Connection, window_s: float) -> dict[str, Provider
 
 def judge(f: ProviderFigures, policy: HealthPolicy) -> Verdict:
     """The provider's state and the one line the console and the alerts show (pure)."""
-    own = (
-        f"; {f.own_errors} job(s) failed by their own result, not counted" if f.own_errors else ""
-    )
+    own = f"; {f.own_errors} job(s) failed by their own result, not counted" if f.own_errors else ""
     if f.jobs == 0:
         return Verdict(
-            f.provider, State.IDLE, f"{f.provider} idle: no job of it polled in the last {policy.window}{own}", f
+            f.provider,
+            State.IDLE,
+            f"{f.provider} idle: no job of it polled in the last {policy.window}{own}",
+            f,
         )
     down = f.unanswered >= policy.min_jobs and f.unanswered > policy.down_share * f.jobs
     state = State.DOWN if down else State.HEALTHY

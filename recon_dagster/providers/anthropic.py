@@ -44,7 +44,9 @@ class AnthropicResource(ProviderResource):
     def _error_message(self, response: httpx.Response) -> str | None:
         return anthropic_error_message(response)
 
-    def messages(self, model: str, messages: list[dict[str, Any]], max_tokens: int, **options: Any) -> dict[str, Any]:
+    def messages(
+        self, model: str, messages: list[dict[str, Any]], max_tokens: int, **options: Any
+    ) -> dict[str, Any]:
         """``POST /v1/messages``; returns the message object."""
         if not isinstance(model, str) or not model:
             raise ValueError(f"anthropic-sync: model must be a non-empty string, got {model!r}")

@@ -504,6 +504,7 @@ class ProviderHttp:
             )  # fmt: skip
         if wait > 0:
             self._sleep(wait)
+
     def _transport_failure(self, exc: httpx.TransportError, timeout: httpx.Timeout | None) -> str:
         """A transport failure in words: a timeout names the timeout that ran out and its length
         (the overall poll deadline says so itself), anything else keeps its own message."""

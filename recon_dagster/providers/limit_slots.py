@@ -37,7 +37,9 @@ class SlotRenewer:
         with self._lock:
             self._holders.add(holder)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=f"slot-renewer-{self._name}", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name=f"slot-renewer-{self._name}", daemon=True
+                )
                 self._thread.start()
 
     def forget(self, holder: str) -> None:

@@ -205,7 +205,11 @@ def _within(conn: sa.Connection, max_wait: float | None) -> None:
     timeout): a bucket row held by a stuck session (a process that died inside its statement
     holds it until the server notices) is a database error at the request's bound, so the
     request is not sent, never sent late."""
-    ms = SETUP_TIMEOUT_MS if max_wait is None else min(SETUP_TIMEOUT_MS, max(TOKEN_STATEMENT_MIN_MS, max_wait * 1000))
+    ms = (
+        SETUP_TIMEOUT_MS
+        if max_wait is None
+        else min(SETUP_TIMEOUT_MS, max(TOKEN_STATEMENT_MIN_MS, max_wait * 1000))
+    )
     conn.execute(_STATEMENT_WITHIN, {"ms": int(ms)})
 
 
@@ -387,7 +391,8 @@ class AccountLimiter:
         if holders:
             with self._engine().begin() as conn:
                 conn.execute(
-                    _RENEW, {"account": self.limits.account, "holders": list(holders), "ttl": self.limits.slot_ttl_s}
+                    _RENEW,
+                    {"account": self.limits.account, "holders": list(holders), "ttl": self.limits.slot_ttl_s},
                 )
 
     def block_for(self, seconds: float) -> None:
@@ -465,7 +470,9 @@ class AccountLimiter:
             try:
                 wait = self.take_token(create, max_wait=left, refund=refund)
             except TokenRefused as refused:
-                reason = NotSentReason.LIMITER_REFUSED if refused.blocked_s > left else NotSentReason.TOKEN_WAIT
+                reason = (
+                    NotSentReason.LIMITER_REFUSED if refused.blocked_s > left else NotSentReason.TOKEN_WAIT
+                )
                 what = (
                     f"the account is blocked by the provider's Retry-After for {refused.blocked_s:.1f} s"
                     if reason is NotSentReason.LIMITER_REFUSED
@@ -486,7 +493,9 @@ class AccountLimiter:
         """Seconds the account's bucket is still blocked by a provider's Retry-After (0: not)."""
         bucket = "create" if create else "read"
         with self._engine().connect() as conn:
-            left = conn.execute(_BLOCKED, {"account": self.limits.account, "bucket": bucket}).scalar_one_or_none()
+            left = conn.execute(
+                _BLOCKED, {"account": self.limits.account, "bucket": bucket}
+            ).scalar_one_or_none()
         return float(left or 0.0)
 
     @contextmanager
@@ -512,7 +521,9 @@ class AccountLimiter:
             self._unreachable(exc, "requests are not sent")
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise NotSent(
-                kind, NotSentReason.LIMITER_DB, f"account {self.limits.account!r}: {type(exc).__name__}: {first}"
+                kind,
+                NotSentReason.LIMITER_DB,
+                f"account {self.limits.account!r}: {type(exc).__name__}: {first}",
             ) from None
         except LimitsConfigError as exc:  # this process's budget differs from the account's
             self._give_back(held)

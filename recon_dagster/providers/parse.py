@@ -486,7 +486,9 @@ def _parse_dubbing(b: _Body, body: dict[str, Any], task_id: str | None) -> Upstr
 # --- Dispatch --------------------------------------------------------------------------------
 
 
-def parse_poll_response(provider_kind: str, body: dict[str, Any], *, task_id: str | None = None) -> UpstreamStatus:
+def parse_poll_response(
+    provider_kind: str, body: dict[str, Any], *, task_id: str | None = None
+) -> UpstreamStatus:
     """Interpret one poll answer of ``provider_kind``; ``ProviderProtocolError`` if it cannot.
 
     ``task_id`` (optional) fills ``UpstreamStatus.task_id`` where the body does not carry it.

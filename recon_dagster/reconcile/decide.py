@@ -161,7 +161,13 @@ def describe_result(result: object, limit: int = 80) -> str:
             text = json.dumps(result, ensure_ascii=False, sort_keys=True, default=str)
         except (TypeError, ValueError):
             text = repr(result)
-        name = "object" if isinstance(result, dict) else "array" if isinstance(result, list) else type(result).__name__
+        name = (
+            "object"
+            if isinstance(result, dict)
+            else "array"
+            if isinstance(result, list)
+            else type(result).__name__
+        )
         shape = f"a JSON {name} of {len(text.encode())} bytes"
     flat = " ".join(text.split())
     return f"{shape}: {flat if len(flat) <= limit else flat[: limit - 1] + '…'}"
@@ -195,7 +201,9 @@ def refused_before_download(row: JobRow, status: UpstreamStatus) -> str | None:
     if foreign_task(row.provider_task_id, status.task_id):
         return f"result of task {status.task_id}, but the row's task is {row.provider_task_id}"
     return unusable_result(
-        media=len(status.media), result=status.result, promised=promised_kind(status.provider_kind, row.job_type)
+        media=len(status.media),
+        result=status.result,
+        promised=promised_kind(status.provider_kind, row.job_type),
     )
 
 

@@ -133,7 +133,9 @@ def adopt_legacy_trainings(conn: sa.Connection, limit: int = 500) -> list[Adopte
 def adoptable_trainings(conn: sa.Connection, limit: int = 500) -> list[Adopted]:
     """What ``adopt_legacy_trainings`` would adopt now, read only (the training kind in shadow)."""
     rows = conn.execute(
-        sa.text(f"SELECT c.training_job_id AS job_id, c.id AS character_id, c.replicate_training_id AS training_id FROM ({_ADOPTABLE}) c"),
+        sa.text(
+            f"SELECT c.training_job_id AS job_id, c.id AS character_id, c.replicate_training_id AS training_id FROM ({_ADOPTABLE}) c"
+        ),
         {"limit": limit},
     )
     return [Adopted(uuid.UUID(str(r.job_id)), uuid.UUID(str(r.character_id)), r.training_id) for r in rows]

@@ -383,7 +383,11 @@ def build_plan(
     for p in rec.poll(to_poll):
         plan.jobs.append(
             polled_job(
-                p, now, settings.max_attempts, money.get(p.row.id, []), shadow_counted=decided.get(p.row.id, 0)
+                p,
+                now,
+                settings.max_attempts,
+                money.get(p.row.id, []),
+                shadow_counted=decided.get(p.row.id, 0),
             )
         )
     for r in not_due:
@@ -409,7 +413,11 @@ def polled_job(
     if step is Step.FINALIZE and p.status is not None:
         refused = refused_before_download(row, p.status)
         if refused is not None:  # finalize refuses it before any download: the attempt counts
-            step, outcome, reason = Step.COUNT, Outcome.ERROR, f"upstream succeeded, but finalize refuses it: {refused}"
+            step, outcome, reason = (
+                Step.COUNT,
+                Outcome.ERROR,
+                f"upstream succeeded, but finalize refuses it: {refused}",
+            )
     action = action_for(step, outcome, after, max_attempts)
     if action is PlanAction.FORCE_FAIL:
         reason = f"{after} attempts: {reason}"

@@ -288,7 +288,13 @@ class Reconciler:
                 left = self._poll_phase_started + self.settings.account_wait_s - time.monotonic()
                 if wait is None or wait > left:
                     raise
-                log.info("%s poll of task %s not sent (%s); sending it in %.1f s", kind, task_id, exc.reason.value, wait)
+                log.info(
+                    "%s poll of task %s not sent (%s); sending it in %.1f s",
+                    kind,
+                    task_id,
+                    exc.reason.value,
+                    wait,
+                )
                 self._sleep(wait)
 
     # -- act: finalize, fail + refund, sweep, count the attempt, or reschedule --------------------
@@ -522,7 +528,9 @@ class Reconciler:
                 f"row moved on while the unsent poll was rescheduled ({p.reason})", started,
             )  # fmt: skip
         detail = not_sent_detail(p.not_sent or "not_sent", p.reason, delay.total_seconds())
-        return self._outcome(row.id, row.provider_kind, Outcome.NOT_SENT, attempt, detail, started, Cause.NOT_ASKED)
+        return self._outcome(
+            row.id, row.provider_kind, Outcome.NOT_SENT, attempt, detail, started, Cause.NOT_ASKED
+        )
 
     def not_sent_delay(self, retry_in_s: float | None) -> timedelta:
         """When a job whose poll was not sent is due again: the limit's hint (at least a second),
@@ -621,7 +629,8 @@ class Reconciler:
                 conn, claims, owner, self.settings.lease_ttl, planned=False, cap=self.settings.max_attempts
             )
         failed = [
-            self._outcome(j, None, Outcome.ERROR, -1, e, time.monotonic(), Cause.INTERNAL) for j, e in errors.items()
+            self._outcome(j, None, Outcome.ERROR, -1, e, time.monotonic(), Cause.INTERNAL)
+            for j, e in errors.items()
         ]
         for o in failed:
             self._record(o, owner)

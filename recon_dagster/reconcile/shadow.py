@@ -205,10 +205,14 @@ class ShadowReconciler(Reconciler):
             live = row.reconcile_lease_expires_at is not None and row.reconcile_lease_expires_at > now
             if not row.inflight or row.id in recent or live or (c.attempt and next_attempt(row) != c.attempt):
                 why = "shadow: not decided (decided within the cadence, leased, moved on or no longer in flight)"
-                settled.append(self._shadow_outcome(row.id, row.provider_kind, next_attempt(row), why, started))
+                settled.append(
+                    self._shadow_outcome(row.id, row.provider_kind, next_attempt(row), why, started)
+                )
                 continue
             counter = (
-                row.reconcile_attempts + (1 if row.reconcile_lease_owner is not None else 0) + decided.get(row.id, 0)
+                row.reconcile_attempts
+                + (1 if row.reconcile_lease_owner is not None else 0)
+                + decided.get(row.id, 0)
             )
             if (
                 row.reconcile_lease_owner is not None
@@ -248,7 +252,11 @@ class ShadowReconciler(Reconciler):
         out = []
         for p in polled:
             job = polled_job(
-                p, now, self.settings.max_attempts, money.get(p.row.id, []), shadow_counted=decided.get(p.row.id, 0)
+                p,
+                now,
+                self.settings.max_attempts,
+                money.get(p.row.id, []),
+                shadow_counted=decided.get(p.row.id, 0),
             )
             out.append(self._decide(job, started))
         return out

@@ -59,7 +59,9 @@ def test_attempts_stay_capped_while_runs_keep_dying_on_a_job(db: sa.Engine) -> N
     assert row["reconcile_attempts"] == SETTINGS.max_attempts, row["reconcile_attempts"]
     assert (row["status"], usage_status(db, job)) == ("failed", "refunded")
     with db.connect() as conn:
-        reasons = conn.execute(
-            sa.text("SELECT reason FROM credit_anomalies WHERE job_id = :j"), {"j": str(job)}
-        ).scalars().all()
+        reasons = (
+            conn.execute(sa.text("SELECT reason FROM credit_anomalies WHERE job_id = :j"), {"j": str(job)})
+            .scalars()
+            .all()
+        )
     assert "reconcile_exhausted" in reasons

@@ -24,10 +24,18 @@ def batch(db, sandbox, instance, media_dir):
     """Four KIE jobs reconciled as ONE batch run (recovered, failed upstream, two still running),
     then a second tick on the still-running ones and a sweep of a legacy row."""
     user = make_user(db)
-    recovered, recovered_task = stale_job_with_task(db, sandbox, "kie-standard", Scenario(polls_before_done=0), user=user, minutes=60)[1:]
-    failed, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="fail", polls_before_done=0), user=user, minutes=60)[1:]
-    running, running_task = stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), user=user, minutes=60)[1:]
-    running2, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), user=user, minutes=60)[1:]
+    recovered, recovered_task = stale_job_with_task(
+        db, sandbox, "kie-standard", Scenario(polls_before_done=0), user=user, minutes=60
+    )[1:]
+    failed, _ = stale_job_with_task(
+        db, sandbox, "kie-standard", Scenario(outcome="fail", polls_before_done=0), user=user, minutes=60
+    )[1:]
+    running, running_task = stale_job_with_task(
+        db, sandbox, "kie-standard", Scenario(outcome="run_forever"), user=user, minutes=60
+    )[1:]
+    running2, _ = stale_job_with_task(
+        db, sandbox, "kie-standard", Scenario(outcome="run_forever"), user=user, minutes=60
+    )[1:]
     legacy = make_job(db, user, created_minutes_ago=200)  # past the 3-hour pre-call budget
     reserve(db, legacy, user, 5)
     defs = make_defs(media_dir, single_run_below=2, cadence_seconds=0)

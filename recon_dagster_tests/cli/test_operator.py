@@ -136,7 +136,10 @@ def test_the_launchpad_jobs_record_the_operator_and_the_run_and_fail_a_terminal_
     [event] = _events(db, job, FAIL)
     assert event.run_id == res.run_id
     assert event.detail == f"by erin (Dagster run {res.run_id[:8]}): dead task"
-    assert f"operator_failed by erin (Dagster run {res.run_id[:8]}): dead task" in job_row(db, job)["error_message"]
+    assert (
+        f"operator_failed by erin (Dagster run {res.run_id[:8]}): dead task"
+        in job_row(db, job)["error_message"]
+    )
     run = instance.get_run_by_id(res.run_id)
     assert (run.tags["recon/operator"], run.tags["recon/job"]) == ("erin", str(job))
     assert not again.success and not retry.success
@@ -178,7 +181,9 @@ def test_a_blank_operator_or_reason_is_refused_in_one_line_and_changes_nothing(
     op = "fail_and_refund_now_op" if job_name == "fail_and_refund_job" else "retry_now_op"
 
     res = defs.resolve_job_def(job_name).execute_in_process(
-        run_config={"ops": {op: {"config": _action(job, **{blank: "   "})}}}, instance=instance, raise_on_error=False
+        run_config={"ops": {op: {"config": _action(job, **{blank: "   "})}}},
+        instance=instance,
+        raise_on_error=False,
     )
 
     assert not res.success
@@ -256,7 +261,9 @@ def test_the_health_job_materializes_stuck_jobs_with_its_table(db, instance, med
     defs = make_defs(media_dir)
     tick(defs, instance)
 
-    res = defs.resolve_job_def("reconcile_health_job").execute_in_process(instance=instance, raise_on_error=False)
+    res = defs.resolve_job_def("reconcile_health_job").execute_in_process(
+        instance=instance, raise_on_error=False
+    )
 
     assert res.success, [e.message for e in res.all_events if e.is_failure]
     event = instance.get_latest_materialization_event(dg.AssetKey("stuck_jobs"))

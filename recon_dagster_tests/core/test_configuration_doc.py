@@ -61,7 +61,11 @@ def _module_constants() -> dict[str, str]:
     constants: dict[str, str] = {}
     for path in _sources():
         for node in ast.parse(path.read_text()).body:
-            value = node.value.value if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) else None
+            value = (
+                node.value.value
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                else None
+            )
             if isinstance(node, ast.Assign) and isinstance(value, str) and value.startswith("RECON_"):
                 constants.update({t.id: value for t in node.targets if isinstance(t, ast.Name)})
     return constants
@@ -82,7 +86,9 @@ def _environ_reads(tree: ast.AST, constants: dict[str, str]) -> list[tuple[int, 
         target = None
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
             source = ast.unparse(node.func.value)
-            if (node.func.attr == "get" and source.endswith("environ")) or ast.unparse(node.func) == "os.getenv":
+            if (node.func.attr == "get" and source.endswith("environ")) or ast.unparse(
+                node.func
+            ) == "os.getenv":
                 target = node.args[0]
         elif (
             isinstance(node, ast.Subscript)
@@ -134,7 +140,12 @@ def test_a_bad_value_is_one_line_naming_its_variable_and_unset_is_the_default() 
 
 def test_secrets_are_never_read_through_config() -> None:
     secrets = [s for s in config.SETTINGS.values() if s.secret]
-    assert {s.name for s in secrets} >= {"KIE_API_KEY", "REPLICATE_API_TOKEN", "ELEVENLABS_API_KEY", "ANTHROPIC_API_KEY"}
+    assert {s.name for s in secrets} >= {
+        "KIE_API_KEY",
+        "REPLICATE_API_TOKEN",
+        "ELEVENLABS_API_KEY",
+        "ANTHROPIC_API_KEY",
+    }
     for s in secrets:
         with pytest.raises(KeyError):
             config.get(s.name, {s.name: "sk-live"})

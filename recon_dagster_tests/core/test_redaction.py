@@ -263,7 +263,9 @@ def test_a_webhook_url_masks_its_token_and_never_every_url_of_its_host():
     from recon_dagster.core.redaction import register_url_secret
 
     register_url_secret("http://127.0.0.1:34567/slack/services/T0/B0/slackwebhooktoken0123")
-    register_url_secret("https://x.logic.azure.com:443/workflows/5c0f/triggers/manual/paths/invoke?api-version=2016-06-01&sig=teamswebhooksig0123")
+    register_url_secret(
+        "https://x.logic.azure.com:443/workflows/5c0f/triggers/manual/paths/invoke?api-version=2016-06-01&sig=teamswebhooksig0123"
+    )
     text = (
         "media from http://127.0.0.1:34747/m/0.png; posted to "
         "http://127.0.0.1:34567/slack/services/T0/B0/slackwebhooktoken0123 and "

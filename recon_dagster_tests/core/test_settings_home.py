@@ -79,7 +79,9 @@ def test_a_read_is_typed_and_happens_when_asked(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("RECON_MAX_ATTEMPTS", " 5 ")
     assert settings().max_attempts == 5 and isinstance(settings().max_attempts, int)
     monkeypatch.setenv("RECON_MAX_ATTEMPTS", "abc")
-    with pytest.raises(ValueError, match=r"^RECON_MAX_ATTEMPTS must be a whole number from 1 to 1000, got 'abc'$"):
+    with pytest.raises(
+        ValueError, match=r"^RECON_MAX_ATTEMPTS must be a whole number from 1 to 1000, got 'abc'$"
+    ):
         settings().max_attempts  # noqa: B018
     assert settings({"RECON_LEASE_S": "60"}).lease_s == 60.0
     assert settings({}).limit_overrides("kie") == {}
@@ -122,5 +124,7 @@ def test_the_reader_search_sees_value_reads_and_name_uses(tmp_path: Path) -> Non
 def test_the_s3_store_does_not_import_the_store_that_imports_it() -> None:
     tree = ast.parse((PACKAGE / "media" / "s3_store.py").read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {
+        alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
     assert "recon_dagster.media.store" not in imported

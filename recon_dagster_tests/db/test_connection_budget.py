@@ -34,7 +34,9 @@ def unpinned() -> Iterator[None]:
 
 
 @pytest.mark.parametrize(("total", "runs"), [(6, 1), (20, 8), (30, 13), (31, 13), (32, 14), (100, 48)])
-def test_the_budget_has_room_for_the_code_server_an_operator_command_and_its_runs(total: int, runs: int) -> None:
+def test_the_budget_has_room_for_the_code_server_an_operator_command_and_its_runs(
+    total: int, runs: int
+) -> None:
     assert budget.most_runs_at_once(total) == runs
     assert budget.check_run_queue(runs, total) is None
     assert budget.check_run_queue(runs + 1, total) is not None

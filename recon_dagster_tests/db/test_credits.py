@@ -401,7 +401,10 @@ def test_refund_split_property_pools_get_back_exactly_the_reserved_amount(
     if amount == 0:
         return
     # The app writes numbers as doubles, and either records both parts or derives the top-up part.
-    meta = {"from_sub": float(sub), "from_topup": float(amount) - float(sub) if js_subtracts else float(topup)}
+    meta = {
+        "from_sub": float(sub),
+        "from_topup": float(amount) - float(sub) if js_subtracts else float(topup),
+    }
     user = make_user(db, sub=sub, topup=topup)
     job = make_job(db, user)
     log_id = reserve(db, job, user, amount, from_sub=sub, from_topup=topup)
@@ -432,7 +435,9 @@ def test_split_property_anomaly_only_when_the_metadata_really_disagrees(
     recorded_topup = topup + D(digits_off).scaleb(-4)
     meta = {
         "from_sub": float(sub),
-        "from_topup": float(amount + D(digits_off).scaleb(-4)) - float(sub) if js_subtracts else float(recorded_topup),
+        "from_topup": float(amount + D(digits_off).scaleb(-4)) - float(sub)
+        if js_subtracts
+        else float(recorded_topup),
     }
 
     to_sub, to_topup, usable = credits.split_refund(amount, meta)
@@ -459,7 +464,7 @@ def test_a_reservation_that_is_not_money_is_never_committed(db: sa.Engine, amoun
             conn.execute(
                 sa.text(
                     "INSERT INTO usage_logs (job_id, user_id, status, amount, metadata) "
-                    "VALUES (:j, :u, 'reserved', CAST(:a AS numeric), '{\"from_sub\": \"0\", \"from_topup\": \"0\"}')"
+                    'VALUES (:j, :u, \'reserved\', CAST(:a AS numeric), \'{"from_sub": "0", "from_topup": "0"}\')'
                 ),
                 {"j": str(job), "u": str(user), "a": amount},
             )
@@ -468,9 +473,13 @@ def test_a_reservation_that_is_not_money_is_never_committed(db: sa.Engine, amoun
 
             status = conn.execute(sa.text("SELECT status FROM usage_logs WHERE job_id = :j"), {"j": str(job)})
             assert status.scalar_one() == "reserved"
-            reasons = conn.execute(
-                sa.text("SELECT reason FROM credit_anomalies WHERE job_id = :j"), {"j": str(job)}
-            ).scalars().all()
+            reasons = (
+                conn.execute(
+                    sa.text("SELECT reason FROM credit_anomalies WHERE job_id = :j"), {"j": str(job)}
+                )
+                .scalars()
+                .all()
+            )
             assert reasons == ["invalid_credit_amount"]
         finally:
             tx.rollback()

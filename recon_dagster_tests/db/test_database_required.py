@@ -47,7 +47,9 @@ def test_the_code_server_refuses_to_load_and_exits(tmp_path: Path) -> None:
     env = _deployment_env(tmp_path)
     cmd = [sys.executable, "-m", "dagster", "api", "grpc", "-m", "recon_dagster.definitions",
            "-h", "127.0.0.1", "-p", str(free_port())]  # fmt: skip
-    server = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         _, stderr = server.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -74,7 +76,14 @@ def test_loading_the_definitions_fails_with_one_line_naming_the_variable(tmp_pat
 
 
 @pytest.mark.parametrize(
-    "command", [("reconcile", "--once"), ("status",), ("migrate",), ("plan", "--no-poll"), ("explain", "00000000-0000-0000-0000-000000000000")]
+    "command",
+    [
+        ("reconcile", "--once"),
+        ("status",),
+        ("migrate",),
+        ("plan", "--no-poll"),
+        ("explain", "00000000-0000-0000-0000-000000000000"),
+    ],
 )
 @pytest.mark.slow
 def test_database_commands_exit_1_with_one_line(tmp_path: Path, command: tuple[str, ...]) -> None:

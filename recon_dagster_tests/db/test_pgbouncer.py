@@ -21,7 +21,9 @@ from recon_dagster_tests.support.factories import job_row, make_job, make_user, 
 from recon_dagster_tests.support.pgbouncer import pgbouncer
 
 pytestmark = pytest.mark.skipif(
-    shutil.which("pgbouncer") is None and not Path("/usr/sbin/pgbouncer").exists() and os.environ.get("CI") is None,
+    shutil.which("pgbouncer") is None
+    and not Path("/usr/sbin/pgbouncer").exists()
+    and os.environ.get("CI") is None,
     reason="needs Debian's pgbouncer (apt-get install pgbouncer; .ci/run installs it)",
 )
 
@@ -43,7 +45,9 @@ def test_without_the_setting_prepared_statements_collide_behind_pgbouncer(databa
 
 
 @pytest.mark.slow
-def test_reconcile_once_through_pgbouncer_in_transaction_mode(db, sandbox, database_url: str, tmp_path: Path) -> None:
+def test_reconcile_once_through_pgbouncer_in_transaction_mode(
+    db, sandbox, database_url: str, tmp_path: Path
+) -> None:
     user = make_user(db, sub=10_000, topup=0)
     jobs = []
     # Enough jobs per run that every statement runs past psycopg's prepare threshold (5) on each of

@@ -73,7 +73,9 @@ class AlertTicks:
         return json.loads(self.cursor or "{}").get("open", {})
 
 
-def _check(instance: dg.DagsterInstance, name: str, passed: bool, description: str, asset: dg.AssetKey = HEALTH) -> None:
+def _check(
+    instance: dg.DagsterInstance, name: str, passed: bool, description: str, asset: dg.AssetKey = HEALTH
+) -> None:
     instance.report_runless_asset_event(
         dg.AssetCheckEvaluation(
             asset_key=asset,
@@ -133,10 +135,14 @@ def test_each_target_gets_one_alert_and_one_resolve_per_incident(instance, media
     }, ticks.messages
     assert ticks.open == {}
     # Every request the receiver got, it accepted: the payloads are the service's format.
-    assert all(r.status < 300 for r in receivers.received), [(r.path, r.status, r.body[:300]) for r in receivers.received]
+    assert all(r.status < 300 for r in receivers.received), [
+        (r.path, r.status, r.body[:300]) for r in receivers.received
+    ]
 
 
-def test_the_pagerduty_events_carry_one_dedup_key_per_check_and_provider_and_a_resolve(instance, media_dir, receivers):
+def test_the_pagerduty_events_carry_one_dedup_key_per_check_and_provider_and_a_resolve(
+    instance, media_dir, receivers
+):
     ticks = AlertTicks(make_defs(media_dir), instance, _targets(receivers, "pagerduty"))
     _check(instance, "replicate", False, "replicate DOWN: 5 of 6 job(s) got no answer (83%)")
     ticks()
@@ -148,7 +154,9 @@ def test_the_pagerduty_events_carry_one_dedup_key_per_check_and_provider_and_a_r
     assert trigger["dedup_key"] == resolve["dedup_key"] == "recon_dagster/check:provider_health:replicate"
     assert trigger["payload"]["severity"] == "error"
     assert trigger["payload"]["component"] == "replicate"
-    assert trigger["payload"]["summary"].startswith("replicate is DOWN (provider_health): replicate DOWN: 5 of 6")
+    assert trigger["payload"]["summary"].startswith(
+        "replicate is DOWN (provider_health): replicate DOWN: 5 of 6"
+    )
     assert trigger["links"][0]["href"] == "http://dagster.example:3000/assets/provider_health?view=checks"
     assert "payload" not in resolve
 
@@ -187,7 +195,10 @@ def test_warn_checks_alert_only_when_asked(instance, media_dir, receivers, monke
     def warn(passed: bool) -> None:
         instance.report_runless_asset_event(
             dg.AssetCheckEvaluation(
-                asset_key=backlog, check_name="no_stuck_jobs", passed=passed, severity=dg.AssetCheckSeverity.WARN
+                asset_key=backlog,
+                check_name="no_stuck_jobs",
+                passed=passed,
+                severity=dg.AssetCheckSeverity.WARN,
             )
         )
 
@@ -210,7 +221,9 @@ def test_warn_checks_alert_only_when_asked(instance, media_dir, receivers, monke
 
 def _due_again(db: sa.Engine) -> None:
     with db.begin() as conn:
-        conn.execute(sa.text("UPDATE jobs SET reconcile_next_at = now() WHERE status IN ('pending', 'processing')"))
+        conn.execute(
+            sa.text("UPDATE jobs SET reconcile_next_at = now() WHERE status IN ('pending', 'processing')")
+        )
 
 
 def test_an_outage_pages_once_names_the_provider_and_resolves_when_it_answers(
@@ -223,7 +236,13 @@ def test_an_outage_pages_once_names_the_provider_and_resolves_when_it_answers(
     for name, value in receivers.env().items():
         monkeypatch.setenv(name, value)
     eleven = [
-        stale_job_with_task(db, sandbox, "elevenlabs-async", Scenario(server_error_first=10, outcome="run_forever"), job_type="audio")[1]
+        stale_job_with_task(
+            db,
+            sandbox,
+            "elevenlabs-async",
+            Scenario(server_error_first=10, outcome="run_forever"),
+            job_type="audio",
+        )[1]
         for _ in range(4)
     ]
     for _ in range(2):
@@ -240,7 +259,9 @@ def test_an_outage_pages_once_names_the_provider_and_resolves_when_it_answers(
     ticks()
 
     opened = [body for body in (r.json for r in receivers.accepted("/hook/"))]
-    assert [(b["action"], b["key"]) for b in opened] == [("trigger", "check:provider_health:elevenlabs")], ticks.messages
+    assert [(b["action"], b["key"]) for b in opened] == [("trigger", "check:provider_health:elevenlabs")], (
+        ticks.messages
+    )
     assert "elevenlabs DOWN: 4 of 4 job(s) got no answer" in opened[0]["summary"]
     failed_runs = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
     assert failed_runs and {r.tags["recon/provider"] for r in failed_runs} == {"elevenlabs"}
@@ -288,7 +309,9 @@ def test_failing_runs_of_other_jobs_page_once_and_resolve_on_a_green_run(db, ins
 @contextmanager
 def _database_down() -> Iterator[None]:
     """The app database unreachable for the runs of this process: a port nobody listens on."""
-    down = sa.create_engine("postgresql+psycopg://nobody@127.0.0.1:9/none", connect_args={"connect_timeout": 2})
+    down = sa.create_engine(
+        "postgresql+psycopg://nobody@127.0.0.1:9/none", connect_args={"connect_timeout": 2}
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("recon_dagster.defs.resources.get_engine", lambda: down)
         yield
@@ -300,7 +323,9 @@ def test_outage_runs_below_the_health_threshold_fail_but_never_page_on_their_own
     """One job whose provider does not answer: its runs are red (an outage for that run), but a
     provider is DOWN only from RECON_HEALTH_MIN_JOBS distinct jobs, and the health check is the one
     provider-outage alert: no page, whatever the number of failed runs."""
-    stale_job_with_task(db, sandbox, "replicate-prediction", Scenario(server_error_first=1000, outcome="run_forever"))
+    stale_job_with_task(
+        db, sandbox, "replicate-prediction", Scenario(server_error_first=1000, outcome="run_forever")
+    )
     defs = make_defs(media_dir, cadence_seconds=0)
     ticks = AlertTicks(defs, instance, _targets(receivers, "webhook"))
     ticks()
@@ -314,7 +339,9 @@ def test_outage_runs_below_the_health_threshold_fail_but_never_page_on_their_own
     assert receivers.received == [], ticks.messages
 
 
-def test_a_run_whose_only_job_had_its_own_bad_result_raises_no_alert(db, instance, media_dir, sandbox, receivers):
+def test_a_run_whose_only_job_had_its_own_bad_result_raises_no_alert(
+    db, instance, media_dir, sandbox, receivers
+):
     stale_job_with_task(db, sandbox, "kie-standard", Scenario(polls_before_done=0, media_kind="text"))
     defs = make_defs(media_dir, cadence_seconds=0)
     ticks = AlertTicks(defs, instance, _targets(receivers))
@@ -327,7 +354,9 @@ def test_a_run_whose_only_job_had_its_own_bad_result_raises_no_alert(db, instanc
     assert instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE])) == []
 
 
-def test_no_secret_reaches_a_target_the_cursor_or_the_log(db, instance, media_dir, sandbox, receivers, monkeypatch):
+def test_no_secret_reaches_a_target_the_cursor_or_the_log(
+    db, instance, media_dir, sandbox, receivers, monkeypatch
+):
     """A gateway that echoes the provider's key in its error: the alert says the provider is down,
     never the key; the targets' own URLs and secrets are in no payload, cursor or log line."""
     from recon_dagster.sandbox import DEFAULT_API_KEY
@@ -340,7 +369,13 @@ def test_no_secret_reaches_a_target_the_cursor_or_the_log(db, instance, media_di
     ticks()
 
     assert receivers.accepted("/hook/"), ticks.messages
-    forbidden = [DEFAULT_API_KEY, "slacktoken0123456789", "teamssig0123456789", "hooktoken0123456789", "hooksecret0123456789"]
+    forbidden = [
+        DEFAULT_API_KEY,
+        "slacktoken0123456789",
+        "teamssig0123456789",
+        "hooktoken0123456789",
+        "hooksecret0123456789",
+    ]
     for req in receivers.received:
         body = req.body.decode()
         assert not [s for s in forbidden if s in body], (req.path, body[:500])

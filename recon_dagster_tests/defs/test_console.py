@@ -84,7 +84,9 @@ def _failed_checks(instance: dg.DagsterInstance) -> list[tuple[str, str]]:
 
 
 def test_a_force_fail_at_the_cap_is_a_warning_and_fails_a_check(db, instance, media_dir, sandbox):
-    job = stale_job_id(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 1)
+    job = stale_job_id(
+        db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 1
+    )
 
     tick(make_defs(media_dir), instance)
 
@@ -173,7 +175,9 @@ def test_provider_health_turns_red_for_the_failing_provider_from_the_runs_that_p
     db, instance, media_dir, sandbox
 ):
     for _ in range(6):
-        stale_job_id(db, sandbox, "replicate-prediction", Scenario(polls_before_done=0, server_error_first=1000))
+        stale_job_id(
+            db, sandbox, "replicate-prediction", Scenario(polls_before_done=0, server_error_first=1000)
+        )
     stale_job_id(db, sandbox, "kie-standard")
 
     tick(make_defs(media_dir, batch_size=10, single_run_below=2), instance)
@@ -189,7 +193,9 @@ def test_provider_health_turns_red_for_the_failing_provider_from_the_runs_that_p
     ]
     assert "kie" in passed
     # Idle providers (no job polled in the window) are neither red nor green: not evaluated.
-    assert not {"elevenlabs", "anthropic"} & {c for _, c in failed} and not {"elevenlabs", "anthropic"} & set(passed)
+    assert not {"elevenlabs", "anthropic"} & {c for _, c in failed} and not {"elevenlabs", "anthropic"} & set(
+        passed
+    )
     # The runs log check evaluations only: the asset's table is the health schedule's.
     assert instance.get_latest_materialization_event(dg.AssetKey("provider_health")) is None
 
@@ -229,7 +235,9 @@ def test_a_run_of_one_provider_leaves_every_busy_providers_health_check_shown(
     must not turn Replicate's red check into "Not evaluated" in the middle of its outage. Idle
     providers (no job polled in the window) are left unevaluated: neither red nor green."""
     for _ in range(6):
-        stale_job_id(db, sandbox, "replicate-prediction", Scenario(polls_before_done=0, server_error_first=1000))
+        stale_job_id(
+            db, sandbox, "replicate-prediction", Scenario(polls_before_done=0, server_error_first=1000)
+        )
     tick(make_defs(media_dir, batch_size=10, single_run_below=2), instance)
     assert _latest_health_checks(instance)["replicate"] is False
 
@@ -299,7 +307,9 @@ def test_a_failed_runs_alert_reason_is_one_line_without_dagster_internals(db, in
     ][:1]
     steps = [e.dagster_event for e in instance.all_logs(run, of_type=dg.DagsterEventType.STEP_FAILURE)]
     reason = failure_reason(steps, "Execution of run failed. Steps failed: ['outage_check'].")
-    assert reason.startswith("kie outage: none of the 2 job(s) of this run got an answer; each attempt was counted")
+    assert reason.startswith(
+        "kie outage: none of the 2 job(s) of this run got an answer; each attempt was counted"
+    )
     assert "\n" not in reason and "Steps failed" not in reason and "Traceback" not in reason
     # The failed step is the outage check, with the reason and the first errors as its metadata;
     # the bookkeeping before it (outcomes, health, severity) succeeded.
@@ -335,7 +345,12 @@ def test_each_run_adds_a_point_to_its_providers_outcome_series(db, instance, med
     # flat zero series of a kind it did not touch.
     assert not any(k.endswith("/kie-suno") for p in points for k in p)
     assert all(p["jobs/kie-standard"].value >= 1 for p in points if "jobs/kie-standard" in p)
-    assert all(f"{name}/{kind}" in p for p in points for kind in {k.split("/")[1] for k in p} for name in ("recovered", "errors", "still_running"))
+    assert all(
+        f"{name}/{kind}" in p
+        for p in points
+        for kind in {k.split("/")[1] for k in p}
+        for name in ("recovered", "errors", "still_running")
+    )
     assert sum(p["recovered/kie-standard"].value for p in points if "recovered/kie-standard" in p) == 2
     assert sum(p["failed_refunded/kie-veo"].value for p in points if "failed_refunded/kie-veo" in p) == 1
     assert instance.fetch_materializations(provider_outcomes_key("replicate"), limit=1).records == []

@@ -36,7 +36,12 @@ def test_definitions_load_with_every_job_sensor_and_schedule():
         "shadow_agreement_schedule",
     }
     assert set(defs.resources) >= {
-        "database", "providers", "media_store", "reconcile_settings", "handoff_io_manager", "alert_targets"
+        "database",
+        "providers",
+        "media_store",
+        "reconcile_settings",
+        "handoff_io_manager",
+        "alert_targets",
     }
 
 

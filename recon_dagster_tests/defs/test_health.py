@@ -30,8 +30,16 @@ TEXT_INSTEAD_OF_IMAGE = (
 # (kind, job type, scenario) of a job whose own result is bad, per provider.
 BAD_RESULTS = {
     "kie-text-result": ("kie-standard", "image", Scenario(polls_before_done=0, media_kind="text")),
-    "kie-unreadable-answer": ("kie-standard", "image", Scenario(polls_before_done=0, malformed=True, malformed_kind="unknown_state")),
-    "replicate-text-result": ("replicate-prediction", "image", Scenario(polls_before_done=0, media_kind="text")),
+    "kie-unreadable-answer": (
+        "kie-standard",
+        "image",
+        Scenario(polls_before_done=0, malformed=True, malformed_kind="unknown_state"),
+    ),
+    "replicate-text-result": (
+        "replicate-prediction",
+        "image",
+        Scenario(polls_before_done=0, media_kind="text"),
+    ),
     "kie-veo-media-gone": ("kie-veo", "video", Scenario(polls_before_done=0, media_status=500)),
 }
 
@@ -49,11 +57,15 @@ def _evaluations(instance: dg.DagsterInstance) -> list[tuple[str, bool, str]]:
 
 def _due_again(db: sa.Engine) -> None:
     with db.begin() as conn:
-        conn.execute(sa.text("UPDATE jobs SET reconcile_next_at = now() WHERE status IN ('pending', 'processing')"))
+        conn.execute(
+            sa.text("UPDATE jobs SET reconcile_next_at = now() WHERE status IN ('pending', 'processing')")
+        )
 
 
 @pytest.mark.parametrize("bad", sorted(BAD_RESULTS))
-def test_jobs_with_their_own_bad_result_never_make_their_provider_look_down(db, instance, media_dir, sandbox, bad):
+def test_jobs_with_their_own_bad_result_never_make_their_provider_look_down(
+    db, instance, media_dir, sandbox, bad
+):
     kind, job_type, scenario = BAD_RESULTS[bad]
     bad_jobs = [stale_job_with_task(db, sandbox, kind, scenario, job_type=job_type)[1] for _ in range(3)]
     for _ in range(3):  # healthy traffic of the same provider, answered "running"
@@ -87,7 +99,11 @@ def test_bad_results_alone_leave_the_provider_idle_not_down(db, instance, media_
     meta = result.asset_materializations_for_node("provider_health")[0].metadata
     assert meta["idle"].value == "kie, replicate, elevenlabs, anthropic"
     assert meta["down"].value == "none"
-    checks = [e.event_specific_data.check_name for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    checks = [
+        e.event_specific_data.check_name
+        for e in result.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION"
+    ]
     assert checks == []  # every check skipped: no provider was polled in the window
 
 
@@ -103,8 +119,18 @@ def test_an_outage_turns_that_provider_red_within_two_ticks_and_no_other(
     db, instance, media_dir, sandbox, down, down_kind, job_type
 ):
     for _ in range(4):
-        stale_job_with_task(db, sandbox, down_kind, Scenario(server_error_first=1000, outcome="run_forever"), job_type=job_type)
-    healthy = {"elevenlabs": ("elevenlabs-async", "audio"), "replicate": ("replicate-prediction", "image"), "kie": ("kie-standard", "image")}
+        stale_job_with_task(
+            db,
+            sandbox,
+            down_kind,
+            Scenario(server_error_first=1000, outcome="run_forever"),
+            job_type=job_type,
+        )
+    healthy = {
+        "elevenlabs": ("elevenlabs-async", "audio"),
+        "replicate": ("replicate-prediction", "image"),
+        "kie": ("kie-standard", "image"),
+    }
     for provider, (kind, jt) in healthy.items():
         if provider != down:
             for _ in range(2):
@@ -136,7 +162,11 @@ def test_the_reason_of_a_bad_result_is_whole_in_the_log_explain_stuck_jobs_and_t
     db, instance, media_dir, sandbox
 ):
     _, job, _ = stale_job_with_task(
-        db, sandbox, "kie-standard", Scenario(polls_before_done=0, media_kind="text"), attempts=MAX_ATTEMPTS - 2
+        db,
+        sandbox,
+        "kie-standard",
+        Scenario(polls_before_done=0, media_kind="text"),
+        attempts=MAX_ATTEMPTS - 2,
     )
     defs = make_defs(media_dir, cadence_seconds=0)
 
@@ -154,13 +184,19 @@ def test_the_reason_of_a_bad_result_is_whole_in_the_log_explain_stuck_jobs_and_t
 
     _due_again(db)
     tick(defs, instance)  # attempt 18: force-failed and refunded at the cap
-    second = next(r for r in instance.get_runs(filters=dg.RunsFilter(job_name="reconcile_job")) if r.run_id != first.run_id)
+    second = next(
+        r
+        for r in instance.get_runs(filters=dg.RunsFilter(job_name="reconcile_job"))
+        if r.run_id != first.run_id
+    )
     # Money moved at the cap: the run did its work (green), but says so on its row.
     assert second.status == dg.DagsterRunStatus.SUCCESS and second.tags["recon/outcome"] == "refunded_at_cap"
     assert job_row(db, job)["status"] == "failed"
     with db.connect() as conn:
         details = conn.execute(
-            sa.text("SELECT details FROM credit_anomalies WHERE job_id = :j AND reason = 'reconcile_exhausted'"),
+            sa.text(
+                "SELECT details FROM credit_anomalies WHERE job_id = :j AND reason = 'reconcile_exhausted'"
+            ),
             {"j": str(job)},
         ).scalar_one()
     assert details["last_error"] == reason
@@ -171,7 +207,9 @@ def test_a_long_reason_is_cut_at_a_word_in_stuck_jobs(db, sandbox):
     _, job, _ = stale_job_with_task(db, sandbox, "kie-standard", attempts=3)
     long = "unusable result: " + " ".join(f"word{i}" for i in range(200))
     with db.begin() as conn:
-        conn.execute(sa.text("UPDATE jobs SET reconcile_last_error = :e WHERE id = :j"), {"e": long, "j": str(job)})
+        conn.execute(
+            sa.text("UPDATE jobs SET reconcile_last_error = :e WHERE id = :j"), {"e": long, "j": str(job)}
+        )
     with db.connect() as conn:
         [row] = [r for r in stuck_rows(conn) if r["job_id"] == str(job)]
     shown = row["last_upstream"]

@@ -27,7 +27,9 @@ def test_explain_job_numbers_its_runs_by_time_and_names_both_counts(db, instance
     )
 
     meta = result.output_for_node("explain_job_story")
-    entries = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"][0].event_specific_data.metadata
+    entries = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"][
+        0
+    ].event_specific_data.metadata
     labels = [k for k in entries if k.startswith("run ")]
     assert labels == ["run 1 (attempt 1)", "run 2 (attempt 2)", "run 3 (attempt 3)"], labels
     assert [entries[k].value.rsplit("/", 1)[1] for k in labels] == runs  # the first run is run 1
@@ -54,7 +56,9 @@ def test_an_intended_failure_prints_its_reason_without_dagster_frames(capfd):
 
     assert not intended.execute_in_process(raise_on_error=False).success
     printed = capfd.readouterr().err
-    assert printed.count("elevenlabs outage: none of the 3 job(s) of this run got an answer") == 2  # step, run
+    assert (
+        printed.count("elevenlabs outage: none of the 3 job(s) of this run got an answer") == 2
+    )  # step, run
     assert "Stack Trace:" not in printed and 'File "' not in printed
     assert "its stack trace is in the run's event log" in printed
 

@@ -37,7 +37,9 @@ def _backlog(db: sa.Engine, kind: str, n: int) -> list[uuid.UUID]:
     user = make_user(db)
     stale = KINDS[kind].stale_threshold.total_seconds() / 60
     return [
-        make_job(db, user, provider_kind=kind, provider_task_id=f"{kind}-{i}", started_minutes_ago=stale + 60 + i)
+        make_job(
+            db, user, provider_kind=kind, provider_task_id=f"{kind}-{i}", started_minutes_ago=stale + 60 + i
+        )
         for i in range(n)
     ]
 
@@ -55,7 +57,9 @@ def _requested(result) -> Counter[str]:
     """Jobs requested per kind."""
     out: Counter[str] = Counter()
     for rr in result.run_requests or []:
-        out[rr.tags["recon/provider_kind"]] += len(rr.run_config["ops"]["claim_and_poll"]["config"]["job_ids"])
+        out[rr.tags["recon/provider_kind"]] += len(
+            rr.run_config["ops"]["claim_and_poll"]["config"]["job_ids"]
+        )
     return out
 
 
@@ -71,7 +75,10 @@ def budgets(monkeypatch):
 def test_a_tick_requests_no_more_polls_than_a_cadence_of_the_budget_fairly_across_kinds(
     db, instance, media_dir, budgets
 ) -> None:
-    kie = {kind: _backlog(db, kind, n) for kind, n in (("kie-lip-sync", 60), ("kie-veo", 40), ("kie-standard", 10))}
+    kie = {
+        kind: _backlog(db, kind, n)
+        for kind, n in (("kie-lip-sync", 60), ("kie-veo", 40), ("kie-standard", 10))
+    }
     replicate = _backlog(db, "replicate-prediction", 50)
     defs = make_defs(media_dir, cadence_seconds=CADENCE_S, batch_size=25, single_run_below=2)
 
@@ -90,7 +97,10 @@ def test_a_tick_requests_no_more_polls_than_a_cadence_of_the_budget_fairly_acros
     # Whole batches: the budget never cuts a backlog into runs of a few jobs each.
     assert all(n == kie_batch for k in ("kie-lip-sync", "kie-veo") for n in sizes[k]), sizes
     # The rest wait their turn: no lease, no attempt, nothing written by the sensor.
-    assert one(db, "SELECT count(*) FROM jobs WHERE reconcile_lease_owner IS NOT NULL OR reconcile_attempts > 0") == 0
+    assert (
+        one(db, "SELECT count(*) FROM jobs WHERE reconcile_lease_owner IS NOT NULL OR reconcile_attempts > 0")
+        == 0
+    )
     assert len(replicate) == 50
 
 
@@ -127,7 +137,9 @@ def test_whole_batches_in_fair_turns_and_a_provider_with_nothing_in_flight_never
     # Turn one: the late kie-standard job first (smallest), then lip-sync's first batch; turn two:
     # lip-sync's second (41 of 45); its third would pass the budget: it and the rest wait.
     assert [b.run_key for b in now if b.provider_kind != "elevenlabs-async"] == [
-        late[0].run_key, lip[0].run_key, lip[1].run_key
+        late[0].run_key,
+        lip[0].run_key,
+        lip[1].run_key,
     ]
     assert [b.run_key for b in later] == [lip[2].run_key]
     assert all(b in now for b in eleven)  # no read budget: no cap

@@ -143,8 +143,12 @@ class _Crash(BaseException):
     """The run's process dies mid-attempt (not an exception any handler would catch)."""
 
 
-def test_a_job_whose_runs_keep_crashing_is_force_failed_at_the_cap(db, instance, media_dir, sandbox, monkeypatch):
-    user, job, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 4)
+def test_a_job_whose_runs_keep_crashing_is_force_failed_at_the_cap(
+    db, instance, media_dir, sandbox, monkeypatch
+):
+    user, job, _ = stale_job_with_task(
+        db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 4
+    )
 
     def crash(self, kind, task_id):
         raise _Crash()
@@ -218,8 +222,12 @@ def _events(db: sa.Engine, job: uuid.UUID) -> list:
         )
 
 
-def test_the_attempt_tag_equals_the_attempt_in_the_log_and_events_link_the_run(db, instance, media_dir, sandbox):
-    _, job, _ = stale_job_with_task(db, sandbox, "replicate-prediction", Scenario(outcome="run_forever"), attempts=3)
+def test_the_attempt_tag_equals_the_attempt_in_the_log_and_events_link_the_run(
+    db, instance, media_dir, sandbox
+):
+    _, job, _ = stale_job_with_task(
+        db, sandbox, "replicate-prediction", Scenario(outcome="run_forever"), attempts=3
+    )
     defs = make_defs(media_dir)
     [rr] = evaluate_sensor(defs, instance).run_requests
 
@@ -228,7 +236,12 @@ def test_the_attempt_tag_equals_the_attempt_in_the_log_and_events_link_the_run(d
     assert rr.tags[ATTEMPT_TAG] == "4"
     assert rr.run_key == f"{job}:4"
     [event] = _events(db, job)
-    assert (event.attempt, event.outcome, event.run_key, event.run_id) == (4, "still_running", rr.run_key, result.run_id)
+    assert (event.attempt, event.outcome, event.run_key, event.run_id) == (
+        4,
+        "still_running",
+        rr.run_key,
+        result.run_id,
+    )
     assert job_row(db, job)["reconcile_attempts"] == 4
     logs = [e.user_message for e in instance.all_logs(result.run_id)]
     assert any(f"job {job} [replicate-prediction] attempt 4:" in m for m in logs)
@@ -245,14 +258,21 @@ def test_the_run_graph_shows_the_design_cards_steps(db, instance, media_dir, san
 
     steps = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SUCCESS"}
     assert steps == {
-        "claim_and_poll", "finalize_succeeded", "fail_and_refund", "count_attempts", "record_outcomes", "outage_check"
+        "claim_and_poll",
+        "finalize_succeeded",
+        "fail_and_refund",
+        "count_attempts",
+        "record_outcomes",
+        "outage_check",
     }
     assert [o.outcome.value for o in result.output_for_node("finalize_succeeded")] == ["recovered"]
     assert [o.outcome.value for o in result.output_for_node("fail_and_refund")] == ["failed"]
     assert [o.outcome.value for o in result.output_for_node("count_attempts")] == ["still_running"]
     # A batch run lists its job ids in its metadata.
     [report] = [
-        e for e in result.all_events if e.event_type_value == "STEP_OUTPUT" and e.step_key == "record_outcomes"
+        e
+        for e in result.all_events
+        if e.event_type_value == "STEP_OUTPUT" and e.step_key == "record_outcomes"
     ]
     listed = report.event_specific_data.metadata["job_ids"].value
     assert sorted(listed) == sorted(rr.run_config["ops"]["claim_and_poll"]["config"]["job_ids"])
@@ -279,7 +299,9 @@ def _materializations(instance: dg.DagsterInstance, key: str) -> list:
 def test_each_run_records_its_outcomes_per_provider_kind(db, instance, media_dir, sandbox):
     stale_job_with_task(db, sandbox, "kie-standard")
     stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="fail", polls_before_done=0))
-    stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 1)
+    stale_job_with_task(
+        db, sandbox, "kie-standard", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 1
+    )
     stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="run_forever"))
     defs = make_defs(media_dir, single_run_below=2)
 
@@ -299,7 +321,9 @@ def test_each_run_records_its_outcomes_per_provider_kind(db, instance, media_dir
 
 def test_a_run_in_which_every_job_errored_fails_after_counting_attempts(db, instance, media_dir, sandbox):
     jobs = [
-        stale_job_with_task(db, sandbox, "kie-standard", Scenario(server_error_first=1000, polls_before_done=0))[1]
+        stale_job_with_task(
+            db, sandbox, "kie-standard", Scenario(server_error_first=1000, polls_before_done=0)
+        )[1]
         for _ in range(3)
     ]
     defs = make_defs(media_dir, single_run_below=2)
@@ -310,7 +334,11 @@ def test_a_run_in_which_every_job_errored_fails_after_counting_attempts(db, inst
     assert report.summary.errors == 3
     for job in jobs:
         row = job_row(db, job)
-        assert (row["status"], row["reconcile_attempts"], row["reconcile_lease_owner"]) == ("processing", 1, None)
+        assert (row["status"], row["reconcile_attempts"], row["reconcile_lease_owner"]) == (
+            "processing",
+            1,
+            None,
+        )
     [run] = instance.get_runs(filters=dg.RunsFilter(job_name="reconcile_job"))
     assert run.status == dg.DagsterRunStatus.FAILURE
     [m] = _materializations(instance, "reconcile_outcomes")  # recorded before the run failed
@@ -327,20 +355,28 @@ def test_partial_errors_keep_the_run_green_and_log_a_warning(db, instance, media
 
     assert result.success
     warnings = [
-        e for e in instance.all_logs(result.run_id) if e.level == 30 and "1 of 2 job(s) errored" in e.user_message
+        e
+        for e in instance.all_logs(result.run_id)
+        if e.level == 30 and "1 of 2 job(s) errored" in e.user_message
     ]
     assert warnings
 
 
 def test_health_checks_fail_on_an_outage_and_on_a_force_fail(db, instance, media_dir, sandbox):
     for _ in range(6):
-        stale_job_with_task(db, sandbox, "kie-standard", Scenario(server_error_first=1000, polls_before_done=0))
-    stale_job_with_task(db, sandbox, "replicate-prediction", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 1)
+        stale_job_with_task(
+            db, sandbox, "kie-standard", Scenario(server_error_first=1000, polls_before_done=0)
+        )
+    stale_job_with_task(
+        db, sandbox, "replicate-prediction", Scenario(outcome="run_forever"), attempts=MAX_ATTEMPTS - 1
+    )
     stale_job_with_task(db, sandbox, "replicate-prediction")
     defs = make_defs(media_dir, single_run_below=100)
     tick(defs, instance)
 
-    result = defs.resolve_job_def("reconcile_health_job").execute_in_process(instance=instance, raise_on_error=False)
+    result = defs.resolve_job_def("reconcile_health_job").execute_in_process(
+        instance=instance, raise_on_error=False
+    )
 
     checks = {
         e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
@@ -446,7 +482,9 @@ def test_the_sweep_records_its_outcomes_too(db, instance, media_dir, sandbox):
         ({"job_ids": [str(uuid.uuid4())], "attempts": [True]}, "attempts[0] is True"),
     ],
 )
-def test_a_malformed_batch_config_fails_the_run_naming_the_field(db, instance, media_dir, sandbox, config, named):
+def test_a_malformed_batch_config_fails_the_run_naming_the_field(
+    db, instance, media_dir, sandbox, config, named
+):
     """The batch lists are typed ``Any`` for Dagster (it would walk them element by element on
     every resolve of the run's config); the op's config checks them instead, before any claim."""
     _, job, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(polls_before_done=0))

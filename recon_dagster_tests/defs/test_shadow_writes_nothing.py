@@ -30,7 +30,12 @@ pytestmark = pytest.mark.timeout(600)
 
 # Values for config fields the definitions ask for by name; a required field not here fails the
 # test with its path, so a new job's config is a one-line addition, never a silent skip.
-KNOWN_FIELDS: dict[str, Any] = {"reason": "shadow probe", "operator": "shadow-probe", "kind": None, "no_poll": False}
+KNOWN_FIELDS: dict[str, Any] = {
+    "reason": "shadow probe",
+    "operator": "shadow-probe",
+    "kind": None,
+    "no_poll": False,
+}
 
 
 def _legacy_training(db: sa.Engine, sandbox: Any) -> uuid.UUID:
@@ -68,7 +73,9 @@ def _impossible_waits(db: sa.Engine, sandbox: Any) -> dict[str, uuid.UUID]:
         literal = f"'{value}'" if value == "infinity" else value
         with db.begin() as conn:
             conn.execute(
-                sa.text(f"UPDATE jobs SET {column} = {literal}, reconcile_lease_owner = 'ghost' WHERE id = :j"),
+                sa.text(
+                    f"UPDATE jobs SET {column} = {literal}, reconcile_lease_owner = 'ghost' WHERE id = :j"
+                ),
                 {"j": str(job)},
             )
         out[name] = job
@@ -126,7 +133,9 @@ def _launch_every_job(defs: dg.Definitions, instance: dg.DagsterInstance, job_id
     return launched
 
 
-def _execute(defs: dg.Definitions, instance: dg.DagsterInstance, requests: list, default_job: str | None) -> None:
+def _execute(
+    defs: dg.Definitions, instance: dg.DagsterInstance, requests: list, default_job: str | None
+) -> None:
     for rr in requests or []:
         job = defs.resolve_job_def(rr.job_name or default_job)
         job.execute_in_process(
@@ -146,7 +155,9 @@ def _tick_every_schedule_and_sensor(defs: dg.Definitions, instance: dg.DagsterIn
         seen.add(schedule.name)
     for sensor in repo.sensor_defs:
         if isinstance(sensor, dg.RunStatusSensorDefinition):
-            [failed] = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]), limit=1)
+            [failed] = instance.get_runs(
+                filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]), limit=1
+            )
             [event] = instance.all_logs(failed.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
             ctx = dg.build_run_status_sensor_context(
                 sensor_name=sensor.name, dagster_event=event.dagster_event, dagster_instance=instance,
@@ -165,7 +176,9 @@ def _tick_every_schedule_and_sensor(defs: dg.Definitions, instance: dg.DagsterIn
     return seen
 
 
-def test_in_shadow_no_job_schedule_or_sensor_changes_an_app_table(db, sandbox, media_dir, instance, monkeypatch):
+def test_in_shadow_no_job_schedule_or_sensor_changes_an_app_table(
+    db, sandbox, media_dir, instance, monkeypatch
+):
     monkeypatch.setenv("RECON_MODE", "shadow")
     world = seed_world(db, sandbox)
     world["legacy_training"] = _legacy_training(db, sandbox)
@@ -176,7 +189,17 @@ def test_in_shadow_no_job_schedule_or_sensor_changes_an_app_table(db, sandbox, m
 
     # Jobs that take a job id run once per job of a different kind or state (every mode path:
     # async kinds of three providers, a sync kind, no kind, a legacy training, one at its cap).
-    ids = [str(world[n]) for n in ("complete", "complete_twice_reserved", "sweep_sync", "sweep_legacy", "legacy_training", "force_fail")]
+    ids = [
+        str(world[n])
+        for n in (
+            "complete",
+            "complete_twice_reserved",
+            "sweep_sync",
+            "sweep_legacy",
+            "legacy_training",
+            "force_fail",
+        )
+    ]
     launched = _launch_every_job(defs, instance, ids)
     ticked = _tick_every_schedule_and_sensor(defs, instance)
 
@@ -192,7 +215,9 @@ def test_in_shadow_no_job_schedule_or_sensor_changes_an_app_table(db, sandbox, m
 
 def _tables(db: sa.Engine) -> list[str]:
     with db.connect() as conn:
-        return list(conn.execute(sa.text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")).scalars())
+        return list(
+            conn.execute(sa.text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")).scalars()
+        )
 
 
 # -- a mixed rollout clamps its enforced kinds ------------------------------------------------
@@ -227,9 +252,17 @@ def test_with_a_kind_shadowed_the_sweep_still_clamps_enforced_kinds_and_decides_
         assert lease_s is not None and float(lease_s) <= 900 + 5, (name, lease_s)  # today: untouched
         assert one(db, "SELECT count(*) FROM credit_anomalies WHERE job_id = :j", j=jobs[name]) == 1
     # Shadowed: not written (its lease still runs to infinity), no anomaly; a clamp decision instead.
-    assert one(db, "SELECT reconcile_lease_expires_at = 'infinity' FROM jobs WHERE id = :j", j=jobs["veo_lease_forever"])
-    assert one(db, "SELECT count(*) FROM credit_anomalies WHERE job_id = :j", j=jobs["veo_lease_forever"]) == 0
+    assert one(
+        db,
+        "SELECT reconcile_lease_expires_at = 'infinity' FROM jobs WHERE id = :j",
+        j=jobs["veo_lease_forever"],
+    )
+    assert (
+        one(db, "SELECT count(*) FROM credit_anomalies WHERE job_id = :j", j=jobs["veo_lease_forever"]) == 0
+    )
     action, reason = one(
-        db, "SELECT array[action, reason] FROM reconcile_decisions WHERE job_id = :j", j=jobs["veo_lease_forever"]
+        db,
+        "SELECT array[action, reason] FROM reconcile_decisions WHERE job_id = :j",
+        j=jobs["veo_lease_forever"],
     )
     assert action == "clamp" and "lease_beyond_ttl" in reason

@@ -196,7 +196,9 @@ def test_7_the_catalog_lists_the_health_assets_and_the_outcome_series_plot_real_
     text = console.text()
     assert "errors/replicate-prediction" in text
     # Written by every run, and the asset's Automation section says so.
-    assert "written by every reconcile_job and sync_sweep_job run" in text and "No automations found" not in text
+    assert (
+        "written by every reconcile_job and sync_sweep_job run" in text and "No automations found" not in text
+    )
     console.shot("console-outcome-plots")
 
 

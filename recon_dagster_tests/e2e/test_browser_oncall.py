@@ -56,9 +56,16 @@ def _seed(engine: sa.Engine, sandbox: Any) -> dict[str, Any]:
             job("elevenlabs-async", Scenario(server_error_first=100_000), "audio", started_minutes_ago=30)
             for _ in range(6)
         ],
-        "veo": [job("kie-veo", Scenario(polls_before_done=0), "video", started_minutes_ago=60) for _ in range(3)],
+        "veo": [
+            job("kie-veo", Scenario(polls_before_done=0), "video", started_minutes_ago=60) for _ in range(3)
+        ],
         "bad": [
-            job("kie-standard", Scenario(polls_before_done=0, media_kind="text"), "image", started_minutes_ago=30)
+            job(
+                "kie-standard",
+                Scenario(polls_before_done=0, media_kind="text"),
+                "image",
+                started_minutes_ago=30,
+            )
             for _ in range(2)
         ],
         "training": job(
@@ -115,7 +122,13 @@ def oncall(engine: sa.Engine, database_url: str, tmp_path_factory: pytest.TempPa
         (home.path / ".nux").mkdir()
         (home.path / ".nux" / "nux.yaml").write_text("seen: 1\n")
         with dagster_dev_process(home, env, port=port) as dev:
-            everyone = [*seeded["eleven"], *seeded["veo"], *seeded["bad"], seeded["training"], *seeded["running"]]
+            everyone = [
+                *seeded["eleven"],
+                *seeded["veo"],
+                *seeded["bad"],
+                seeded["training"],
+                *seeded["running"],
+            ]
             # Every job worked, and the bad KIE jobs retried (their errors pile up as in the issue).
             wait_for(
                 lambda: _attempts(engine, everyone) >= 1 and _attempts(engine, seeded["bad"]) >= 3,
@@ -218,6 +231,8 @@ def test_the_bad_result_says_what_came_back_in_stuck_jobs_and_its_run_log(consol
     run_id = next(a.run_id for a in reversed(story.attempts) if a.run_id)
     page = console.open(f"/runs/{run_id}", wait_text="reconcile")
     page.get_by_placeholder("Filter", exact=False).first.fill(str(bad))
-    page.get_by_text("unusable result: upstream succeeded with no media", exact=False).first.wait_for(timeout=60_000)
+    page.get_by_text("unusable result: upstream succeeded with no media", exact=False).first.wait_for(
+        timeout=60_000
+    )
     page.get_by_text(WHERE_AN_IMAGE_WAS_PROMISED, exact=False).first.wait_for(timeout=30_000)
     console.shot("oncall-bad-result-run-log")

@@ -46,7 +46,9 @@ class PeakConnections:
     def _sample(self, url: str, role: str) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             while not self._stop.wait(0.1):
-                row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (role,)).fetchone()
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (role,)
+                ).fetchone()
                 self.peak = max(self.peak, int(row[0]) if row else 0)
 
     def __enter__(self) -> PeakConnections:
@@ -69,7 +71,9 @@ def limited_role(engine: sa.Engine, database_url: str):
         conn.execute(sa.text(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}"))
     yield role
     with engine.begin() as conn:
-        conn.execute(sa.text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'"))
+        conn.execute(
+            sa.text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'")
+        )
         conn.execute(sa.text(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}"))
         conn.execute(sa.text(f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {role}"))
         conn.execute(sa.text(f"REVOKE USAGE ON SCHEMA public FROM {role}"))

@@ -55,12 +55,19 @@ def _valid(config_type: Any, value: Any) -> Any:
     return result.value
 
 
-def test_the_k8s_instance_file_passes_dagsters_instance_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DAGSTER_POSTGRES_URL", "postgresql+psycopg2://dagster:secret@postgres.internal:5432/recon_dagster")
+def test_the_k8s_instance_file_passes_dagsters_instance_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "DAGSTER_POSTGRES_URL", "postgresql+psycopg2://dagster:secret@postgres.internal:5432/recon_dagster"
+    )
     (tmp_path / "dagster.yaml").write_text(DEPLOY.read_text())
     config, _ = dagster_instance_config(str(tmp_path))  # raises on anything the schema refuses
     deploy = _deploy()
-    assert (deploy["run_launcher"]["module"], deploy["run_launcher"]["class"]) == ("dagster_k8s", "K8sRunLauncher")
+    assert (deploy["run_launcher"]["module"], deploy["run_launcher"]["class"]) == (
+        "dagster_k8s",
+        "K8sRunLauncher",
+    )
     _valid(K8sRunLauncher.config_type(), deploy["run_launcher"]["config"])
     assert deploy["run_coordinator"]["class"] == "QueuedRunCoordinator"
     _valid(QueuedRunCoordinator.config_type(), deploy["run_coordinator"]["config"])
@@ -115,7 +122,11 @@ def run_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], s
             dg.DagsterRun(
                 job_name="reconcile_job",
                 job_code_origin=origin,
-                tags={"recon/provider_kind": "kie-standard", "recon/provider": "kie", "recon/provider_lane": "kie/small"},
+                tags={
+                    "recon/provider_kind": "kie-standard",
+                    "recon/provider": "kie",
+                    "recon/provider_lane": "kie/small",
+                },
             )
         )
         launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
@@ -124,7 +135,9 @@ def run_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], s
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-def test_the_run_job_passes_the_kubernetes_api_schema_strictly(run_job: tuple[dict, str], version: str) -> None:
+def test_the_run_job_passes_the_kubernetes_api_schema_strictly(
+    run_job: tuple[dict, str], version: str
+) -> None:
     job, _ = run_job
     assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
     kubernetes_validate.validate(job, version, strict=True)  # raises ValidationError on any fault
@@ -227,13 +240,17 @@ def _unknown_keys(value: Any, allowed: Any, path: str) -> list[str]:
     if isinstance(value, list):
         if LIST not in allowed:
             return [f"{path} is a list here, not in the chart"]
-        return [bad for i, item in enumerate(value) for bad in _unknown_keys(item, allowed[LIST], f"{path}[{i}]")]
+        return [
+            bad for i, item in enumerate(value) for bad in _unknown_keys(item, allowed[LIST], f"{path}[{i}]")
+        ]
     if not isinstance(value, dict):
         return [] if not isinstance(allowed, dict) or not allowed else [f"{path} should be a mapping"]
     return [
         bad
         for key, item in value.items()
-        for bad in (_unknown_keys(item, allowed[key], f"{path}.{key}") if key in allowed else [f"{path}.{key}"])
+        for bad in (
+            _unknown_keys(item, allowed[key], f"{path}.{key}") if key in allowed else [f"{path}.{key}"]
+        )
     ]
 
 
@@ -250,7 +267,9 @@ def test_the_helm_values_use_only_keys_the_chart_declares() -> None:
 def test_the_run_pod_resources_are_the_same_in_every_deploy_file() -> None:
     values = yaml.safe_load(VALUES.read_text())
     k8s = _deploy()["run_launcher"]["config"]["run_k8s_config"]["container_config"]["resources"]
-    helm_runs = values["runLauncher"]["config"]["k8sRunLauncher"]["runK8sConfig"]["containerConfig"]["resources"]
+    helm_runs = values["runLauncher"]["config"]["k8sRunLauncher"]["runK8sConfig"]["containerConfig"][
+        "resources"
+    ]
     helm_code_server = values["dagster-user-deployments"]["deployments"][0]["resources"]
     assert k8s == helm_runs == helm_code_server
     assert set(k8s) == {"requests", "limits"} and "memory" in k8s["limits"]

@@ -44,14 +44,22 @@ def test_dg_cli_is_pinned_to_the_dagster_line():
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    deps = [*project["dependencies"], *(d for extra in project["optional-dependencies"].values() for d in extra)]
+    deps = [
+        *project["dependencies"],
+        *(d for extra in project["optional-dependencies"].values() for d in extra),
+    ]
     pins = dict(re.match(r"([\w-]+)==(\S+)", d).groups() for d in deps if "==" in d)  # type: ignore[union-attr]
     assert pins["dagster-dg-cli"] == pins["dagster"]
 
 
 # --- the README and docs/ stand on their own ---------------------------------------------------------
 
-DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [
+    ROOT / "README.md",
+    ROOT / "CONTRIBUTING.md",
+    ROOT / "CHANGELOG.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # A backticked path into the repository: starts at one of its top-level folders.
 _PATH = re.compile(r"`((?:recon_dagster|recon_dagster_tests|migrations|benchmarks|docs|\.ci)/[\w./*-]*)`")

@@ -98,9 +98,13 @@ def test_a_run_terminated_from_another_host_ends_canceled_and_its_worker_stops(
     with sandbox_process(log_dir=tmp_path) as sandbox:
         user = make_user(db, sub=1000, topup=0)
         # Each poll answers after 120 s: the run is still polling when it is terminated.
-        task = sandbox.add_task("kie-standard", {"outcome": "succeed", "polls_before_done": 0, "latency_s": 120})
+        task = sandbox.add_task(
+            "kie-standard", {"outcome": "succeed", "polls_before_done": 0, "latency_s": 120}
+        )
         minutes = get_kind("kie-standard").stale_threshold.total_seconds() / 60 + 5
-        job = make_job(db, user, provider_kind="kie-standard", provider_task_id=task, started_minutes_ago=minutes)
+        job = make_job(
+            db, user, provider_kind="kie-standard", provider_task_id=task, started_minutes_ago=minutes
+        )
         reserve(db, job, user, Decimal(2))
         env = {
             **sandbox.env,
@@ -135,7 +139,9 @@ def test_a_run_terminated_from_another_host_ends_canceled_and_its_worker_stops(
             # Well inside run monitoring's 180 s cancel timeout: the terminate itself ended it.
             stopped = wait_for(ended, timeout_s=90, what="the terminated run to end", logs=daemon.log_tail)
             assert stopped.status is dg.DagsterRunStatus.CANCELED
-            wait_for(lambda: not _alive(pid), timeout_s=30, what="the run worker to exit", logs=daemon.log_tail)
+            wait_for(
+                lambda: not _alive(pid), timeout_s=30, what="the run worker to exit", logs=daemon.log_tail
+            )
             # Nothing settled by the run that was stopped.
             status = one(db, "SELECT status FROM jobs WHERE id = :j", j=str(job))
             assert status == "processing"

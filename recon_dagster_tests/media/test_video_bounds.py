@@ -37,7 +37,9 @@ def small_long_video() -> dict[str, bytes]:
     return {fmt: sample_video(fmt, frames=HOURS * 3600, size=(16, 16), fps=1) for fmt in ("mp4", "webm")}
 
 
-@pytest.mark.parametrize(("kind", "job_type", "fmt"), [("kie-veo", "video", "mp4"), ("replicate-prediction", "video-wan", "webm")])
+@pytest.mark.parametrize(
+    ("kind", "job_type", "fmt"), [("kie-veo", "video", "mp4"), ("replicate-prediction", "video-wan", "webm")]
+)
 @pytest.mark.slow
 def test_a_small_long_video_is_refused_with_the_default_bounds_not_re_encoded_for_hours(
     db, served, media_dir, small_long_video, kind: str, job_type: str, fmt: str

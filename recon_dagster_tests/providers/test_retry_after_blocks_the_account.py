@@ -112,7 +112,8 @@ def test_repeated_retry_afters_from_two_processes_and_kinds_end_with_the_last_on
     assert served >= 0.7 * rate * 2.0, served
     with two_engines[0].connect() as conn:
         count = conn.execute(
-            sa.text("SELECT retry_afters FROM provider_limit_accounts WHERE account = :a"), {"a": limits.account}
+            sa.text("SELECT retry_afters FROM provider_limit_accounts WHERE account = :a"),
+            {"a": limits.account},
         ).scalar_one()
     assert count == 3 and time.monotonic() - started < 10
 

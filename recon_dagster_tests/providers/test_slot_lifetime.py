@@ -38,7 +38,11 @@ class _Boom(Exception):
 @pytest.mark.parametrize("ending", ["error", "keyboard_interrupt", "system_exit"])
 def test_whatever_ends_the_exchange_both_slots_are_given_back(db, sandbox, monkeypatch, ending: str) -> None:
     http = _client(sandbox, reads=Budget(600, 60))
-    raised: type[BaseException] = {"error": _Boom, "keyboard_interrupt": KeyboardInterrupt, "system_exit": SystemExit}[ending]
+    raised: type[BaseException] = {
+        "error": _Boom,
+        "keyboard_interrupt": KeyboardInterrupt,
+        "system_exit": SystemExit,
+    }[ending]
     inside: list[int] = []
 
     def exchange(*args, **kwargs):
@@ -56,7 +60,9 @@ def test_whatever_ends_the_exchange_both_slots_are_given_back(db, sandbox, monke
     assert http._limiter.semaphore._value == 2  # type: ignore[attr-defined]  # the process's slot too
 
 
-def test_a_database_error_on_the_block_check_after_a_token_wait_releases_the_slot(db, sandbox, monkeypatch) -> None:
+def test_a_database_error_on_the_block_check_after_a_token_wait_releases_the_slot(
+    db, sandbox, monkeypatch
+) -> None:
     """The request slept for its token; the limiter's read of the account's block then fails: the
     request is not sent (``limiter_database_unreachable``) and both slots are given back."""
     http = _client(sandbox, reads=Budget(600, 60))
@@ -127,7 +133,9 @@ def _bucket_row_held(db: sa.Engine, account: str) -> Iterator[None]:
 
     def locker() -> None:
         with db.begin() as conn:
-            conn.execute(sa.text("SELECT 1 FROM provider_limit_buckets WHERE account = :a FOR UPDATE"), {"a": account})
+            conn.execute(
+                sa.text("SELECT 1 FROM provider_limit_buckets WHERE account = :a FOR UPDATE"), {"a": account}
+            )
             locked.set()
             release.wait(15)
 
@@ -141,7 +149,9 @@ def _bucket_row_held(db: sa.Engine, account: str) -> Iterator[None]:
         t.join(20)
 
 
-def test_a_retry_after_stuck_behind_a_held_bucket_row_is_given_up_at_the_setup_timeout(db, monkeypatch) -> None:
+def test_a_retry_after_stuck_behind_a_held_bucket_row_is_given_up_at_the_setup_timeout(
+    db, monkeypatch
+) -> None:
     """Sharing a Retry-After (after the exchange that heard it) waits for a held bucket row at
     most the setup timeout, then is logged and given up; it never holds the request's thread."""
     from recon_dagster.providers import limits as limits_module
@@ -164,12 +174,17 @@ def test_a_token_statement_stuck_behind_a_lock_ends_at_the_request_bound_not_sen
     the lock however long it is held (on the app's own engine, which has no statement timeout)."""
     from recon_dagster.providers.limits import AccountLimiter
 
-    limits = AccountLimits(f"slot-{secrets.token_hex(4)}", reads=Budget(600, 60), concurrency=2, slot_ttl_s=60)
+    limits = AccountLimits(
+        f"slot-{secrets.token_hex(4)}", reads=Budget(600, 60), concurrency=2, slot_ttl_s=60
+    )
     lim = AccountLimiter(limits, lambda: db)
     lim.ensure()
     with _bucket_row_held(db, limits.account):
         started = time.monotonic()
-        with pytest.raises(NotSent) as caught, lim.request("kie-standard", create=False, deadline=started + 1.0):
+        with (
+            pytest.raises(NotSent) as caught,
+            lim.request("kie-standard", create=False, deadline=started + 1.0),
+        ):
             pytest.fail("sent while its token statement could not run")
         elapsed = time.monotonic() - started
     assert elapsed < 3.0, elapsed  # before: as long as the lock was held (15 s here), then sent

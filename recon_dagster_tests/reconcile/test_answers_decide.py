@@ -67,8 +67,16 @@ def test_unusable_result_names_what_is_missing():
             "where an image was promised",
         ),
         ("video", None, "upstream succeeded with no media, only nothing, where a video was promised"),
-        ("audio", "a poem", "upstream succeeded with no media, only a text of 6 characters: a poem, where audio was promised"),
-        ("weights", [1, 2], "upstream succeeded with no media, only a JSON array of 6 bytes: [1, 2], where model weights was promised"),
+        (
+            "audio",
+            "a poem",
+            "upstream succeeded with no media, only a text of 6 characters: a poem, where audio was promised",
+        ),
+        (
+            "weights",
+            [1, 2],
+            "upstream succeeded with no media, only a JSON array of 6 bytes: [1, 2], where model weights was promised",
+        ),
         (True, {}, "upstream succeeded with no media, only nothing, where media was promised"),
     ],
 )
@@ -79,15 +87,21 @@ def test_a_success_without_the_promised_media_says_what_came_instead(promised, r
 
 def test_a_long_result_is_cut_at_its_limit_with_an_ellipsis():
     described = describe_result({"text": "word " * 100})
-    assert described.startswith("a JSON object of 512 bytes: {\"text\": \"word word")
+    assert described.startswith('a JSON object of 512 bytes: {"text": "word word')
     assert described.endswith("…") and len(described.split(": ", 1)[1]) == 80
 
 
 @pytest.mark.parametrize(
     ("kind", "job_type", "promised"),
-    [("kie-standard", "image", "image"), ("kie-veo", "video", "video"), ("kie-suno", "audio", "audio"),
-     ("replicate-training", "lora-training", "weights"), ("kie-runway", "upscale", "media"), ("replicate-prediction", "text", None),
-     ("anthropic-sync", "image", None)],
+    [
+        ("kie-standard", "image", "image"),
+        ("kie-veo", "video", "video"),
+        ("kie-suno", "audio", "audio"),
+        ("replicate-training", "lora-training", "weights"),
+        ("kie-runway", "upscale", "media"),
+        ("replicate-prediction", "text", None),
+        ("anthropic-sync", "image", None),
+    ],
 )
 def test_promised_kind_names_what_a_job_can_only_complete_with(kind, job_type, promised):
     assert promised_kind(kind, job_type) == promised

@@ -61,7 +61,9 @@ def test_kie_success_recovers_the_job_with_media_credits_asset_and_event(
 
 
 def test_kie_failure_marks_failed_and_refunds_to_the_right_pools(db, instance, media_dir, sandbox):
-    user, job, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="fail", polls_before_done=0))
+    user, job, _ = stale_job_with_task(
+        db, sandbox, "kie-standard", Scenario(outcome="fail", polls_before_done=0)
+    )
 
     tick(make_defs(media_dir), instance)
 
@@ -165,7 +167,9 @@ def test_attempt_cap_force_fails_refunds_and_logs_an_anomaly(db, instance, media
 def test_expired_media_url_bumps_attempts_never_false_completes_then_force_fails(
     db, instance, media_dir, sandbox
 ):
-    _, job, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(polls_before_done=0, media_status=403))
+    _, job, _ = stale_job_with_task(
+        db, sandbox, "kie-standard", Scenario(polls_before_done=0, media_status=403)
+    )
     defs = make_defs(media_dir, cadence_seconds=0)
 
     tick(defs, instance)
@@ -253,7 +257,9 @@ def test_sensor_skips_with_a_reason_and_survives_a_bad_row(db, instance, media_d
 
 
 def test_an_unexpected_poll_error_is_recorded_as_an_attempt(db, instance, media_dir, sandbox):
-    _, job, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(polls_before_done=0, malformed=True))
+    _, job, _ = stale_job_with_task(
+        db, sandbox, "kie-standard", Scenario(polls_before_done=0, malformed=True)
+    )
 
     tick(make_defs(media_dir), instance)
 
@@ -266,7 +272,9 @@ def test_an_unexpected_poll_error_is_recorded_as_an_attempt(db, instance, media_
 
 def test_sensor_tick_reports_the_outcomes_of_runs_since_its_previous_tick(db, instance, media_dir, sandbox):
     stale_job_with_task(db, sandbox, "kie-standard")
-    stale_job_with_task(db, sandbox, "kie-veo", Scenario(outcome="fail", polls_before_done=0), job_type="video")
+    stale_job_with_task(
+        db, sandbox, "kie-veo", Scenario(outcome="fail", polls_before_done=0), job_type="video"
+    )
     stale_job_with_task(db, sandbox, "kie-suno", Scenario(outcome="run_forever"), job_type="audio")
     defs = make_defs(media_dir)
     before = str(time.time() - 1)

@@ -42,8 +42,14 @@ def test_every_outcome_and_every_cause_has_one_line_in_the_classification():
         (ProviderHTTPError("kie-standard", 500, "Internal Server Error"), Cause.PROVIDER),
         (ProviderHTTPError("replicate-prediction", 503, "busy"), Cause.PROVIDER),
         (RetryableError("elevenlabs-async", 429, "slow down", 2.0), Cause.PROVIDER),
-        (ProviderHTTPError("kie-veo", None, "GET /x: no answer within the 30 s read timeout"), Cause.PROVIDER),
-        (ProviderHTTPError("kie-veo", None, "GET /x: ConnectError: [Errno 111] Connection refused"), Cause.PROVIDER),
+        (
+            ProviderHTTPError("kie-veo", None, "GET /x: no answer within the 30 s read timeout"),
+            Cause.PROVIDER,
+        ),
+        (
+            ProviderHTTPError("kie-veo", None, "GET /x: ConnectError: [Errno 111] Connection refused"),
+            Cause.PROVIDER,
+        ),
         (ProviderHTTPError("replicate-training", 401, "Unauthenticated"), Cause.PROVIDER),
         (ProviderHTTPError("replicate-training", 403, "forbidden"), Cause.PROVIDER),
         (ProviderHTTPError("kie-standard", 404, "<html>404 page</html>"), Cause.PROVIDER),

@@ -17,7 +17,9 @@ def _asset_public(db, sandbox, media_dir, *, is_public, mcp_client, in_workflow=
     """Finalize one finished job and return its asset's ``is_public``."""
     user = make_user(db)
     wf = make_workflow(db, user, status="running", mcp_client=mcp_client) if in_workflow else None
-    job, task = finished_kie_job(db, sandbox, user, is_public=is_public, workflow_execution_id=wf, node_id="X" if wf else None)
+    job, task = finished_kie_job(
+        db, sandbox, user, is_public=is_public, workflow_execution_id=wf, node_id="X" if wf else None
+    )
     providers = providers_from_env()
     out = finalize_job_with_media(
         db,

@@ -56,9 +56,7 @@ def set_started_at(db: sa.Engine, job_id: uuid.UUID, minutes_ago: float) -> None
 
 
 @pytest.mark.parametrize("minutes", [10, 40, 170])
-def test_a_job_that_has_not_reached_its_provider_call_is_not_stuck(
-    db, instance, media_dir, sandbox, minutes
-):
+def test_a_job_that_has_not_reached_its_provider_call_is_not_stuck(db, instance, media_dir, sandbox, minutes):
     user = make_user(db, sub=100, topup=50)
     legacy = make_job(db, user, created_minutes_ago=minutes)  # pre-135 shape: no kind at all
     queued = make_job(db, user, status="pending", provider_kind="kie-standard", created_minutes_ago=minutes)

@@ -30,7 +30,11 @@ from recon_dagster_tests.support.reconcile import make_defs, one, stale_job_with
 pytestmark = pytest.mark.timeout(120)
 
 # (kind, the provider's variable): one kind of each provider that polls.
-POLLED = [("kie-standard", "RECON_LIMIT_KIE"), ("replicate-prediction", "RECON_LIMIT_REPLICATE"), ("elevenlabs-async", "RECON_LIMIT_ELEVENLABS")]
+POLLED = [
+    ("kie-standard", "RECON_LIMIT_KIE"),
+    ("replicate-prediction", "RECON_LIMIT_REPLICATE"),
+    ("elevenlabs-async", "RECON_LIMIT_ELEVENLABS"),
+]
 
 
 def _provider(kind: str) -> str:

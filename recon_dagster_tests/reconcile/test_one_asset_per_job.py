@@ -138,7 +138,9 @@ def _create_asset(db: sa.Engine, row: jobs_db.JobRow) -> bool:
 
 @pytest.mark.parametrize("writer", ["settle_completion", "create_asset"])
 @pytest.mark.slow
-def test_an_asset_the_app_adds_under_the_job_row_lock_meanwhile_is_seen(fresh_engine: sa.Engine, writer: str) -> None:
+def test_an_asset_the_app_adds_under_the_job_row_lock_meanwhile_is_seen(
+    fresh_engine: sa.Engine, writer: str
+) -> None:
     """The app holds the job row (its own finalize, not yet committed) and adds an asset without
     completing the job. The settle waits for the row; once the app commits, the settle still wins
     (the job is in flight) and must see that asset: the duplicate check reads a snapshot taken

@@ -87,7 +87,8 @@ def _state(db: sa.Engine, user: uuid.UUID, row: jobs_db.JobRow, settled: Settled
             {"j": str(row.id)},
         ).all()
         anomalies = conn.execute(
-            sa.text("SELECT reason FROM credit_anomalies WHERE job_id = :j ORDER BY reason"), {"j": str(row.id)}
+            sa.text("SELECT reason FROM credit_anomalies WHERE job_id = :j ORDER BY reason"),
+            {"j": str(row.id)},
         ).all()
         assets = conn.execute(
             sa.text(
@@ -103,7 +104,10 @@ def _state(db: sa.Engine, user: uuid.UUID, row: jobs_db.JobRow, settled: Settled
         "logs": [tuple(log)[1:] for log in logs],
         "balances": balances(db, user),
         "anomalies": [a.reason for a in anomalies],
-        "assets": [(a.asset_type, a.own_key, a.url.replace(str(row.id), "ID"), a.is_public, a.metadata) for a in assets],
+        "assets": [
+            (a.asset_type, a.own_key, a.url.replace(str(row.id), "ID"), a.is_public, a.metadata)
+            for a in assets
+        ],
     }
 
 

@@ -30,7 +30,8 @@ def _decisions(db: sa.Engine, job) -> list[tuple[str, str]]:
         return [
             (r.action, r.reason)
             for r in conn.execute(
-                sa.text("SELECT action, reason FROM reconcile_decisions WHERE job_id = :j ORDER BY id"), {"j": str(job)}
+                sa.text("SELECT action, reason FROM reconcile_decisions WHERE job_id = :j ORDER BY id"),
+                {"j": str(job)},
             )
         ]
 
@@ -129,7 +130,9 @@ class _Answers:
         self.status = status
 
     def poll(self, kind: str, task_id: str):
-        return self.status.model_copy(update={"provider_kind": kind, "task_id": self.status.task_id or task_id})
+        return self.status.model_copy(
+            update={"provider_kind": kind, "task_id": self.status.task_id or task_id}
+        )
 
     def media_headers(self, kind, ref):
         return {}
@@ -151,11 +154,23 @@ def _media(kind: str):
 REFUSED = {
     "dubbing_empty": ("elevenlabs-async", "audio-dubbing", lambda: _success()),
     "suno_lyrics_only": ("kie-suno", "suno-music", lambda: _success(result={"text": "la la"})),
-    "replicate_text_for_image": ("replicate-prediction", "image", lambda: _success(result={"output": "a cat"})),
+    "replicate_text_for_image": (
+        "replicate-prediction",
+        "image",
+        lambda: _success(result={"output": "a cat"}),
+    ),
     "training_no_weights": ("replicate-training", "lora-training", lambda: _success(result={"version": "v"})),
     "text_kind_empty": ("kie-standard", "text-generation", lambda: _success()),
-    "replicate_foreign": ("replicate-prediction", "image", lambda: _success(task_id="not-the-rows", media=_media("image"))),
-    "elevenlabs_foreign": ("elevenlabs-async", "audio", lambda: _success(task_id="not-the-rows", media=_media("audio"))),
+    "replicate_foreign": (
+        "replicate-prediction",
+        "image",
+        lambda: _success(task_id="not-the-rows", media=_media("image")),
+    ),
+    "elevenlabs_foreign": (
+        "elevenlabs-async",
+        "audio",
+        lambda: _success(task_id="not-the-rows", media=_media("audio")),
+    ),
 }
 
 

@@ -47,7 +47,9 @@ def _decisions(db: sa.Engine, job: uuid.UUID) -> list[sa.Row]:
 # -- shadow reaches the cap ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("shadowed", "enforced"), [("kie-kling3", "kie-veo"), ("replicate-prediction", "kie-standard")])
+@pytest.mark.parametrize(
+    ("shadowed", "enforced"), [("kie-kling3", "kie-veo"), ("replicate-prediction", "kie-standard")]
+)
 def test_shadow_predicts_the_force_fail_at_the_cap_when_its_enforced_twin_is_force_failed(
     db, sandbox, media_dir, instance, monkeypatch, shadowed: str, enforced: str
 ) -> None:
@@ -80,14 +82,18 @@ def test_shadow_predicts_the_force_fail_at_the_cap_when_its_enforced_twin_is_for
 
     # The app's worker then completes the shadowed job: enforce would have refunded it.
     with db.begin() as conn:
-        conn.execute(sa.text("UPDATE jobs SET status = 'completed' WHERE id = :j"), {"j": str(jobs[shadowed])})
+        conn.execute(
+            sa.text("UPDATE jobs SET status = 'completed' WHERE id = :j"), {"j": str(jobs[shadowed])}
+        )
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["plan", "--shadow-report", "--json"]) == 1
     assert json.loads(out.getvalue())["harmful"] == [str(jobs[shadowed])]  # today: "agree"
 
 
-def test_plan_counts_a_shadowed_jobs_attempts_from_its_decisions(db, sandbox, media_dir, instance, monkeypatch) -> None:
+def test_plan_counts_a_shadowed_jobs_attempts_from_its_decisions(
+    db, sandbox, media_dir, instance, monkeypatch
+) -> None:
     monkeypatch.setenv("RECON_MODE", "shadow")
     user = make_user(db)
     task = sandbox.add_task("kie-veo", Scenario(outcome="run_forever"))

@@ -30,7 +30,9 @@ def test_a_poll_that_waits_past_its_deadline_for_the_process_cap_is_not_sent(san
     monkeypatch.setenv("RECON_LIMITS", "process")
 
     def kie(deadline_s: float):
-        return providers_from_env().kie.model_copy(update={"max_concurrency": 1, "read_deadline_s": deadline_s})
+        return providers_from_env().kie.model_copy(
+            update={"max_concurrency": 1, "read_deadline_s": deadline_s}
+        )
 
     slow = sandbox.add_task("kie-standard", Scenario(latency_s=3.0, outcome="run_forever"))
     fast = sandbox.add_task("kie-standard", Scenario(outcome="run_forever"))
@@ -146,7 +148,9 @@ def test_a_worker_run_whose_poll_its_limiter_held_back_polls_again_instead_of_fa
     assert status.state.value == "succeeded"
 
 
-def test_a_worker_run_whose_polls_stay_held_back_ends_resumable_at_its_budget(db, sandbox, monkeypatch) -> None:
+def test_a_worker_run_whose_polls_stay_held_back_ends_resumable_at_its_budget(
+    db, sandbox, monkeypatch
+) -> None:
     """Held back for longer than the run's poll budget: the run ends as a run out of budget (the
     task is resumable, ``PollBudgetExceeded``), never as a provider error about a poll never sent."""
     from recon_dagster.providers import PollBudgetExceeded
@@ -244,7 +248,9 @@ def test_an_authenticated_media_download_during_a_retry_after_block_is_not_sent(
     _shared_account(monkeypatch, "RECON_LIMIT_ELEVENLABS")
     limiter = account_limiter(account_limits_from_env("elevenlabs"))
     assert limiter is not None
-    _, job, task = stale_job_with_task(db, sandbox, "elevenlabs-async", Scenario(polls_before_done=0), job_type="audio")
+    _, job, task = stale_job_with_task(
+        db, sandbox, "elevenlabs-async", Scenario(polls_before_done=0), job_type="audio"
+    )
     providers = providers_from_env()
 
     class ThrottledAfterThePoll:

@@ -150,7 +150,9 @@ def _pagerduty(data: Any) -> tuple[int, str, bytes]:
 
 
 def _teams(data: Any) -> tuple[int, str, bytes]:
-    ok = isinstance(data, dict) and data.get("type") == "message" and isinstance(data.get("attachments"), list)
+    ok = (
+        isinstance(data, dict) and data.get("type") == "message" and isinstance(data.get("attachments"), list)
+    )
     for att in data.get("attachments", []) if ok else []:
         card = att.get("content") or {}
         ok = ok and (
@@ -192,7 +194,9 @@ def alert_receivers(secret: str | None = None) -> Iterator[Receivers]:
             elif self.path.startswith("/hook/"):
                 status, ctype, answer = 200, "application/json", b'{"ok": true}'
                 if receivers.secret:
-                    expected = "sha256=" + hmac.new(receivers.secret.encode(), body, hashlib.sha256).hexdigest()
+                    expected = (
+                        "sha256=" + hmac.new(receivers.secret.encode(), body, hashlib.sha256).hexdigest()
+                    )
                     if not hmac.compare_digest(self.headers.get("x-recon-signature", ""), expected):
                         status, answer = 401, b'{"error": "bad signature"}'
             else:

@@ -43,7 +43,9 @@ def reconcile_events(bind: sa.Engine, job_id: uuid.UUID) -> list[sa.Row[Any]]:
     with bind.connect() as conn:
         return list(
             conn.execute(
-                sa.text("SELECT outcome, detail, attempt FROM reconcile_events WHERE job_id = :j ORDER BY id"),
+                sa.text(
+                    "SELECT outcome, detail, attempt FROM reconcile_events WHERE job_id = :j ORDER BY id"
+                ),
                 {"j": str(job_id)},
             ).all()
         )

@@ -28,10 +28,7 @@ class PgBouncer:
     def url(self, database_url: str) -> str:
         """``database_url`` (its user and database) through this PgBouncer."""
         parsed = parse_url(database_url)
-        return (
-            parsed.set(host="127.0.0.1", port=self.port, query={})
-            .render_as_string(hide_password=False)
-        )
+        return parsed.set(host="127.0.0.1", port=self.port, query={}).render_as_string(hide_password=False)
 
     def log(self) -> str:
         path = self.folder / "pgbouncer.log"
@@ -84,7 +81,9 @@ def pgbouncer(database_url: str, *, pool_size: int = 2) -> Iterator[PgBouncer]:
         deadline = time.monotonic() + 30
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"pgbouncer exited: {process.stderr.read() if process.stderr else ''}\n{bouncer.log()}")
+                raise RuntimeError(
+                    f"pgbouncer exited: {process.stderr.read() if process.stderr else ''}\n{bouncer.log()}"
+                )
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
                 break
             if time.monotonic() > deadline:

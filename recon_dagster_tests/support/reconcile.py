@@ -140,7 +140,11 @@ def stored_files(media_dir: str) -> dict[str, str]:
     from pathlib import Path
 
     base = Path(media_dir)
-    return {str(p.relative_to(base)): hashlib.sha256(p.read_bytes()).hexdigest() for p in base.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(base)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in base.rglob("*")
+        if p.is_file()
+    }
 
 
 def finished_kie_job(db, sandbox, user, *, credits=5, **job_fields):
@@ -152,6 +156,8 @@ def finished_kie_job(db, sandbox, user, *, credits=5, **job_fields):
     from recon_dagster_tests.support.factories import make_job, reserve
 
     task = sandbox.add_task("kie-standard", Scenario(polls_before_done=0))
-    job = make_job(db, user, provider_kind="kie-standard", provider_task_id=task, started_minutes_ago=11, **job_fields)
+    job = make_job(
+        db, user, provider_kind="kie-standard", provider_task_id=task, started_minutes_ago=11, **job_fields
+    )
     reserve(db, job, user, credits)
     return job, task

@@ -82,7 +82,12 @@ def run_tick(
 
     check_keys = sorted(repository.asset_graph.asset_check_keys, key=lambda k: k.to_user_string())
     check_signals, state["checks"] = read_checks(
-        context.instance, check_keys, state["checks"], since=state["since"], include_warn=include_warn, ui_url=ui_url
+        context.instance,
+        check_keys,
+        state["checks"],
+        since=state["since"],
+        include_warn=include_warn,
+        ui_url=ui_url,
     )
     if state["since"] is None:
         state["since"] = now  # from now on a check seen for the first time is read from here
@@ -128,18 +133,28 @@ def run_tick(
                 try:
                     hook(alert)
                 except Exception as exc:  # custom code must not stop the built-in targets
-                    context.log.error(redact_secrets(f"{Settings.alert_hook.name} raised on {alert.key}: {type(exc).__name__}: {exc}"))
+                    context.log.error(
+                        redact_secrets(
+                            f"{Settings.alert_hook.name} raised on {alert.key}: {type(exc).__name__}: {exc}"
+                        )
+                    )
     state["pending"] = owed[-MAX_PENDING:]
     return state, done
 
 
 def _owe(
-    context: dg.SensorEvaluationContext, owed: list[dict[str, Any]], alert: Alert, failed: dict[str, str], tries: int
+    context: dg.SensorEvaluationContext,
+    owed: list[dict[str, Any]],
+    alert: Alert,
+    failed: dict[str, str],
+    tries: int,
 ) -> None:
     if not failed:
         return
     if tries >= MAX_TRIES:
-        context.log.error(f"gave up delivering {alert.action} {alert.key} to {', '.join(failed)} after {tries} tries")
+        context.log.error(
+            f"gave up delivering {alert.action} {alert.key} to {', '.join(failed)} after {tries} tries"
+        )
         return
     owed.append({"alert": alert.as_json(), "targets": sorted(failed), "tries": tries})
 
@@ -155,7 +170,9 @@ def _owe(
     f"{Settings.alert_hook.name}. A reconcile run failed by its provider's outage belongs to that provider's "
     "health incident. With no target set, each alert is logged here.",
 )
-def reconcile_alerts(context: dg.SensorEvaluationContext, alert_targets: AlertTargetsResource) -> dg.SkipReason:
+def reconcile_alerts(
+    context: dg.SensorEvaluationContext, alert_targets: AlertTargetsResource
+) -> dg.SkipReason:
     targets = alert_targets.targets()
     state, done = run_tick(context, targets, timeout_s=alert_targets.timeout_s, ui_url=alert_targets.ui_url)
     context.update_cursor(json.dumps(state, sort_keys=True))

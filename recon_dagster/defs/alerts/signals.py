@@ -90,7 +90,9 @@ def _check_signal(
         )
     elif not description:
         shown = ", ".join(f"{k} {v}" for k, v in list(details.items())[:4])
-        description = f"{asset} check {key.name} {'failed' if failing else 'passed'}" + (f": {shown}" if shown else "")
+        description = f"{asset} check {key.name} {'failed' if failing else 'passed'}" + (
+            f": {shown}" if shown else ""
+        )
     title = (
         f"{key.name} is DOWN (provider_health)"
         if provider and failing
@@ -137,7 +139,9 @@ def read_checks(
     for key in check_keys:
         name = key.to_user_string()
         last = ids.get(name)
-        records = sorted(storage.get_asset_check_execution_history(key, limit=HISTORY_PER_TICK), key=lambda r: r.id)
+        records = sorted(
+            storage.get_asset_check_execution_history(key, limit=HISTORY_PER_TICK), key=lambda r: r.id
+        )
         if last is None:
             records = records[-1:] if since is None else [r for r in records if _when(r) >= since]
         for record in (r for r in records if last is None or r.id > last):
@@ -175,9 +179,7 @@ def failure_reason(step_failures: Sequence[dg.DagsterEvent], fallback: str | Non
 
 def alerted_jobs(repository: Any) -> list[str]:
     """The jobs of this location whose failed runs alert (all but the operator's own actions)."""
-    return sorted(
-        job.name for job in repository.get_all_jobs() if job.tags.get(ROLE_TAG) not in QUIET_ROLES
-    )
+    return sorted(job.name for job in repository.get_all_jobs() if job.tags.get(ROLE_TAG) not in QUIET_ROLES)
 
 
 def read_failed_runs(
@@ -222,7 +224,12 @@ def read_failed_runs(
                 summary=f"{reason} (run {run.run_id[:8]})",
                 at=float(entry.timestamp),
                 provider=provider,
-                details={"job": run.job_name, "run_id": run.run_id, "label": label or "-", OUTCOME_TAG: run.tags.get(OUTCOME_TAG, "-")},
+                details={
+                    "job": run.job_name,
+                    "run_id": run.run_id,
+                    "label": label or "-",
+                    OUTCOME_TAG: run.tags.get(OUTCOME_TAG, "-"),
+                },
                 links=_link(ui_url, f"/runs/{run.run_id}", "failed run"),
                 parent=f"check:{HEALTH_ASSET}:{provider}" if outage else None,
                 standalone=not outage,
@@ -263,7 +270,9 @@ def read_recoveries(
                     key=key,
                     failing=False,
                     title=str(incident.get("title", key)),
-                    summary=f"run {run.run_id[:8]} of {job_name}" + (f" ({provider})" if provider else "") + " succeeded",
+                    summary=f"run {run.run_id[:8]} of {job_name}"
+                    + (f" ({provider})" if provider else "")
+                    + " succeeded",
                     at=float(ended),
                     provider=provider,
                     details={"run_id": run.run_id},

@@ -33,7 +33,9 @@ LEAK_GRACE_MINUTES = 10
     "how many leased by a reconcile run, and the highest reconcile_attempts (inflight/<kind> and "
     "stale/<kind> for every kind, zeros included).",
 )
-def inflight_backlog(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult[Any]:
+def inflight_backlog(
+    context: dg.AssetExecutionContext, database: DatabaseResource
+) -> dg.MaterializeResult[Any]:
     with database.get_engine().connect() as conn:
         rows = inflight_counts(conn)
     total = sum(r["inflight"] for r in rows)

@@ -6,7 +6,6 @@ provider kind the run touched); ``credit_anomalies`` and ``reconcile_error_rates
 the health schedule and carry the checks that turn red during an outage.
 """
 
-
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from decimal import Decimal
@@ -102,7 +101,9 @@ provider_outcome_specs = [
 ]
 
 
-def provider_metadata(provider: str, by_kind: dict[str, list[JobOutcome]], credits: dict[str, Any]) -> dict[str, Any]:
+def provider_metadata(
+    provider: str, by_kind: dict[str, list[JobOutcome]], credits: dict[str, Any]
+) -> dict[str, Any]:
     """The series of ``provider``'s kinds this run worked (pure): ``<outcome>/<kind>`` counts."""
     meta: dict[str, Any] = {}
     for kind in sorted(k for k, spec in KINDS.items() if str(spec.provider) == provider and by_kind.get(k)):
@@ -124,7 +125,9 @@ def _credits(conn: sa.Connection, job_ids: Sequence[str]) -> dict[str, tuple[str
     return {str(r.job_id): (r.status, Decimal(r.amount)) for r in rows}
 
 
-def outcome_metadata(outcomes: Sequence[JobOutcome], credits: dict[str, tuple[str, Decimal]]) -> dict[str, Any]:
+def outcome_metadata(
+    outcomes: Sequence[JobOutcome], credits: dict[str, tuple[str, Decimal]]
+) -> dict[str, Any]:
     """The plotted figures of one kind's outcomes in one run (pure)."""
     counts = Counter(o.outcome for o in outcomes)
     meta: dict[str, Any] = {name: sum(counts[o] for o in members) for name, members in SERIES.items()}
@@ -162,12 +165,15 @@ def report_outcomes(
         credits = {}
     for kind, group in sorted(by_kind.items()):
         context.log_event(
-            dg.AssetMaterialization(asset_key=OUTCOMES, partition=kind, metadata=outcome_metadata(group, credits))
+            dg.AssetMaterialization(
+                asset_key=OUTCOMES, partition=kind, metadata=outcome_metadata(group, credits)
+            )
         )
     for provider in sorted({str(KINDS[k].provider) for k in by_kind}):
         context.log_event(
             dg.AssetMaterialization(
-                asset_key=provider_outcomes_key(provider), metadata=provider_metadata(provider, by_kind, credits)
+                asset_key=provider_outcomes_key(provider),
+                metadata=provider_metadata(provider, by_kind, credits),
             )
         )
 
@@ -181,7 +187,9 @@ def report_outcomes(
     description="Rows of the credit_anomalies table per reason: all time and in the last "
     f"{RECENT_MINUTES} minutes (reconcile_exhausted: a job force-failed at the attempt cap).",
 )
-def credit_anomalies(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult[Any]:
+def credit_anomalies(
+    context: dg.AssetExecutionContext, database: DatabaseResource
+) -> dg.MaterializeResult[Any]:
     with database.get_engine().connect() as conn:
         rows = conn.execute(
             sa.text(
@@ -193,12 +201,17 @@ def credit_anomalies(context: dg.AssetExecutionContext, database: DatabaseResour
             ),
             {"m": RECENT_MINUTES},
         ).all()
-    meta: dict[str, Any] = {"total": sum(int(r.total) for r in rows), "recent": sum(int(r.recent) for r in rows)}
+    meta: dict[str, Any] = {
+        "total": sum(int(r.total) for r in rows),
+        "recent": sum(int(r.recent) for r in rows),
+    }
     meta["reconcile_exhausted/recent"] = 0
     for r in rows:
         meta[f"{r.reason}/total"] = int(r.total)
         meta[f"{r.reason}/recent"] = int(r.recent)
-    context.log.info(f"{meta['total']} credit anomalies, {meta['recent']} in the last {RECENT_MINUTES} minutes")
+    context.log.info(
+        f"{meta['total']} credit anomalies, {meta['recent']} in the last {RECENT_MINUTES} minutes"
+    )
     return dg.MaterializeResult(metadata=meta)
 
 
@@ -259,7 +272,9 @@ _ATTEMPTS = sql(
     "those whose latest poll got no answer, those failed by their own result (never the provider's "
     "fault), and the attempts behind them. provider_health's checks judge the same figures.",
 )
-def reconcile_error_rates(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult[Any]:
+def reconcile_error_rates(
+    context: dg.AssetExecutionContext, database: DatabaseResource
+) -> dg.MaterializeResult[Any]:
     policy = HealthPolicy.from_config()
     with database.get_engine().connect() as conn:
         figures = provider_figures(conn, policy.window_s)

@@ -67,9 +67,7 @@ def stuck_rows(conn: sa.Connection, limit: int = TABLE_ROWS) -> list[dict[str, A
 def _markdown(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "_no job in flight past its threshold_"
-    head = (
-        "| job_id | kind | attempt | next attempt | lease | last reason (what upstream said, or why the result was unusable) |\n|---|---|---|---|---|---|"
-    )
+    head = "| job_id | kind | attempt | next attempt | lease | last reason (what upstream said, or why the result was unusable) |\n|---|---|---|---|---|---|"
     body = [
         f"| {r['job_id']} | {r['provider_kind']} | {r['attempt']} | {r['next_attempt']} | {r['lease']} | {r['last_upstream']} |"
         for r in rows
@@ -117,7 +115,10 @@ def _who(context: dg.OpExecutionContext, config: OperatorActionConfig) -> str:
     """The operator as given, and the run that acted for them: "alice (Dagster run 1a2b3c4d)"."""
     operator = " ".join(config.operator.split())[:100]
     if not operator:
-        raise dg.Failure(description="operator is required: the name of who acts, recorded with the action", allow_retries=False)
+        raise dg.Failure(
+            description="operator is required: the name of who acts, recorded with the action",
+            allow_retries=False,
+        )
     if not config.reason.strip():
         raise dg.Failure(description="reason is required: why, recorded with the job", allow_retries=False)
     return f"{operator} (Dagster run {context.run_id[:8]})"
@@ -144,7 +145,9 @@ def _act(
 
 
 @dg.op(out=dg.Out(dict))
-def retry_now_op(context: dg.OpExecutionContext, config: OperatorActionConfig, database: DatabaseResource) -> dict[str, Any]:
+def retry_now_op(
+    context: dg.OpExecutionContext, config: OperatorActionConfig, database: DatabaseResource
+) -> dict[str, Any]:
     """Make the job due now: the next sensor tick requests its attempt (counted as usual)."""
     engine = database.get_engine()
     return _act(

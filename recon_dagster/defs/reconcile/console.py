@@ -31,14 +31,19 @@ class _IntendedFailureWithoutFrames(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.msg
         if isinstance(message, str) and _INTENDED in message and _STACK in message:
-            record.msg = message.split(_STACK, 1)[0] + "\n(an intended failure: its stack trace is in the run's event log)"
+            record.msg = (
+                message.split(_STACK, 1)[0]
+                + "\n(an intended failure: its stack trace is in the run's event log)"
+            )
         return True
 
 
 @dg.logger(
     {
         # DEBUG, as Dagster's own console logger of a run without logger config.
-        "log_level": dg.Field(str, is_required=False, default_value="DEBUG", description="The logger's threshold."),
+        "log_level": dg.Field(
+            str, is_required=False, default_value="DEBUG", description="The logger's threshold."
+        ),
         "name": dg.Field(str, is_required=False, default_value="dagster", description="The logger's name."),
     },
     description="Dagster's colored console logger, printing an intended dg.Failure (an outage run) "

@@ -164,7 +164,9 @@ class _NoUpstream:
         return {}
 
 
-def _report(context: dg.OpExecutionContext, outcomes: list[JobOutcome], summary: Summary) -> dg.Output[dict[str, Any]]:
+def _report(
+    context: dg.OpExecutionContext, outcomes: list[JobOutcome], summary: Summary
+) -> dg.Output[dict[str, Any]]:
     context.log.info(summary.line())
     rows = [
         {
@@ -212,16 +214,37 @@ def _due_claims(context: dg.OpExecutionContext, database: DatabaseResource, limi
     with database.get_engine().connect() as conn:
         rows = jobs_db.scan_stale(conn, limit)
     return [
-        Claim(r.id, next_attempt(r)) for r in rows if r.provider_kind in KINDS and kind in (None, r.provider_kind)
+        Claim(r.id, next_attempt(r))
+        for r in rows
+        if r.provider_kind in KINDS and kind in (None, r.provider_kind)
     ]
 
 
 @dg.op(
     out={
-        "settled": dg.Out(list, io_manager_key=HANDOFF_IO, description="Outcomes decided at the claim: skipped, exhausted on takeover."),
-        "succeeded": dg.Out(Handoff, is_required=False, io_manager_key=HANDOFF_IO, description="Upstream succeeded: to finalize."),
-        "failed": dg.Out(Handoff, is_required=False, io_manager_key=HANDOFF_IO, description="Upstream failed, or nothing to poll: to fail."),
-        "unfinished": dg.Out(Handoff, is_required=False, io_manager_key=HANDOFF_IO, description="Still running or errored: to count; never sent: to reschedule."),
+        "settled": dg.Out(
+            list,
+            io_manager_key=HANDOFF_IO,
+            description="Outcomes decided at the claim: skipped, exhausted on takeover.",
+        ),
+        "succeeded": dg.Out(
+            Handoff,
+            is_required=False,
+            io_manager_key=HANDOFF_IO,
+            description="Upstream succeeded: to finalize.",
+        ),
+        "failed": dg.Out(
+            Handoff,
+            is_required=False,
+            io_manager_key=HANDOFF_IO,
+            description="Upstream failed, or nothing to poll: to fail.",
+        ),
+        "unfinished": dg.Out(
+            Handoff,
+            is_required=False,
+            io_manager_key=HANDOFF_IO,
+            description="Still running or errored: to count; never sent: to reschedule.",
+        ),
     }
 )
 def claim_and_poll(
@@ -245,7 +268,9 @@ def claim_and_poll(
         if attempts and len(attempts) != len(config.job_ids):
             raise dg.Failure(f"{len(config.job_ids)} job ids but {len(attempts)} attempts in the run config")
         try:
-            planned = [Claim(uuid.UUID(j), attempts[i] if attempts else 0) for i, j in enumerate(config.job_ids)]
+            planned = [
+                Claim(uuid.UUID(j), attempts[i] if attempts else 0) for i, j in enumerate(config.job_ids)
+            ]
         except ValueError as exc:
             raise dg.Failure(f"bad job id in the run config: {exc}") from None
         if not attempts:  # ids without attempts (a hand-written config): the attempt each is due
@@ -267,9 +292,17 @@ def claim_and_poll(
     yield dg.Output(
         settled,
         "settled",
-        metadata={"planned": len(planned), "claimed": len(rows), "job_ids": dg.MetadataValue.json([str(c.job_id) for c in planned])},
+        metadata={
+            "planned": len(planned),
+            "claimed": len(rows),
+            "job_ids": dg.MetadataValue.json([str(c.job_id) for c in planned]),
+        },
     )
-    for name, steps in (("succeeded", {Step.FINALIZE}), ("failed", {Step.FAIL, Step.SWEEP}), ("unfinished", {Step.COUNT, Step.DEFER})):
+    for name, steps in (
+        ("succeeded", {Step.FINALIZE}),
+        ("failed", {Step.FAIL, Step.SWEEP}),
+        ("unfinished", {Step.COUNT, Step.DEFER}),
+    ):
         items = tuple(p for p in polled if p.step in steps)
         if items:
             yield dg.Output(Handoff(owner, items), name, metadata={"jobs": len(items)})
@@ -377,7 +410,12 @@ def record_outcomes(
         _tag_run(context, {OUTCOME_TAG: verdict.tag})
     outage = None
     if verdict.failure is not None:
-        outage = {"reason": verdict.failure, "jobs": verdict.jobs, "sample": list(verdict.sample), "tag": verdict.tag}
+        outage = {
+            "reason": verdict.failure,
+            "jobs": verdict.jobs,
+            "sample": list(verdict.sample),
+            "tag": verdict.tag,
+        }
     elif summary.errors:
         context.log.warning(f"{summary.errors} of {verdict.jobs} job(s) errored: {summary.line()}")
     return dg.Output({**output.value, "outage": outage}, metadata=output.metadata)
@@ -455,7 +493,9 @@ reconcile_partitions = dg.PartitionedConfig(
 def reconcile_job() -> None:
     settled, succeeded, failed, unfinished = claim_and_poll()
     outage_check(
-        record_outcomes([settled, finalize_succeeded(succeeded), fail_and_refund_op(failed), count_attempts(unfinished)])
+        record_outcomes(
+            [settled, finalize_succeeded(succeeded), fail_and_refund_op(failed), count_attempts(unfinished)]
+        )
     )
 
 

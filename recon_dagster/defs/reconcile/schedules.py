@@ -1,6 +1,5 @@
 """Schedules: the sync sweep every 5 minutes (spec phase 2, independent of the sensor)."""
 
-
 import dagster as dg
 
 from recon_dagster.defs.reconcile.jobs import sync_sweep_job
