@@ -40,7 +40,7 @@ format: ## ruff format, then ruff's safe fixes
 demo: ## the incident, reconciled on the embedded PostgreSQL and the sandbox
 	$(BIN)/recon-dagster demo
 
-docs: ## regenerate docs/configuration.md from recon_dagster/config.py
+docs: ## regenerate docs/configuration.md from recon_dagster/config/
 	$(BIN)/python -m recon_dagster.config --markdown > docs/configuration.md.tmp
 	mv docs/configuration.md.tmp docs/configuration.md
 

@@ -2,7 +2,7 @@
 
 import warnings
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Dagster 1.13 passes its own beta `owners` parameter whenever it copies a sensor definition
 # (binding resources), in the code server, every run and every sensor tick: a BetaWarning about

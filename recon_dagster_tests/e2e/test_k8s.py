@@ -42,7 +42,7 @@ VALUES = ROOT / "deploy" / "helm" / "values.yaml"
 # The cluster versions docs/deploying.md names: the oldest we support and the newest the
 # installed kubernetes-validate knows.
 K8S_VERSIONS = ("1.31.0", "1.37.0")
-IMAGE = "registry.example.com/recon-dagster:0.1.0"
+IMAGE = "registry.example.com/recon-dagster:0.2.0"
 
 
 def _deploy() -> dict[str, Any]:

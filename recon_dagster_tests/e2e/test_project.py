@@ -100,3 +100,17 @@ def test_the_readme_opens_with_the_two_setup_commands():
     first = (ROOT / "README.md").read_text().splitlines()[:4]
     assert first[0] == "```sh"
     assert first[1].endswith(".venv/bin/recon-dagster demo") and first[2].endswith(".venv/bin/pytest")
+
+
+def test_one_version_everywhere_and_in_the_changelog():
+    """The version a release carries is pyproject's; the package, the Helm values' image tag and
+    the changelog's newest release say the same."""
+    import tomllib
+
+    import recon_dagster
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert recon_dagster.__version__ == version
+    assert f'tag: "{version}"' in (ROOT / "deploy" / "helm" / "values.yaml").read_text()
+    releases = re.findall(r"^## \[(\d[^\]]*)\]", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert releases and releases[0] == version, releases[:2]
