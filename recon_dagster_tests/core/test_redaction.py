@@ -82,7 +82,8 @@ def captured_logs() -> Iterator[_Capture]:
 
 
 @pytest.fixture
-def echo_sandbox(monkeypatch: pytest.MonkeyPatch) -> Iterator[SandboxServer]:
+def echo_sandbox(engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[SandboxServer]:
+    """A sandbox that checks the key; polls go through the shared limiter, in the migrated database."""
     with SandboxServer(api_key=KEY) as sb:
         for name, value in sb.env().items():
             monkeypatch.setenv(name, value)
