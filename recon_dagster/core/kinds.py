@@ -1,4 +1,4 @@
-"""The registry of provider kinds: spec section 4's table, as data.
+"""The registry of provider kinds: the design's table of kinds and thresholds, as data.
 
 Everything that needs to know how a ``provider_kind`` behaves (its family, whether it can be
 recovered, how long before a row of that kind counts as stuck, how long the provider keeps its
@@ -45,7 +45,7 @@ class ProviderKind:
     provider: Provider
     family: Family
     is_async: bool
-    # A row whose provider call started longer ago than this is considered stuck (spec section 4).
+    # A row whose provider call started longer ago than this is considered stuck (docs/design.md, "Kinds").
     stale_threshold: timedelta
     # How long the provider keeps a finished task's media reachable, where documented
     # (the providers' public docs). None: no signed URLs, or nothing to fetch.

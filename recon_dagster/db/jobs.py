@@ -188,7 +188,7 @@ LIMIT :limit
 """
 
 
-# The stale scan is fair between kinds (issue 21): one walk of the timed branch per registry kind
+# The stale scan is fair between kinds: one walk of the timed branch per registry kind
 # (plus one for rows of no or an unknown kind), each bounded by LIMIT, so a backlog of one kind
 # bigger than the limit never hides a newer stale job of another kind. Each walk is the same
 # jobs_inflight_idx range scan narrowed by provider_kind; the result takes every kind in turn,
@@ -223,7 +223,7 @@ _STALE_SCAN_TEMPLATE = _fair_rows(
     }
 )
 
-# The sweep's own read (issue 16 item 8): only rows reconcile.decide.route() sends to the sweep,
+# The sweep's own read: only rows reconcile.decide.route() sends to the sweep,
 # so a backlog of older async rows, which only the sensor's polls can settle, never fills the
 # sweep's batch. route() stays the rule (the sweep filters on it again); this selects that set:
 #  - task-less rows (legacy rows, sync kinds, async rows that never got a task id): the partial

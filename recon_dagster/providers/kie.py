@@ -21,7 +21,7 @@ from recon_dagster.providers.status import ProviderHTTPError, ProviderProtocolEr
 
 KIE_BASE_URL = "https://api.kie.ai"
 
-# (create path, poll path) per family; each kind maps to exactly one pair (spec section 4).
+# (create path, poll path) per family; each kind maps to exactly one pair (docs/design.md, "Kinds").
 KIE_ENDPOINTS: dict[Family, tuple[str, str]] = {
     Family.KIE_MARKET: ("/api/v1/jobs/createTask", "/api/v1/jobs/recordInfo"),
     Family.KIE_VEO: ("/api/v1/veo/generate", "/api/v1/veo/record-info"),

@@ -207,7 +207,7 @@ def refused_before_download(row: JobRow, status: UpstreamStatus) -> str | None:
     )
 
 
-# --- the per-provider not-found breaker (issue 7 rule 7) -------------------------------------------
+# --- the per-provider not-found breaker -------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -245,7 +245,7 @@ class Reconciler:
         assert row.provider_kind is not None and row.provider_task_id is not None
         try:
             status = self._poll_when_let_out(row.provider_kind, row.provider_task_id)
-        except NotSent as exc:  # never left this process: not an attempt (issue 34)
+        except NotSent as exc:  # never left this process: not an attempt
             return Polled(
                 row,
                 Step.DEFER,

@@ -39,7 +39,7 @@ SERIES = {
     "still_running": (Outcome.STILL_RUNNING,),
     "errors": (Outcome.ERROR,),
     "lost_race_or_skipped": (Outcome.LOST_RACE, Outcome.SKIPPED),
-    # Polls the account's limiter never let out: rescheduled, no attempt (issue 34).
+    # Polls the account's limiter never let out: rescheduled, no attempt (docs/operations.md, what counts as an attempt).
     "not_sent": (Outcome.NOT_SENT,),
 }
 
