@@ -175,6 +175,7 @@ def test_restart_after_the_server_was_killed(pgdata: Path) -> None:
         holder.communicate("")
 
 
+@pytest.mark.slow
 def test_stop_embedded_stops_it_for_everyone(pgdata: Path) -> None:
     holder = _child(pgdata, hold=True)
     try:

@@ -35,6 +35,7 @@ def _limits(**kw) -> AccountLimits:
     return AccountLimits(f"ra-{secrets.token_hex(4)}", **kw)
 
 
+@pytest.mark.slow
 def test_requests_waiting_for_their_token_when_the_block_comes_wait_it_out(two_engines) -> None:
     """Twenty polls queue for the account's tokens (the burst goes at once, the rest sleep for
     theirs); another process hears a 429 with Retry-After 1.5 s. None of the sleepers goes out
@@ -90,6 +91,7 @@ def _served(limiters: list[AccountLimiter], kinds: list[str], seconds: float) ->
     return served
 
 
+@pytest.mark.slow
 def test_repeated_retry_afters_from_two_processes_and_kinds_end_with_the_last_one(two_engines) -> None:
     """Three 429s in a row (two processes, Retry-After 1 s each, half a second apart) while both
     processes keep asking for two kinds: everything is refused until the last block ends, and

@@ -85,6 +85,7 @@ def test_a_database_error_on_the_block_check_after_a_token_wait_releases_the_slo
     assert sandbox.requests_total() == 0
 
 
+@pytest.mark.slow
 def test_a_slot_held_while_its_request_waits_for_a_token_outlives_its_ttl(db) -> None:
     """The request holds the account's only slot while it waits about 4 s for its token, four
     times the slot TTL: the slot is renewed all along (no other process gets it), then freed."""
@@ -167,6 +168,7 @@ def test_a_retry_after_stuck_behind_a_held_bucket_row_is_given_up_at_the_setup_t
         assert time.monotonic() - started < 3.0  # before: as long as the row was held (15 s)
 
 
+@pytest.mark.slow
 def test_a_token_statement_stuck_behind_a_lock_ends_at_the_request_bound_not_sent(db, caplog) -> None:
     """Another session holds the account's bucket row (a process whose connection died inside its
     token statement holds it until the server notices, which takes as long as TCP keepalive): the

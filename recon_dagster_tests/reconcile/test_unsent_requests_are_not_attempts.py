@@ -23,6 +23,7 @@ from recon_dagster_tests.support.payloads import PAYLOADS
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.mark.slow
 def test_a_poll_that_waits_past_its_deadline_for_the_process_cap_is_not_sent(sandbox, monkeypatch) -> None:
     """The process's own concurrency cap (``max_concurrency``) is full for longer than a poll's
     deadline: the poll is not sent (``slot_wait_past_deadline``) at its deadline, instead of
@@ -103,6 +104,7 @@ def test_a_retry_after_on_a_create_keeps_every_kinds_polls_of_the_account_in(
     assert sandbox.poll_count(task) == 0
 
 
+@pytest.mark.slow
 def test_anthropic_calls_wait_out_a_retry_after_another_call_heard(db, sandbox, monkeypatch) -> None:
     """Anthropic's calls are billed creates with no deadline: a call after another one heard 429
     Retry-After 2 is not sent during the block (it waits it out within the run's lease), then is."""
@@ -121,6 +123,7 @@ def test_anthropic_calls_wait_out_a_retry_after_another_call_heard(db, sandbox, 
 # -- the worker library's poll loop -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_worker_run_whose_poll_its_limiter_held_back_polls_again_instead_of_failing(
     db, sandbox, monkeypatch
 ) -> None:
@@ -148,6 +151,7 @@ def test_a_worker_run_whose_poll_its_limiter_held_back_polls_again_instead_of_fa
     assert status.state.value == "succeeded"
 
 
+@pytest.mark.slow
 def test_a_worker_run_whose_polls_stay_held_back_ends_resumable_at_its_budget(
     db, sandbox, monkeypatch
 ) -> None:
