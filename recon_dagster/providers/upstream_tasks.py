@@ -1,0 +1,73 @@
+"""What a provider can tell us about the tasks an account has at the provider, and how to stop one.
+
+The orphan sweep and the spend reconciliation read a provider's own record of its tasks through
+these two capabilities. A provider that has a list endpoint (Replicate's predictions and
+trainings, ElevenLabs' dubbings) offers ``TaskListing``; one that can stop a task offers
+``TaskCancelling``. A provider without a list endpoint (KIE) offers neither listing: there the
+create ledger is the only record of what we started.
+
+Listing and cancelling go through the provider resource's own HTTP client, so they share its
+limits, deadlines and redaction with polls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+
+class TaskPhase(StrEnum):
+    """Where a listed task stands, in the provider's own words mapped to three buckets."""
+
+    RUNNING = "running"  # queued, starting or processing: it may still bill
+    SUCCEEDED = "succeeded"
+    ENDED = "ended"  # failed, canceled or expired: nothing more will bill
+
+
+@dataclass(frozen=True)
+class UpstreamTask:
+    """One task as the provider lists it."""
+
+    provider: str
+    task_id: str
+    # The provider's own collection or kind of task (e.g. "predictions", "trainings", "dubbing").
+    collection: str
+    phase: TaskPhase
+    # The provider's raw status word, for reports.
+    status: str
+    created_at: datetime | None
+    completed_at: datetime | None = None
+    # The job marker the provider echoed back (see the create ledger), when it echoes one.
+    marker: str | None = None
+    # The model, version or voice the task ran, when listed.
+    model: str | None = None
+    # What the provider reports of its cost: e.g. Replicate's metrics.predict_time / total_time.
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class CancelResult(StrEnum):
+    CANCELLED = "cancelled"  # the provider accepted the cancel (it may take a moment to stop)
+    ALREADY_ENDED = "already_ended"  # it had already finished, failed or been cancelled
+    NOT_FOUND = "not_found"
+
+
+@runtime_checkable
+class TaskListing(Protocol):
+    """A provider that lists the account's recent tasks, newest first, page by page."""
+
+    def list_tasks(
+        self, *, created_after: datetime, created_before: datetime | None = None
+    ) -> Iterator[UpstreamTask]:
+        """Every task created in ``[created_after, created_before)``; each page is one request
+        through the provider's read limit."""
+        ...
+
+
+@runtime_checkable
+class TaskCancelling(Protocol):
+    """A provider that can stop a task it is running."""
+
+    def cancel_task(self, collection: str, task_id: str) -> CancelResult: ...
