@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from recon_dagster.cli.errors import require_installed
 from recon_dagster.cli.proctree import run_process_tree
 from recon_dagster.config import Settings, settings
+from recon_dagster.core.kinds import provider_specs
 from recon_dagster.db import credits
 from recon_dagster.db.engine import get_engine, redact, resolve_database_url
 from recon_dagster.db.migrate import migrate
@@ -44,50 +45,21 @@ class DemoJob:
     cost: int = 10
 
 
-DEMO_JOBS: tuple[DemoJob, ...] = (
-    DemoJob(
-        "THE INCIDENT: 2K image",
-        "kie-standard",
-        "image",
-        600,
-        {"polls_before_done": 0},
-        92,
-        12,
-    ),
-    DemoJob("Veo video", "kie-veo", "video", 40, {"polls_before_done": 0}),
-    DemoJob("Suno song", "kie-suno", "audio", 45, {"polls_before_done": 0}),
-    DemoJob(
-        "Flux Kontext edit",
-        "kie-kontext",
-        "image",
-        15,
-        {"outcome": "fail", "polls_before_done": 0},
-    ),
-    DemoJob(
-        "Luma (callback lost)",
-        "kie-luma",
-        "video",
-        30,
-        {"polls_before_done": 0, "luma_callback_failed": True},
-    ),
-    DemoJob("Kling 3.0 video", "kie-kling3", "video", 30, {"outcome": "run_forever"}),
-    DemoJob(
-        "Runway video",
-        "kie-runway",
-        "video",
-        30,
-        {"polls_before_done": 0, "expired": True},
-    ),
-    DemoJob("Lip-sync video", "kie-lip-sync", "video", 80, {"polls_before_done": 0}),
-    DemoJob("KIE-proxied LLM", "kie-llm", "text", 6, None),
-    DemoJob("Replicate prediction", "replicate-prediction", "image", 25, {"polls_before_done": 0}),
-    DemoJob("Replicate LoRA training", "replicate-training", "lora-training", 35, {"polls_before_done": 0}),
-    DemoJob("ElevenLabs dubbing", "elevenlabs-async", "audio", 20, {"polls_before_done": 0}),
-    DemoJob("ElevenLabs TTS", "elevenlabs-sync", "audio", 6, None),
-    DemoJob("Anthropic ai-writer", "anthropic-sync", "text", 6, None),
-    # Past the 3-hour pre-call budget: a row that never reached a provider call is swept only then.
-    DemoJob("Legacy row (no provider)", None, "image", 200, None),
-)
+def _demo_jobs() -> tuple[DemoJob, ...]:
+    """Every provider's demo rows (its spec's ``demo``), in the registry's order, then a legacy row."""
+    cases = [case for spec in provider_specs() for case in spec.demo]
+    return (
+        *(
+            DemoJob(c.label, c.kind, c.job_type, c.minutes_stuck, dict(c.scenario) if c.scenario else None,
+                    c.progress, c.cost)
+            for c in cases
+        ),
+        # Past the 3-hour pre-call budget: a row that never reached a provider call is swept only then.
+        DemoJob("Legacy row (no provider)", None, "image", 200, None),
+    )  # fmt: skip
+
+
+DEMO_JOBS: tuple[DemoJob, ...] = _demo_jobs()
 
 
 # Every demo row belongs to this user: a re-run removes the previous run's rows first, and a

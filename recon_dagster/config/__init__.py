@@ -18,7 +18,7 @@ by the resources and never by this package.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, Never, TypeVar, overload
 
 from recon_dagster.config.parse import (
@@ -60,6 +60,8 @@ __all__ = [  # the parsers' names the other layers use, besides the settings the
     "bounded_number",
     "get",
     "is_set",
+    "declare_provider",
+    "declared",
     "limit_name",
     "limit_var",
     "markdown",
@@ -347,25 +349,6 @@ class Settings:
         "lower or raise every process's budget.",
         parse=choice(FLAG_VALUES, "1 or 0", LimitsConfigError), bounds=FLAG_BOUNDS, shown_default="`0`",
     )
-    limit_kie = _limit_setting(
-        "`reads=600/60,creates=20/10,concurrency=48`",
-        "KIE account budget: requests per window in seconds for reads (polls) and creates, concurrent "
-        "requests; also `kind_share=0.5` (slots one kind may hold while others wait) and `account=NAME` "
-        "(accounts with the same name share a budget; default the provider's name). KIE documents ~20 "
-        "creates per 10 s; the read figure is our own ceiling.",
-    )
-    limit_replicate = _limit_setting(
-        "`reads=3000/60,creates=600/60,concurrency=64`",
-        "Replicate account budget (documented: create 600/min, other calls 3000/min).",
-    )
-    limit_elevenlabs = _limit_setting(
-        "`reads=600/60,creates=60/60,concurrency=16`",
-        "ElevenLabs account budget (it limits concurrency per plan; the rates are ours).",
-    )
-    limit_anthropic = _limit_setting(
-        "`reads=none,creates=50/60,concurrency=16`",
-        "Anthropic account budget (requests per minute per tier; every call is a billed create).",
-    )
     # media
     media_dir = _s(
         "media", "path", None, "Where recovered media is stored when no S3 bucket is configured.", parse=text,
@@ -533,27 +516,7 @@ class Settings:
     # fmt: on
 
 
-def _provider(
-    title: str, url: str, key: str, key_doc: str, url_note: str = ""
-) -> tuple[Var[Never], Var[Never]]:
-    """A provider's base URL and key variables, both passed as ``dg.EnvVar`` by its resource."""
-    base_url = _named(
-        "providers", "URL", None, f"{title} API base URL{url_note}; passed as dg.EnvVar.",
-        readers="providers/resource.py", shown_default=f"`{url}`", name=f"{title.upper()}_BASE_URL",
-    )  # fmt: skip
-    return base_url, _secret("providers", key_doc, readers="providers/resource.py", name=key)
-
-
 _OTHERS: tuple[Var[Any], ...] = (
-    # providers (not RECON_*: the providers' own names)
-    *_provider(
-        "KIE", "https://api.kie.ai", "KIE_API_KEY", "KIE bearer token.",
-        url_note=" (the demo and tests point it at the sandbox)",
-    ),
-
-    *_provider("Replicate", "https://api.replicate.com/v1", "REPLICATE_API_TOKEN", "Replicate bearer token."),
-    *_provider("ElevenLabs", "https://api.elevenlabs.io", "ELEVENLABS_API_KEY", "ElevenLabs `xi-api-key`."),
-    *_provider("Anthropic", "https://api.anthropic.com", "ANTHROPIC_API_KEY", "Anthropic key."),
     _named(
         "media", "text", None, "S3 access key id (unset: boto3's own credential chain).",
         readers="media/store.py", shown_default="boto3 chain", name="AWS_ACCESS_KEY_ID",
@@ -580,8 +543,84 @@ _OTHERS: tuple[Var[Any], ...] = (
     ),
 )  # fmt: skip
 
-_DECLARED: tuple[Var[Any], ...] = (*(v for v in vars(Settings).values() if isinstance(v, Var)), *_OTHERS)
-SETTINGS: dict[str, Var[Any]] = {s.name: s for s in _DECLARED}
+# --- the providers' settings --------------------------------------------------------------------
+#
+# Each provider declares its own settings in its spec (recon_dagster/providers/<name>/spec.py): its
+# budget (``RECON_LIMIT_<PROVIDER>``), its base URL and its key variables. The registry's specs are
+# declared here the first time any declaration is asked for: this package loads the kinds table
+# (``recon_dagster.core.kinds``, by name: it is a layer above) which declares each provider through
+# ``declare_provider``. Nothing here names a provider.
+
+KINDS_MODULE = "recon_dagster.core.kinds"
+_PROVIDER_VARS: list[Var[Any]] = []
+_providers_declared = False
+
+
+def declare_provider(
+    name: str,
+    *,
+    title: str,
+    base_url: str,
+    base_url_env: str,
+    key_env: str,
+    key_doc: str,
+    base_url_note: str = "",
+    limits_shown: str,
+    limits_doc: str,
+) -> None:
+    """Declare one provider's settings: ``RECON_LIMIT_<NAME>`` (an attribute of ``Settings``, like
+    every ``RECON_*`` variable), its base URL and its key (the provider's own names)."""
+    attr = f"limit_{name}"
+    if attr in vars(Settings):
+        return
+    var = _limit_setting(limits_shown, limits_doc)
+    setattr(Settings, attr, var)
+    var.__set_name__(Settings, attr)
+    url = _named(
+        "providers", "URL", None, f"{title} API base URL{base_url_note}; passed as dg.EnvVar.",
+        readers="providers/resource.py", shown_default=f"`{base_url}`", name=base_url_env,
+    )  # fmt: skip
+    key = _secret("providers", key_doc, readers="providers/resource.py", name=key_env)
+    _PROVIDER_VARS.extend((url, key))
+    for declared in (var, url, key):
+        _SETTINGS[declared.name] = declared
+
+
+def _declare_providers() -> None:
+    global _providers_declared
+    if not _providers_declared:
+        _providers_declared = True
+        import importlib
+
+        importlib.import_module(KINDS_MODULE).provider_specs()
+
+
+def declared() -> tuple[Var[Any], ...]:
+    """Every declaration, the providers' included, in the order of the docs."""
+    _declare_providers()
+    return (*(v for v in vars(Settings).values() if isinstance(v, Var)), *_PROVIDER_VARS, *_OTHERS)
+
+
+class _Settings(Mapping[str, "Var[Any]"]):
+    """``SETTINGS``: every declaration by variable name (the providers' declared on first use)."""
+
+    def __getitem__(self, name: str) -> Var[Any]:
+        _declare_providers()
+        return _SETTINGS[name]
+
+    def __iter__(self) -> Iterator[str]:
+        _declare_providers()
+        return iter(_SETTINGS)
+
+    def __len__(self) -> int:
+        _declare_providers()
+        return len(_SETTINGS)
+
+
+_SETTINGS: dict[str, Var[Any]] = {
+    s.name: s for s in (*(v for v in vars(Settings).values() if isinstance(v, Var)), *_OTHERS)
+}
+SETTINGS: Mapping[str, Var[Any]] = _Settings()
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -624,7 +663,7 @@ def validate(environ: Mapping[str, str] | None = None) -> None:
     """Read every declared setting once: the first bad one raises its one-line ``ValueError``."""
     env = dict(os.environ if environ is None else environ)
     values = settings(env)
-    for setting in _DECLARED:
+    for setting in declared():
         if setting.parse is not None and not setting.secret:
             values.value(setting)
 

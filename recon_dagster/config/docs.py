@@ -15,7 +15,7 @@ import ast
 import sys
 from pathlib import Path
 
-from recon_dagster.config import _DECLARED, Settings, Var, limit_name
+from recon_dagster.config import Settings, Var, declared, limit_name
 from recon_dagster.config.parse import shown_number
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -49,6 +49,7 @@ def _is_settings_call(node: ast.expr) -> bool:
 
 def readers(package: Path = PACKAGE) -> dict[str, list[str]]:
     """Variable name -> the modules (paths below the package) that read it, as found in the code."""
+    declared()  # the providers' settings too
     attributes = {var.name: attr for attr, var in vars(Settings).items() if isinstance(var, Var)}
     limits = {name for name in attributes if name.startswith(limit_name(""))}
     found: dict[str, set[str]] = {name: set() for name in attributes}
@@ -95,7 +96,7 @@ def markdown() -> str:
     ]
     found = readers()
     groups: dict[str, list[Var[object]]] = {}
-    for setting in _DECLARED:
+    for setting in declared():
         groups.setdefault(setting.group, []).append(setting)
     for group, settings in groups.items():
         lines += ["", f"## {group[0].upper()}{group[1:]}", ""]

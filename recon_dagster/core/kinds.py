@@ -1,49 +1,36 @@
-"""The registry of provider kinds: the design's table of kinds and thresholds, as data.
+"""The kinds of provider work, as data: the generic types, and a lookup over the providers' tables.
 
-Everything that needs to know how a ``provider_kind`` behaves (its family, whether it can be
+Everything that needs to know how a ``provider_kind`` behaves (its provider, whether it can be
 recovered, how long before a row of that kind counts as stuck, how long the provider keeps its
-media) reads it from here. Adding a provider variant is one new ``ProviderKind`` row.
+media) reads it from here. The rows themselves belong to the providers: each provider package
+declares a ``ProviderSpec`` (its kinds with their thresholds, its default budget, its settings) and
+``recon_dagster/providers/registry.py`` lists the specs once. This module never names a provider
+and never imports the providers layer: it loads the registry module by name on first use (as a
+plugin host reads its entry points), so the layers contract holds and one list stays the truth.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import importlib
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
-from enum import StrEnum
+from typing import Any
 
-from recon_dagster.config import Settings, settings
+from recon_dagster.config import Settings, declare_provider, settings
 
-
-class Family(StrEnum):
-    """Which provider resource serves a kind, and which response shape its poll returns."""
-
-    KIE_MARKET = "kie-market"
-    KIE_VEO = "kie-veo"
-    KIE_SUNO = "kie-suno"
-    KIE_KONTEXT = "kie-kontext"
-    KIE_LUMA = "kie-luma"
-    KIE_RUNWAY = "kie-runway"
-    KIE_LLM = "kie-llm"
-    REPLICATE_PREDICTION = "replicate-prediction"
-    REPLICATE_TRAINING = "replicate-training"
-    ELEVENLABS_DUBBING = "elevenlabs-dubbing"
-    ELEVENLABS_TTS = "elevenlabs-tts"
-    ANTHROPIC = "anthropic"
-
-
-class Provider(StrEnum):
-    KIE = "kie"
-    REPLICATE = "replicate"
-    ELEVENLABS = "elevenlabs"
-    ANTHROPIC = "anthropic"
+# Where the provider specs are listed (the only module that names every provider).
+REGISTRY_MODULE = "recon_dagster.providers.registry"
 
 
 @dataclass(frozen=True)
 class ProviderKind:
     name: str
-    provider: Provider
-    family: Family
+    # The provider's name (its package under recon_dagster/providers/, its resource's field).
+    provider: str
+    # Which endpoint and answer shape of the provider serves the kind (the provider's own names).
+    family: str
     is_async: bool
     # A row whose provider call started longer ago than this is considered stuck (docs/design.md, "Kinds").
     stale_threshold: timedelta
@@ -54,6 +41,9 @@ class ProviderKind:
     poll_budget: timedelta
     # Seconds between polls in a worker's poll loop.
     poll_interval_s: float
+    # The provider may finish with a text result instead of media (the job's own job_type then says
+    # whether media was promised); every other async kind always promises media.
+    text_result: bool = False
 
     @property
     def recoverable(self) -> bool:
@@ -61,15 +51,18 @@ class ProviderKind:
         return self.is_async
 
 
-def _async(
+def async_kind(
     name: str,
-    provider: Provider,
-    family: Family,
+    provider: str,
+    family: str,
     stale_min: int,
     ttl: timedelta | None,
     budget_min: int,
     interval_s: float = 5.0,
+    *,
+    text_result: bool = False,
 ) -> ProviderKind:
+    """An async kind: thresholds in minutes (stale, the worker's poll budget), poll interval in s."""
     return ProviderKind(
         name,
         provider,
@@ -79,50 +72,211 @@ def _async(
         ttl,
         timedelta(minutes=budget_min),
         interval_s,
+        text_result,
     )
 
 
-def _sync(name: str, provider: Provider, family: Family) -> ProviderKind:
+def sync_kind(name: str, provider: str, family: str) -> ProviderKind:
+    """A synchronous kind: nothing to poll, swept after five minutes."""
     return ProviderKind(name, provider, family, False, timedelta(minutes=5), None, timedelta(minutes=5), 0.0)
 
 
-# KIE documents 14 days of media retention in general but one endpoint says result URLs
-# "typically expire after 24 hours"; the shorter is taken as true.
-KIE_MEDIA_TTL = timedelta(hours=24)
-# Replicate deletes API-created outputs one hour after completion.
-REPLICATE_MEDIA_TTL = timedelta(hours=1)
+@dataclass(frozen=True)
+class Rate:
+    """At most ``requests`` in any window of ``window_s`` seconds (a provider's published limit)."""
 
-_KINDS: tuple[ProviderKind, ...] = (
-    _async("kie-standard", Provider.KIE, Family.KIE_MARKET, 10, KIE_MEDIA_TTL, 18),
-    _async("kie-veo", Provider.KIE, Family.KIE_VEO, 25, KIE_MEDIA_TTL, 20),
-    _async("kie-suno", Provider.KIE, Family.KIE_SUNO, 30, KIE_MEDIA_TTL, 25),
-    _async("kie-kontext", Provider.KIE, Family.KIE_KONTEXT, 10, KIE_MEDIA_TTL, 8),
-    _async("kie-luma", Provider.KIE, Family.KIE_LUMA, 25, KIE_MEDIA_TTL, 20),
-    _async("kie-kling3", Provider.KIE, Family.KIE_MARKET, 25, KIE_MEDIA_TTL, 20),
-    _async("kie-runway", Provider.KIE, Family.KIE_RUNWAY, 25, KIE_MEDIA_TTL, 20),
-    _async("kie-lip-sync", Provider.KIE, Family.KIE_MARKET, 75, KIE_MEDIA_TTL, 60, 10.0),
-    _sync("kie-llm", Provider.KIE, Family.KIE_LLM),
-    _async(
-        "replicate-prediction",
-        Provider.REPLICATE,
-        Family.REPLICATE_PREDICTION,
-        20,
-        REPLICATE_MEDIA_TTL,
-        15,
-        2.0,
-    ),
-    _async(
-        "replicate-training", Provider.REPLICATE, Family.REPLICATE_TRAINING, 30, REPLICATE_MEDIA_TTL, 60, 10.0
-    ),
-    _async("elevenlabs-async", Provider.ELEVENLABS, Family.ELEVENLABS_DUBBING, 15, None, 15),
-    _sync("elevenlabs-sync", Provider.ELEVENLABS, Family.ELEVENLABS_TTS),
-    _sync("anthropic-sync", Provider.ANTHROPIC, Family.ANTHROPIC),
-)
+    requests: int
+    window_s: float
 
-KINDS: dict[str, ProviderKind] = {k.name: k for k in _KINDS}
-KIND_NAMES: tuple[str, ...] = tuple(KINDS)
-ASYNC_KINDS: tuple[str, ...] = tuple(k.name for k in _KINDS if k.is_async)
-SYNC_KINDS: tuple[str, ...] = tuple(k.name for k in _KINDS if not k.is_async)
+
+@dataclass(frozen=True)
+class ProviderSettings:
+    """The environment variables a provider's resource is wired from (the providers' own names,
+    not ``RECON_*``): its base URL (optional, default ``base_url``) and its key (a secret)."""
+
+    title: str
+    base_url: str
+    base_url_env: str
+    key_env: str
+    key_doc: str
+    base_url_note: str = ""
+
+
+@dataclass(frozen=True)
+class RunQueueLimits:
+    """How many reconcile runs of the provider the deployment's run queue admits at once
+    (``recon/provider`` tag) and, for its batch runs, its ``recon/provider_lane`` ``<name>/batch``
+    limit (None: no batch lane limit). Checked against dagster.yaml and deploy/ by a test."""
+
+    provider_runs: int
+    batch_runs: int | None = None
+
+
+@dataclass(frozen=True)
+class DemoCase:
+    """One row of ``recon-dagster demo``: a stuck job of ``kind`` and what its upstream task does
+    (sandbox ``Scenario`` fields; None: no upstream task, e.g. a sync kind)."""
+
+    label: str
+    kind: str
+    job_type: str
+    minutes_stuck: float
+    scenario: Mapping[str, Any] | None
+    progress: int = 50
+    cost: int = 10
+
+
+@dataclass(frozen=True)
+class ProviderSpec:
+    """Everything the rest of the system needs to know about one provider, as plain data.
+
+    ``resource`` and ``sandbox`` are ``"module:attribute"`` names, imported where they are used
+    (the resource by ``providers/resource.py``; the sandbox plugin by the sandbox server), so the
+    spec itself imports nothing but core.
+    """
+
+    name: str
+    kinds: tuple[ProviderKind, ...]
+    settings: ProviderSettings
+    # The account's default budget (documented where the provider publishes one).
+    reads: Rate | None
+    creates: Rate | None
+    concurrency: int | None
+    limits_doc: str
+    resource: str
+    run_queue: RunQueueLimits
+    demo: tuple[DemoCase, ...] = ()
+    # Its poll parser ("module:function", see providers/parse.py); None for a provider with no
+    # async kind.
+    parser: str | None = None
+    # The sandbox plugin ("module:attribute"), for providers whose sandbox lives in their package.
+    sandbox: str | None = None
+    # Why the defaults are what they are, shown in the generated settings docs.
+    limits_shown: str = field(default="")
+
+    @property
+    def polled(self) -> bool:
+        """Whether reconcile runs poll this provider (it has at least one async kind)."""
+        return any(k.is_async for k in self.kinds)
+
+
+class _Registry:
+    """The providers' specs and their kinds, loaded once from ``REGISTRY_MODULE``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._loading = False
+        self._specs: tuple[ProviderSpec, ...] | None = None
+        self._kinds: dict[str, ProviderKind] = {}
+
+    def specs(self) -> tuple[ProviderSpec, ...]:
+        if self._specs is None:
+            with self._lock:
+                if self._specs is None:
+                    if self._loading:
+                        # A provider module asked for the table while the registry imports it.
+                        raise RuntimeError(
+                            f"{REGISTRY_MODULE} is still being imported: read kinds at call time"
+                        )
+                    self._loading = True
+                    try:
+                        module = importlib.import_module(REGISTRY_MODULE)
+                    finally:
+                        self._loading = False
+                    specs: tuple[ProviderSpec, ...] = tuple(module.PROVIDERS)
+                    kinds: dict[str, ProviderKind] = {}
+                    for spec in specs:
+                        for kind in spec.kinds:
+                            if kind.name in kinds or kind.provider != spec.name:
+                                raise RuntimeError(
+                                    f"provider kind {kind.name!r} is declared twice or misfiled"
+                                )
+                            kinds[kind.name] = kind
+                    for spec in specs:
+                        _declare_settings(spec)
+                    self._kinds = kinds
+                    self._specs = specs
+        return self._specs
+
+    def kinds(self) -> dict[str, ProviderKind]:
+        self.specs()
+        return self._kinds
+
+
+def _declare_settings(spec: ProviderSpec) -> None:
+    s = spec.settings
+    declare_provider(
+        spec.name, title=s.title, base_url=s.base_url, base_url_env=s.base_url_env, key_env=s.key_env,
+        key_doc=s.key_doc, base_url_note=s.base_url_note, limits_shown=spec.limits_shown,
+        limits_doc=spec.limits_doc,
+    )  # fmt: skip
+
+
+_REGISTRY = _Registry()
+
+
+def provider_specs() -> tuple[ProviderSpec, ...]:
+    """Every provider's spec, in the registry's order."""
+    return _REGISTRY.specs()
+
+
+def provider_spec(name: str) -> ProviderSpec:
+    """One provider's spec (``KeyError`` naming the known ones for an unknown name)."""
+    for spec in provider_specs():
+        if spec.name == name:
+            return spec
+    raise KeyError(f"unknown provider {name!r}; known: {', '.join(provider_names())}")
+
+
+def provider_names() -> tuple[str, ...]:
+    """Every provider's name, in the registry's order."""
+    return tuple(s.name for s in provider_specs())
+
+
+def polled_providers() -> tuple[str, ...]:
+    """Providers whose kinds the reconcile runs poll (the others' kinds are synchronous: swept only)."""
+    return tuple(s.name for s in provider_specs() if s.polled)
+
+
+class _KindTable(Mapping[str, ProviderKind]):
+    """``KINDS``: every provider's kinds by name, read from the registry on first use."""
+
+    def __getitem__(self, name: str) -> ProviderKind:
+        return _REGISTRY.kinds()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_REGISTRY.kinds())
+
+    def __len__(self) -> int:
+        return len(_REGISTRY.kinds())
+
+    def __contains__(self, name: object) -> bool:
+        return name in _REGISTRY.kinds()
+
+    def __repr__(self) -> str:
+        return f"KINDS({list(self)})"
+
+
+KINDS: Mapping[str, ProviderKind] = _KindTable()
+
+
+def kind_names() -> tuple[str, ...]:
+    return tuple(KINDS)
+
+
+def __getattr__(name: str) -> Any:
+    # Derived tuples, computed from the registry when first asked for (not at import, so importing
+    # this module never loads the providers).
+    if name == "KIND_NAMES":
+        return tuple(KINDS)
+    if name == "ASYNC_KINDS":
+        return tuple(k.name for k in KINDS.values() if k.is_async)
+    if name == "SYNC_KINDS":
+        return tuple(k.name for k in KINDS.values() if not k.is_async)
+    if name == "TEXT_RESULT_KINDS":
+        return frozenset(k.name for k in KINDS.values() if k.text_result)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # A row whose provider call started under a provider_kind the registry does not know is swept
 # after this long (it can never be polled).
@@ -148,11 +302,6 @@ def precall_budget(environ: Mapping[str, str] | None = None) -> timedelta:
 # so the sweep leaves it alone.
 NON_PROVIDER_JOB_TYPES: tuple[str, ...] = ("pipeline",)
 
-# Async kinds whose provider may finish with a text result instead of media (KIE market text models
-# answer ``resultObject``; Replicate runs language models too). For these the job's own job_type
-# says whether media was promised; every other async kind always promises media.
-TEXT_RESULT_KINDS: frozenset[str] = frozenset({"kie-standard", "replicate-prediction"})
-
 # 18 attempts x the 5-minute cadence ~= 90 minutes: covers kie-lip-sync's 75-minute threshold
 # with 15 minutes of headroom before a job is presumed stuck rather than slow (spec 5.5).
 MAX_ATTEMPTS = Settings.max_attempts.default
@@ -163,7 +312,7 @@ class UnknownProviderKind(ValueError):
     """A provider_kind value that is not in the registry."""
 
     def __init__(self, value: object) -> None:
-        super().__init__(f"unknown provider_kind {value!r}; known kinds: {', '.join(KIND_NAMES)}")
+        super().__init__(f"unknown provider_kind {value!r}; known kinds: {', '.join(KINDS)}")
         self.value = value
 
 

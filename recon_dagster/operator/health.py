@@ -21,7 +21,7 @@ from enum import StrEnum
 import sqlalchemy as sa
 
 from recon_dagster.config import settings
-from recon_dagster.core.kinds import KINDS, Provider
+from recon_dagster.core.kinds import KINDS, provider_names
 from recon_dagster.core.text import short_reason
 from recon_dagster.db.sqltext import sql
 from recon_dagster.reconcile.cause import health_pairs
@@ -113,7 +113,7 @@ _OWN_ERRORS = sql(
 def provider_figures(conn: sa.Connection, window_s: float) -> dict[str, ProviderFigures]:
     """Every provider's figures over the last ``window_s`` seconds (zeros for a silent one)."""
     pairs = health_pairs()
-    out = {p.value: ProviderFigures(p.value) for p in Provider}
+    out = {p: ProviderFigures(p) for p in provider_names()}
     rows = conn.execute(
         _JUDGED,
         {
@@ -127,7 +127,7 @@ def provider_figures(conn: sa.Connection, window_s: float) -> dict[str, Provider
         kind = KINDS.get(r.provider_kind)
         if kind is None:
             continue
-        f = out[kind.provider.value]
+        f = out[kind.provider]
         f.jobs += int(r.jobs)
         f.unanswered += int(r.unanswered)
         f.kinds[r.provider_kind] = (int(r.jobs), int(r.unanswered))
@@ -136,7 +136,7 @@ def provider_figures(conn: sa.Connection, window_s: float) -> dict[str, Provider
     for r in conn.execute(_OWN_ERRORS, {"window_s": window_s}):
         kind = KINDS.get(r.provider_kind)
         if kind is not None:
-            out[kind.provider.value].own_errors += int(r.jobs)
+            out[kind.provider].own_errors += int(r.jobs)
     return out
 
 
@@ -165,6 +165,6 @@ def judge(f: ProviderFigures, policy: HealthPolicy) -> Verdict:
 
 
 def verdicts(conn: sa.Connection, policy: HealthPolicy) -> list[Verdict]:
-    """Every provider's verdict, in the order of ``Provider``."""
+    """Every provider's verdict, in the registry's order."""
     figures = provider_figures(conn, policy.window_s)
-    return [judge(figures[p.value], policy) for p in Provider]
+    return [judge(figures[p], policy) for p in provider_names()]

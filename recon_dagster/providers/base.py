@@ -14,7 +14,7 @@ from pydantic import Field, PrivateAttr
 
 from recon_dagster.config import Settings, limit_name
 from recon_dagster.core.deadlines import poll_deadline_s, poll_max_bytes
-from recon_dagster.core.kinds import Provider, ProviderKind, get_kind
+from recon_dagster.core.kinds import ProviderKind, get_kind
 from recon_dagster.core.redaction import register_secret
 from recon_dagster.providers.http import HttpSettings, Limits, ProviderHttp, ProviderNotFound, json_body
 from recon_dagster.providers.limits import account_limits_from_env
@@ -146,7 +146,7 @@ class ProviderResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # ba
 
     _lazy: _LazyClient = PrivateAttr(default_factory=_LazyClient)
 
-    PROVIDER: ClassVar[Provider]
+    PROVIDER: ClassVar[str]
 
     def __repr_args__(self) -> Any:
         for name, value in super().__repr_args__():
@@ -226,7 +226,7 @@ class ProviderResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # ba
     def _kind(self, kind: str, *, is_async: bool = True) -> ProviderKind:
         """The registry row of ``kind``, checked to be served by this resource."""
         pk = get_kind(kind)
-        if pk.provider is not self.PROVIDER:
+        if pk.provider != self.PROVIDER:
             raise ProviderConfigError(f"{kind} is served by the {pk.provider} resource, not {self.PROVIDER}")
         if is_async and not pk.is_async:
             raise ProviderConfigError(f"{kind} is synchronous: it has no task to create, poll or resume")

@@ -5,6 +5,7 @@ them across processes is ``providers/limits.py``."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,6 +20,7 @@ from recon_dagster.config import (
     parse_limit_overrides,
     settings,
 )
+from recon_dagster.core.kinds import ProviderSpec, Rate, polled_providers, provider_names, provider_specs
 
 # Passed on from config: the bounds and the error of a budget.
 __all__ = [
@@ -91,18 +93,35 @@ class AccountLimits:
         return max(1, n // 8) if n > 1 else 0
 
 
-# Documented limits where the provider publishes them; our own ceilings elsewhere (marked).
-DEFAULT_LIMITS: dict[str, AccountLimits] = {
-    # KIE: about 20 new generation requests per 10 s per account. Reads: not documented; 600/min
-    # is our own ceiling.
-    "kie": AccountLimits("kie", reads=Budget(600, 60), creates=Budget(20, 10), concurrency=48),
-    # Replicate: create 600/min, every other call 3000/min.
-    "replicate": AccountLimits("replicate", reads=Budget(3000, 60), creates=Budget(600, 60), concurrency=64),
-    # ElevenLabs limits concurrent requests per plan (5-15 on the lower tiers); rates are ours.
-    "elevenlabs": AccountLimits("elevenlabs", reads=Budget(600, 60), creates=Budget(60, 60), concurrency=16),
-    # Anthropic: requests per minute per tier (50 on tier 1); calls are billed creates.
-    "anthropic": AccountLimits("anthropic", reads=None, creates=Budget(50, 60), concurrency=16),
-}
+class _DefaultLimits(Mapping[str, AccountLimits]):
+    """``DEFAULT_LIMITS``: each provider's budget as its spec declares it (documented limits where
+    the provider publishes them, our own ceilings elsewhere), read from the registry on first use."""
+
+    def _table(self) -> dict[str, AccountLimits]:
+        return {spec.name: default_limits(spec) for spec in provider_specs()}
+
+    def __getitem__(self, provider: str) -> AccountLimits:
+        return self._table()[provider]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(provider_names())
+
+    def __len__(self) -> int:
+        return len(provider_names())
+
+
+def default_limits(spec: ProviderSpec) -> AccountLimits:
+    """A provider's default account budget, from its spec."""
+
+    def budget(rate: Rate | None) -> Budget | None:
+        return None if rate is None else Budget(rate.requests, rate.window_s)
+
+    return AccountLimits(
+        spec.name, reads=budget(spec.reads), creates=budget(spec.creates), concurrency=spec.concurrency
+    )
+
+
+DEFAULT_LIMITS: Mapping[str, AccountLimits] = _DefaultLimits()
 
 
 def parse_account_limits(name: str, raw: str, default: AccountLimits) -> AccountLimits:
@@ -182,16 +201,12 @@ def run_shape(limits: AccountLimits, run_concurrency: int, lease_s: float) -> Ru
     return RunShape(runs, cap)
 
 
-# Providers whose kinds the reconcile runs poll (the others' kinds are synchronous: swept only).
-POLLED_PROVIDERS = ("kie", "replicate", "elevenlabs")
-
-
 def batch_sizes_within_budgets(batch_size: int, run_concurrency: int, lease_s: float) -> dict[str, int]:
     """Per polled provider: ``batch_size``, lowered where the account's read budget (from the
     environment) binds (see ``run_shape``). A tight budget on one account leaves the others'
     batches alone."""
     sizes = {}
-    for provider in POLLED_PROVIDERS:
+    for provider in polled_providers():
         cap = run_shape(account_limits_from_env(provider), run_concurrency, lease_s).batch_cap
         sizes[provider] = batch_size if cap is None else min(batch_size, cap)
     return sizes
@@ -213,7 +228,7 @@ def poll_budgets(cadence_s: float, environ: dict[str, str] | None = None) -> dic
     shared = shared_limits_enabled(environ)
     return {
         p: polls_per_cadence(account_limits_from_env(p, environ), cadence_s) if shared else None
-        for p in POLLED_PROVIDERS
+        for p in polled_providers()
     }
 
 

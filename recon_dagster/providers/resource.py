@@ -1,16 +1,20 @@
-"""One resource for all providers, dispatching on ``provider_kind``; and its wiring from env vars."""
+"""One resource for all providers, dispatching on ``provider_kind``; and its wiring from env vars.
+
+Its fields are the registry's providers (``providers/registry.py``), one per provider, named after
+it: the class is built from the registry, so adding a provider adds its field here.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
 from recon_dagster import config
-from recon_dagster.core.kinds import Provider, get_kind
+from recon_dagster.core.kinds import ProviderSpec, get_kind, provider_specs
 from recon_dagster.core.redaction import register_secret
-from recon_dagster.providers.anthropic import ANTHROPIC_BASE_URL, AnthropicResource
 from recon_dagster.providers.base import (
     AsyncProviderResource,
     ProgressCallback,
@@ -18,32 +22,46 @@ from recon_dagster.providers.base import (
     ProviderResource,
     TaskCreatedCallback,
 )
-from recon_dagster.providers.elevenlabs import ELEVENLABS_BASE_URL, ElevenLabsResource
-from recon_dagster.providers.kie import KIE_BASE_URL, KieResource
 from recon_dagster.providers.limits import resource_limit_fields
-from recon_dagster.providers.replicate import REPLICATE_BASE_URL, ReplicateResource
 from recon_dagster.providers.status import MediaRef, UpstreamStatus
 
-API_KEY_ENV_VARS = ("KIE_API_KEY", "REPLICATE_API_TOKEN", "ELEVENLABS_API_KEY", "ANTHROPIC_API_KEY")
+
+def resource_class(spec: ProviderSpec) -> type[ProviderResource]:
+    """The resource class a provider's spec names (``"module:Class"``)."""
+    module, _, name = spec.resource.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    if not (isinstance(cls, type) and issubclass(cls, ProviderResource)):
+        raise TypeError(f"{spec.name}: {spec.resource} is not a ProviderResource")
+    return cls
 
 
-class ProvidersResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # bare, as Dagster's own: its parameter is the resource itself
-    """All four provider resources behind one ``provider_kind`` dispatch (what reconcile ops use)."""
+def api_key_env_vars() -> tuple[str, ...]:
+    """Every provider's key variable (registered for masking before any client is built)."""
+    return tuple(spec.settings.key_env for spec in provider_specs())
 
-    kie: KieResource
-    replicate: ReplicateResource
-    elevenlabs: ElevenLabsResource
-    anthropic: AnthropicResource
+
+class ProvidersBase(dg.ConfigurableResource):  # type: ignore[type-arg]  # bare, as Dagster's own: its parameter is the resource itself
+    """Every provider's resource behind one ``provider_kind`` dispatch (what reconcile ops use).
+
+    One optional field per registered provider, named after it (``providers.kie``...): a provider
+    left unset answers its kinds with a ``ProviderConfigError`` naming it.
+    """
+
+    def provider(self, name: str) -> ProviderResource:
+        """The resource of the provider called ``name``."""
+        resource = getattr(self, name, None)
+        if not isinstance(resource, ProviderResource):
+            raise ProviderConfigError(f"provider {name!r} is not configured on this ProvidersResource")
+        return resource
+
+    def configured(self) -> tuple[ProviderResource, ...]:
+        """The provider resources that are set, in the registry's order."""
+        found = (getattr(self, spec.name, None) for spec in provider_specs())
+        return tuple(r for r in found if isinstance(r, ProviderResource))
 
     def for_kind(self, kind: str) -> ProviderResource:
         """The resource serving ``kind`` (raises ``UnknownProviderKind`` for an unknown kind)."""
-        provider = get_kind(kind).provider
-        return {
-            Provider.KIE: self.kie,
-            Provider.REPLICATE: self.replicate,
-            Provider.ELEVENLABS: self.elevenlabs,
-            Provider.ANTHROPIC: self.anthropic,
-        }[provider]
+        return self.provider(get_kind(kind).provider)
 
     def _async(self, kind: str) -> AsyncProviderResource:
         resource = self.for_kind(kind)
@@ -95,8 +113,29 @@ class ProvidersResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # b
 
     def close(self) -> None:
         """Close every provider's pooled client."""
-        for resource in (self.kie, self.replicate, self.elevenlabs, self.anthropic):
+        for resource in self.configured():
             resource.close()
+
+
+def _build_providers_resource() -> type[ProvidersBase]:
+    fields = {spec.name: resource_class(spec) | None for spec in provider_specs()}
+    namespace: dict[str, Any] = {
+        "__module__": __name__,
+        "__qualname__": "ProvidersResource",
+        "__doc__": ProvidersBase.__doc__,
+        "__annotations__": fields,
+        **dict.fromkeys(fields),
+    }
+    return type("ProvidersResource", (ProvidersBase,), namespace)
+
+
+if TYPE_CHECKING:
+
+    class ProvidersResource(ProvidersBase):
+        """Built from the registry at import (one field per provider)."""
+
+else:
+    ProvidersResource = _build_providers_resource()
 
 
 def _base_url(name: str, default: str) -> str:
@@ -109,27 +148,15 @@ def providers_from_env() -> ProvidersResource:
     config and the UI), base URLs from ``*_BASE_URL`` when set, else the real providers.
 
     The keys present now are registered for masking at once, before any client is built."""
-    for name in API_KEY_ENV_VARS:
+    for name in api_key_env_vars():
         register_secret(os.environ.get(name))
     return ProvidersResource(
-        kie=KieResource(
-            base_url=_base_url("KIE_BASE_URL", KIE_BASE_URL),
-            api_key=dg.EnvVar("KIE_API_KEY"),
-            **resource_limit_fields("kie"),
-        ),
-        replicate=ReplicateResource(
-            base_url=_base_url("REPLICATE_BASE_URL", REPLICATE_BASE_URL),
-            api_key=dg.EnvVar("REPLICATE_API_TOKEN"),
-            **resource_limit_fields("replicate"),
-        ),
-        elevenlabs=ElevenLabsResource(
-            base_url=_base_url("ELEVENLABS_BASE_URL", ELEVENLABS_BASE_URL),
-            api_key=dg.EnvVar("ELEVENLABS_API_KEY"),
-            **resource_limit_fields("elevenlabs"),
-        ),
-        anthropic=AnthropicResource(
-            base_url=_base_url("ANTHROPIC_BASE_URL", ANTHROPIC_BASE_URL),
-            api_key=dg.EnvVar("ANTHROPIC_API_KEY"),
-            **resource_limit_fields("anthropic"),
-        ),
+        **{
+            spec.name: resource_class(spec)(
+                base_url=_base_url(spec.settings.base_url_env, spec.settings.base_url),
+                api_key=dg.EnvVar(spec.settings.key_env),
+                **resource_limit_fields(spec.name),
+            )
+            for spec in provider_specs()
+        }
     )

@@ -85,7 +85,7 @@ def plan_batches(
     Rows of unknown or missing kind are left to the sweep (they have no partition)."""
     by_kind: dict[str, list[JobRow]] = defaultdict(list)
     for row in rows:
-        if row.provider_kind in KINDS:
+        if row.provider_kind is not None and row.provider_kind in KINDS:
             by_kind[row.provider_kind].append(row)
     batches: list[Batch] = []
     for kind in sorted(by_kind):

@@ -58,8 +58,8 @@ FLUSH_AFTER_S = 1.0
 
 
 def provider_of(provider_kind: str) -> str:
-    """The provider account a kind's polls go to (kie / replicate / elevenlabs)."""
-    return get_kind(provider_kind).provider.value
+    """The provider account a kind's polls go to (the registry's provider of the kind)."""
+    return get_kind(provider_kind).provider
 
 
 def answered(exc: BaseException) -> bool:

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from enum import StrEnum
 
-from recon_dagster.core.kinds import KINDS, MAX_ATTEMPTS, TEXT_RESULT_KINDS
+from recon_dagster.core.kinds import KINDS, MAX_ATTEMPTS
 from recon_dagster.core.types import JobRow
 from recon_dagster.media.base import media_folder
 from recon_dagster.providers.status import UpstreamState, UpstreamStatus
@@ -126,7 +126,7 @@ def promised_kind(provider_kind: str | None, job_type: str) -> str | None:
     """What a job of this kind and type can only be completed with: ``image``, ``video``,
     ``audio``, ``weights`` or ``media`` (a type naming none of them); None when it promises no media.
 
-    Every async kind promises media, except the text-capable ones (``TEXT_RESULT_KINDS``), where the
+    Every async kind promises media, except the text-capable ones (``ProviderKind.text_result``), where the
     job type decides: a type naming images, video, audio or weights promises media. Sync and unknown
     kinds promise nothing here: their results never pass through a media URL this library fetches.
     """
@@ -134,7 +134,7 @@ def promised_kind(provider_kind: str | None, job_type: str) -> str | None:
     if kind is None or not kind.is_async:
         return None
     folder = media_folder(job_type)
-    if kind.name in TEXT_RESULT_KINDS and folder == "files":
+    if kind.text_result and folder == "files":
         return None
     return _PROMISED_BY_FOLDER.get(folder, "media")
 

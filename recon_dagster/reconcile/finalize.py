@@ -35,6 +35,7 @@ import sqlalchemy as sa
 
 from recon_dagster.core.crashpoints import crash_point
 from recon_dagster.core.deadlines import media_deadline_s, media_min_bytes_per_s
+from recon_dagster.core.kinds import KINDS
 from recon_dagster.db import credits
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.sqltext import sql
@@ -96,7 +97,9 @@ class ProviderResult:
 
     @property
     def provider(self) -> str:
-        return self.provider_kind.split("-", 1)[0]
+        """The registry's provider of the kind (a kind it does not know stands for itself)."""
+        kind = KINDS.get(self.provider_kind)
+        return kind.provider if kind is not None else self.provider_kind
 
 
 class HeadersFor(Protocol):

@@ -48,7 +48,7 @@ class RunVerdict:
 
 
 def _providers(outcomes: Sequence[JobOutcome]) -> str:
-    names = sorted({str(KINDS[o.provider_kind].provider) for o in outcomes if o.provider_kind in KINDS})
+    names = sorted({KINDS[k].provider for o in outcomes if (k := o.provider_kind) is not None and k in KINDS})
     return ", ".join(names) or "the provider"
 
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from recon_dagster.core.kinds import Family
 from recon_dagster.sandbox import shapes
+from recon_dagster.sandbox.families import Family
 from recon_dagster.sandbox.media import MEDIA_TYPES, iter_media, media_length
 from recon_dagster.sandbox.refusals import (
     ANTHROPIC,
@@ -85,7 +85,7 @@ class SandboxCore:
 
     def media_urls(self, task: Task) -> list[str]:
         """Where a client fetches this task's media (ElevenLabs: the audio endpoint)."""
-        if task.family is Family.ELEVENLABS_DUBBING:
+        if task.family == Family.ELEVENLABS_DUBBING:
             return [
                 f"{self.base_url}/elevenlabs/v1/dubbing/{task.task_id}/audio/{lang}"
                 for lang in task.target_languages

@@ -6,14 +6,15 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-from recon_dagster.core.kinds import Family, get_kind
+from recon_dagster.core.kinds import get_kind
+from recon_dagster.sandbox.families import Family
 
 OUTCOMES = ("succeed", "fail", "run_forever")
 MEDIA_KINDS = ("image", "video", "audio", "weights", "text")
 MALFORMED_KINDS = ("truncated", "not_json", "unknown_state", "missing_state")
 
 # The media a family produces when the scenario does not say.
-FAMILY_MEDIA_KIND: dict[Family, str] = {
+FAMILY_MEDIA_KIND: dict[str, str] = {
     Family.KIE_MARKET: "image",
     Family.KIE_VEO: "video",
     Family.KIE_SUNO: "audio",
@@ -29,7 +30,7 @@ FAMILY_MEDIA_KIND: dict[Family, str] = {
 }
 
 # Documented failure values a scenario may pick with ``fail_state`` (first one is the default).
-FAMILY_FAIL_STATES: dict[Family, tuple[str, ...]] = {
+FAMILY_FAIL_STATES: dict[str, tuple[str, ...]] = {
     Family.KIE_MARKET: ("fail",),
     Family.KIE_VEO: ("3", "2"),
     Family.KIE_SUNO: (
@@ -157,7 +158,7 @@ class Scenario:
             if value is not None and (not isinstance(value, int) or not 100 <= value <= 599):
                 raise ScenarioError(f"{name} must be an HTTP status code, got {value!r}")
 
-    def check_for_kind(self, kind: str) -> Family:
+    def check_for_kind(self, kind: str) -> str:
         """Validate the family-specific fields against ``kind``; returns the kind's family."""
         family = get_kind(kind).family
         if self.fail_state is not None:
@@ -236,6 +237,6 @@ def create_action(n: int, scenario: Scenario) -> CreateAction:
     return "create"
 
 
-def media_kind_for(family: Family, scenario: Scenario) -> str:
+def media_kind_for(family: str, scenario: Scenario) -> str:
     """The scenario's media kind, or the family's natural one."""
     return scenario.media_kind or FAMILY_MEDIA_KIND[family]

@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from recon_dagster.core.kinds import Family
+from recon_dagster.sandbox.families import Family
 from recon_dagster.sandbox.scenario import FAMILY_FAIL_STATES, Scenario
 from recon_dagster.sandbox.state import Task
 
 # Documented non-terminal values; successive running polls rotate through them.
-RUNNING_VALUES: dict[Family, tuple[Any, ...]] = {
+RUNNING_VALUES: dict[str, tuple[Any, ...]] = {
     Family.KIE_MARKET: ("waiting", "queuing", "generating"),
     Family.KIE_VEO: (0,),
     Family.KIE_SUNO: ("PENDING", "TEXT_SUCCESS", "FIRST_SUCCESS"),
@@ -27,7 +28,7 @@ RUNNING_VALUES: dict[Family, tuple[Any, ...]] = {
 }
 
 # Where each family's state field lives in a poll body (used to build malformed bodies).
-STATE_PATH: dict[Family, tuple[str, ...]] = {
+STATE_PATH: dict[str, tuple[str, ...]] = {
     Family.KIE_MARKET: ("data", "state"),
     Family.KIE_VEO: ("data", "successFlag"),
     Family.KIE_SUNO: ("data", "status"),
@@ -52,12 +53,12 @@ DEFAULT_ERROR = "Generation failed, please try again later"
 SANDBOX_VERSION = "5c7d5dc6dd8bf75c1acaa8565735e7986bc5b66206b55cca93cb72c9bf15ccaa"
 
 
-def running_value(family: Family, index: int) -> Any:
+def running_value(family: str, index: int) -> Any:
     values = RUNNING_VALUES[family]
     return values[index % len(values)]
 
 
-def fail_value(family: Family, scenario: Scenario) -> Any:
+def fail_value(family: str, scenario: Scenario) -> Any:
     """The scenario's failure value, typed as the provider sends it (flags are integers)."""
     value = scenario.fail_state or FAMILY_FAIL_STATES[family][0]
     return int(value) if value.isdigit() else value
@@ -176,7 +177,7 @@ def _flag_family(task: Task, phase: str, i: int) -> tuple[Any, Any, Any]:
     if phase == "running":
         return running_value(task.family, i), None, ""
     if phase == "succeeded":
-        flag = 4 if (task.family is Family.KIE_LUMA and sc.luma_callback_failed) else 1
+        flag = 4 if (task.family == Family.KIE_LUMA and sc.luma_callback_failed) else 1
         return flag, None, ""
     flag = fail_value(task.family, sc)
     return flag, (400 if flag == 2 else 501), sc.error_message or DEFAULT_ERROR
@@ -320,7 +321,7 @@ def _kie_runway(task: Task, phase: str, i: int, links: Links) -> dict[str, Any]:
 
 def _replicate(task: Task, phase: str, i: int, links: Links) -> dict[str, Any]:
     sc = task.scenario
-    training = task.family is Family.REPLICATE_TRAINING
+    training = task.family == Family.REPLICATE_TRAINING
     collection = "trainings" if training else "predictions"
     get_url = f"{links.replicate_base}/{collection}/{task.task_id}"
     status: str
@@ -391,7 +392,7 @@ def _elevenlabs_dubbing(task: Task, phase: str, i: int, links: Links) -> dict[st
     return body
 
 
-_RENDERERS = {
+_RENDERERS: dict[str, Callable[[Task, str, int, Links], dict[str, Any]]] = {
     Family.KIE_MARKET: _kie_market,
     Family.KIE_VEO: _kie_veo,
     Family.KIE_SUNO: _kie_suno,
@@ -404,7 +405,7 @@ _RENDERERS = {
 }
 
 
-def malformed_body(family: Family, body: dict[str, Any], how: str) -> bytes:
+def malformed_body(family: str, body: dict[str, Any], how: str) -> bytes:
     """Spoil a poll body the way a misbehaving upstream or proxy would."""
     if how == "not_json":
         return b"<html><body><h1>502 Bad Gateway</h1></body></html>"

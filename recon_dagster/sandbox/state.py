@@ -15,7 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from recon_dagster.core.kinds import Family, get_kind
+from recon_dagster.core.kinds import get_kind
+from recon_dagster.sandbox.families import Family
 from recon_dagster.sandbox.scenario import Scenario, create_action, injected
 
 _ALNUM_LOWER = string.ascii_lowercase + string.digits
@@ -35,13 +36,13 @@ def max_in_window(times: list[float], window_s: float) -> int:
     return best
 
 
-def new_task_id(family: Family) -> str:
+def new_task_id(family: str) -> str:
     """An id shaped like the provider's own (KIE hex, Runway UUID, Replicate base32-ish, ...)."""
-    if family is Family.KIE_RUNWAY:
+    if family == Family.KIE_RUNWAY:
         return str(uuid.uuid4())
     if family in (Family.REPLICATE_PREDICTION, Family.REPLICATE_TRAINING):
         return "".join(secrets.choice(_ALNUM_LOWER) for _ in range(26))
-    if family is Family.ELEVENLABS_DUBBING:
+    if family == Family.ELEVENLABS_DUBBING:
         return "".join(secrets.choice(_ALNUM) for _ in range(20))
     return uuid.uuid4().hex
 
@@ -52,7 +53,7 @@ class Task:
 
     task_id: str
     kind: str
-    family: Family
+    family: str
     scenario: Scenario
     created_at: float
     model: str | None = None
@@ -230,7 +231,7 @@ class SandboxState:
         with self._lock:
             self.requests_total += 1
 
-    def poll(self, task_id: str, families: tuple[Family, ...]) -> PollTicket | None:
+    def poll(self, task_id: str, families: tuple[str, ...]) -> PollTicket | None:
         """Count a poll of ``task_id``; None when no task of these families has that id."""
         with self._lock:
             self.polls[task_id] += 1
@@ -239,7 +240,7 @@ class SandboxState:
                 return None
             return self._ticket(task, answer_counts=True)
 
-    def task_request(self, task_id: str, families: tuple[Family, ...]) -> PollTicket | None:
+    def task_request(self, task_id: str, families: tuple[str, ...]) -> PollTicket | None:
         """Count a non-poll API request on a task (ElevenLabs audio fetch, Replicate cancel)."""
         with self._lock:
             task = self.tasks.get(task_id)

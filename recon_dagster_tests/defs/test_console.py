@@ -210,7 +210,7 @@ def _latest_health_checks(instance: dg.DagsterInstance) -> dict[str, bool | None
     from dagster._core.loader import LoadingContextForTest
     from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecord
 
-    from recon_dagster.core.kinds import Provider
+    from recon_dagster.core.kinds import provider_names
 
     async def shown(key: AssetCheckKey) -> bool | None:
         ctx = LoadingContextForTest(instance)
@@ -223,9 +223,7 @@ def _latest_health_checks(instance: dg.DagsterInstance) -> dict[str, bool | None
             return None
         return record.evaluation.passed
 
-    return {
-        p.value: asyncio.run(shown(AssetCheckKey(dg.AssetKey("provider_health"), p.value))) for p in Provider
-    }
+    return {p: asyncio.run(shown(AssetCheckKey(dg.AssetKey("provider_health"), p))) for p in provider_names()}
 
 
 def test_a_run_of_one_provider_leaves_every_busy_providers_health_check_shown(
@@ -411,7 +409,7 @@ def test_the_outcome_assets_say_every_reconcile_run_writes_them_and_nothing_auto
 
     repo = defs.get_repository_def()
     graph = repo.asset_graph
-    keys = [OUTCOMES, *(provider_outcomes_key(p.value) for p in {k.provider for k in KINDS.values()})]
+    keys = [OUTCOMES, *(provider_outcomes_key(p) for p in {k.provider for k in KINDS.values()})]
     for key in keys:
         node = graph.get(key)
         assert node.description.startswith("Written by every reconcile_job and sync_sweep_job run"), key

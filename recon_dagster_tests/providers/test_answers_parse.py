@@ -12,13 +12,13 @@ import json
 
 import pytest
 
-from recon_dagster.core.kinds import ASYNC_KINDS, KINDS, Provider
+from recon_dagster.core.kinds import ASYNC_KINDS, KINDS
 from recon_dagster.providers import ProviderProtocolError, parse_poll_response
-from recon_dagster.providers.parse import KieEnvelopeError
+from recon_dagster.providers.kie.parse import KieEnvelopeError
 from recon_dagster_tests.support.poll_bodies import IMG, NF, E, F, S, kie, pred
 
 MP3 = "https://cdn.example.com/a/1.mp3"
-KIE_KINDS = [k for k in ASYNC_KINDS if KINDS[k].provider is Provider.KIE]
+KIE_KINDS = [k for k in ASYNC_KINDS if KINDS[k].provider == "kie"]
 
 
 # --- an answer that is not proof of failure is not a failure -------------------

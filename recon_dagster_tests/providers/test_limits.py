@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from recon_dagster.core.kinds import KINDS, Provider
+from recon_dagster.core.kinds import KINDS, provider_names
 from recon_dagster.db.budget import check_run_queue
 from recon_dagster.defs.resources import ReconcileSettingsResource
 from recon_dagster.providers import KieResource, ProviderHTTPError
@@ -320,16 +320,16 @@ def test_dagster_yaml_run_limits_fit_the_account_budgets() -> None:
     per_provider = {x["value"]: x["limit"] for x in limits if x["key"] == "recon/provider"}
     batch_lane = {x["value"]: x["limit"] for x in limits if x["key"] == "recon/provider_lane"}
     settings = ReconcileSettingsResource()
-    assert set(per_provider) == {str(p) for p in Provider}
+    assert set(per_provider) == set(provider_names())
     total = 0
-    for provider in Provider:
+    for provider in provider_names():
         acct = DEFAULT_LIMITS[str(provider)]
         shape = run_shape(acct, settings.concurrency, settings.lease_seconds)
         runs = batch_lane.get(f"{provider}/batch", per_provider[str(provider)])
         total += per_provider[str(provider)]
         assert runs <= shape.provider_runs, provider
         assert runs * settings.concurrency <= (acct.concurrency or 0), provider
-        async_kinds = [k for k in KINDS.values() if k.provider is provider and k.is_async]
+        async_kinds = [k for k in KINDS.values() if k.provider == provider and k.is_async]
         if len(async_kinds) > 1:
             assert per_kind < runs, f"one {provider} kind could hold every {provider} run"
             # Two more runs than batch runs may take, for small runs only (the shared limiter keeps the slots).

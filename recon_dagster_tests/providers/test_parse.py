@@ -16,7 +16,7 @@ from recon_dagster.providers import (
     UpstreamStatus,
     parse_poll_response,
 )
-from recon_dagster.providers.parse import KieEnvelopeError
+from recon_dagster.providers.kie.parse import KieEnvelopeError
 from recon_dagster_tests.support.poll_bodies import IMG, NF, E, F, R, S, kie, pred
 
 VID = "https://cdn.example.com/v/abc.mp4"

@@ -13,8 +13,8 @@ import pytest
 from recon_dagster.media.errors import MediaExpired, MediaUnusable
 from recon_dagster.providers.base import ProviderConfigError
 from recon_dagster.providers.http import RetryableError
+from recon_dagster.providers.kie.parse import KieEnvelopeError
 from recon_dagster.providers.limits import AccountBusy, TokenWaitTooLong
-from recon_dagster.providers.parse import KieEnvelopeError
 from recon_dagster.providers.status import ProviderHTTPError, ProviderProtocolError
 from recon_dagster.reconcile.cause import (
     HEALTH_BY_CAUSE,

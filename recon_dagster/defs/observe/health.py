@@ -24,7 +24,7 @@ from typing import Any
 import dagster as dg
 
 from recon_dagster.config import Settings
-from recon_dagster.core.kinds import KINDS, Provider
+from recon_dagster.core.kinds import KINDS, provider_names
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.operator.health import HealthPolicy, State, Verdict, verdicts
 
@@ -118,11 +118,11 @@ def report_health(
     ],
     check_specs=[
         dg.AssetCheckSpec(
-            p.value,
+            p,
             asset=HEALTH,
-            description=f"{p.value} answers reconcile polls (fails while it is DOWN; skipped while idle)",
+            description=f"{p} answers reconcile polls (fails while it is DOWN; skipped while idle)",
         )
-        for p in Provider
+        for p in provider_names()
     ],
     # Checks are optional outputs: an idle provider's is not yielded, and shows as skipped.
     can_subset=True,

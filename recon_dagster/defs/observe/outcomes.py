@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from recon_dagster.config import Settings
-from recon_dagster.core.kinds import KIND_NAMES, KINDS, Provider
+from recon_dagster.core.kinds import KINDS, provider_names
 from recon_dagster.db.sqltext import sql
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.operator.health import HealthPolicy, provider_figures
@@ -27,7 +27,7 @@ OUTCOMES = dg.AssetKey("reconcile_outcomes")
 ANOMALIES = dg.AssetKey("credit_anomalies")
 ERROR_RATES = dg.AssetKey("reconcile_error_rates")
 
-provider_kind_partitions = dg.StaticPartitionsDefinition(list(KIND_NAMES))
+provider_kind_partitions = dg.StaticPartitionsDefinition(list(KINDS))
 
 # Outcome counts as they are plotted: force-fails and sweeps are their own series, never folded
 # into "failed" (which is failed upstream, refunded).
@@ -91,13 +91,13 @@ def provider_outcomes_key(provider: str) -> dg.AssetKey:
 # partitioned asset); these are the time series.
 provider_outcome_specs = [
     _written_by_runs(
-        key=provider_outcomes_key(p.value),
-        description=f"Written by every reconcile_job and sync_sweep_job run that touched {p.value} "
-        f"(not launched on its own). What each such run did to {p.value}'s jobs, over time: one "
+        key=provider_outcomes_key(p),
+        description=f"Written by every reconcile_job and sync_sweep_job run that touched {p} "
+        f"(not launched on its own). What each such run did to {p}'s jobs, over time: one "
         "outcome/kind count per run for each kind it worked (recovered, failed_refunded, force_failed, "
         "still_running, errors, ...).",
     )
-    for p in Provider
+    for p in provider_names()
 ]
 
 
@@ -153,7 +153,7 @@ def report_outcomes(
         kind = o.provider_kind
         if kind is None and context.has_partition_key:
             kind = context.partition_key  # skipped jobs carry no row, hence no kind
-        if kind in KINDS:
+        if kind is not None and kind in KINDS:
             by_kind[kind].append(o)
     if not by_kind:
         return
@@ -278,11 +278,11 @@ def reconcile_error_rates(
     policy = HealthPolicy.from_config()
     with database.get_engine().connect() as conn:
         figures = provider_figures(conn, policy.window_s)
-        attempts: dict[str, list[int]] = {p.value: [0, 0, 0] for p in Provider}
+        attempts: dict[str, list[int]] = {p: [0, 0, 0] for p in provider_names()}
         for r in conn.execute(_ATTEMPTS, {"window_s": policy.window_s}):
             kind = KINDS.get(r.provider_kind)
             if kind is not None:
-                totals = attempts[kind.provider.value]
+                totals = attempts[kind.provider]
                 for i, n in enumerate((r.n, r.unanswered, r.own)):
                     totals[i] += int(n)
     meta: dict[str, Any] = {"window_s": policy.window_s}

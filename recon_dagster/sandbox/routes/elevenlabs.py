@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 import secrets
 
-from recon_dagster.core.kinds import Family
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.core import Route, SandboxCore
+from recon_dagster.sandbox.families import Family
 from recon_dagster.sandbox.refusals import ELEVENLABS, form_body, invalid, json_body, requested_scenario
 from recon_dagster.sandbox.scenario import poll_phase
 from recon_dagster.sandbox.wire import Request, Response, json_response

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from recon_dagster.core.kinds import Family
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.core import Route, SandboxCore
+from recon_dagster.sandbox.families import Family
 from recon_dagster.sandbox.refusals import KIE, invalid, json_body, requested_scenario
 from recon_dagster.sandbox.wire import BadRequest, Request, Response, json_response
 
@@ -29,7 +29,7 @@ def _market_kind(model: str, override: Any) -> str:
 
 
 # KIE create path -> (family, required fields)
-_KIE_CREATE: dict[str, tuple[Family, tuple[str, ...]]] = {
+_KIE_CREATE: dict[str, tuple[str, tuple[str, ...]]] = {
     "/kie/api/v1/jobs/createTask": (Family.KIE_MARKET, ("model",)),
     "/kie/api/v1/veo/generate": (Family.KIE_VEO, ("prompt",)),
     "/kie/api/v1/generate": (Family.KIE_SUNO, ()),
@@ -46,7 +46,7 @@ _KIE_POLL: dict[str, Family] = {
     "/kie/api/v1/modify/record-info": Family.KIE_LUMA,
 }
 # The kind of a non-market create (a market model's kind depends on the model).
-_FAMILY_KIND: dict[Family, str] = {
+_FAMILY_KIND: dict[str, str] = {
     Family.KIE_VEO: "kie-veo",
     Family.KIE_SUNO: "kie-suno",
     Family.KIE_KONTEXT: "kie-kontext",
@@ -64,7 +64,7 @@ def create(sb: SandboxCore, req: Request) -> Response:
     missing = [name for name in required if not body.get(name)]
     if missing:
         return invalid(KIE, f"{', '.join(missing)} is required")
-    if family is Family.KIE_MARKET:
+    if family == Family.KIE_MARKET:
         if not isinstance(body.get("input", {}), dict):
             return invalid(KIE, "input must be an object")
         kind = _market_kind(str(body["model"]), body.get("sandbox_kind"))
@@ -76,7 +76,7 @@ def create(sb: SandboxCore, req: Request) -> Response:
         return refusal
     params = {k: v for k, v in body.items() if k not in ("sandbox_scenario", "sandbox_kind")}
     model = params.get("model")
-    task_input = params.get("input") if family is Family.KIE_MARKET else params
+    task_input = params.get("input") if family == Family.KIE_MARKET else params
     task = sb.state.add_task(kind, sc, via_create=True, model=model, input=task_input)
     sb.state.record_create(kind, task.task_id, req.body)
     if action == "lost":

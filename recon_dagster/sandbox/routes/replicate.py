@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from recon_dagster.core.kinds import Family
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.core import Route, SandboxCore
+from recon_dagster.sandbox.families import Family
 from recon_dagster.sandbox.refusals import REPLICATE, invalid, json_body, not_found, requested_scenario
 from recon_dagster.sandbox.scenario import poll_phase
 from recon_dagster.sandbox.state import Task

@@ -8,27 +8,23 @@ from urllib.parse import quote
 import httpx
 from pydantic import Field
 
-from recon_dagster.core.kinds import Family, Provider
 from recon_dagster.providers.base import AsyncProviderResource
 from recon_dagster.providers.http import json_body
-from recon_dagster.providers.parse import (
-    KIE_RETRYABLE_CODES,
-    KieEnvelopeError,
-    kie_envelope_message,
-    parse_poll_response,
-)
+from recon_dagster.providers.kie.parse import KIE_RETRYABLE_CODES, KieEnvelopeError, kie_envelope_message
+from recon_dagster.providers.kie.spec import NAME, SPEC, KieFamily
+from recon_dagster.providers.parse import parse_poll_response
 from recon_dagster.providers.status import ProviderHTTPError, ProviderProtocolError, UpstreamStatus
 
-KIE_BASE_URL = "https://api.kie.ai"
+KIE_BASE_URL = SPEC.settings.base_url
 
 # (create path, poll path) per family; each kind maps to exactly one pair (docs/design.md, "Kinds").
-KIE_ENDPOINTS: dict[Family, tuple[str, str]] = {
-    Family.KIE_MARKET: ("/api/v1/jobs/createTask", "/api/v1/jobs/recordInfo"),
-    Family.KIE_VEO: ("/api/v1/veo/generate", "/api/v1/veo/record-info"),
-    Family.KIE_SUNO: ("/api/v1/generate", "/api/v1/generate/record-info"),
-    Family.KIE_KONTEXT: ("/api/v1/flux/kontext/generate", "/api/v1/flux/kontext/record-info"),
-    Family.KIE_RUNWAY: ("/api/v1/runway/generate", "/api/v1/runway/record-detail"),
-    Family.KIE_LUMA: ("/api/v1/modify/generate", "/api/v1/modify/record-info"),
+KIE_ENDPOINTS: dict[str, tuple[str, str]] = {
+    KieFamily.MARKET: ("/api/v1/jobs/createTask", "/api/v1/jobs/recordInfo"),
+    KieFamily.VEO: ("/api/v1/veo/generate", "/api/v1/veo/record-info"),
+    KieFamily.SUNO: ("/api/v1/generate", "/api/v1/generate/record-info"),
+    KieFamily.KONTEXT: ("/api/v1/flux/kontext/generate", "/api/v1/flux/kontext/record-info"),
+    KieFamily.RUNWAY: ("/api/v1/runway/generate", "/api/v1/runway/record-detail"),
+    KieFamily.LUMA: ("/api/v1/modify/generate", "/api/v1/modify/record-info"),
 }
 
 
@@ -46,7 +42,7 @@ class KieResource(AsyncProviderResource):
     server codes there are retried like HTTP 429/5xx.
     """
 
-    PROVIDER: ClassVar[Provider] = Provider.KIE
+    PROVIDER: ClassVar[str] = NAME
 
     base_url: str = Field(default=KIE_BASE_URL, description="KIE API base URL.")
     # KIE: about 20 new generation requests per 10 s per account; excess is rejected, not queued.
@@ -73,7 +69,7 @@ class KieResource(AsyncProviderResource):
     def create(self, kind: str, payload: dict[str, Any]) -> str:
         """POST the family's generate endpoint; returns ``data.taskId``."""
         family = self._kind(kind).family
-        required = ("model", "input") if family is Family.KIE_MARKET else ()
+        required = ("model", "input") if family == KieFamily.MARKET else ()
         body = self._check_payload(kind, payload, required)
         response = self.http.request(
             "POST", KIE_ENDPOINTS[family][0], label=kind, idempotent=False, json=body

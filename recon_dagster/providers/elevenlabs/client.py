@@ -8,13 +8,13 @@ from urllib.parse import quote
 import httpx
 from pydantic import Field
 
-from recon_dagster.core.kinds import Provider
 from recon_dagster.providers.base import AsyncProviderResource
+from recon_dagster.providers.elevenlabs.spec import NAME, SPEC
 from recon_dagster.providers.http import json_body
 from recon_dagster.providers.parse import parse_poll_response
 from recon_dagster.providers.status import ProviderProtocolError, UpstreamStatus
 
-ELEVENLABS_BASE_URL = "https://api.elevenlabs.io"
+ELEVENLABS_BASE_URL = SPEC.settings.base_url
 
 
 def elevenlabs_error_message(response: httpx.Response) -> str | None:
@@ -40,7 +40,7 @@ class ElevenLabsResource(AsyncProviderResource):
     ``needs_auth`` and ``media_headers`` supplies the key for that host only.
     """
 
-    PROVIDER: ClassVar[Provider] = Provider.ELEVENLABS
+    PROVIDER: ClassVar[str] = NAME
 
     base_url: str = Field(default=ELEVENLABS_BASE_URL, description="ElevenLabs API base URL.")
     max_concurrency: int = Field(default=8, description="ElevenLabs limits concurrent requests per plan.")

@@ -7,12 +7,12 @@ from typing import Any, ClassVar
 import httpx
 from pydantic import Field
 
-from recon_dagster.core.kinds import Provider
+from recon_dagster.providers.anthropic.spec import NAME, SPEC
 from recon_dagster.providers.base import ProviderResource
 from recon_dagster.providers.http import json_body
 from recon_dagster.providers.status import ProviderProtocolError
 
-ANTHROPIC_BASE_URL = "https://api.anthropic.com"
+ANTHROPIC_BASE_URL = SPEC.settings.base_url
 
 
 def anthropic_error_message(response: httpx.Response) -> str | None:
@@ -31,7 +31,7 @@ class AnthropicResource(ProviderResource):
     """Anthropic client for ``anthropic-sync`` (429 ``rate_limit_error`` and 529 ``overloaded_error``
     are retried, honouring ``retry-after``)."""
 
-    PROVIDER: ClassVar[Provider] = Provider.ANTHROPIC
+    PROVIDER: ClassVar[str] = NAME
 
     base_url: str = Field(default=ANTHROPIC_BASE_URL, description="Anthropic API base URL.")
     # Generation can take minutes; the read timeout bounds one response.

@@ -8,13 +8,13 @@ from urllib.parse import quote
 import httpx
 from pydantic import Field
 
-from recon_dagster.core.kinds import Family, Provider
 from recon_dagster.providers.base import AsyncProviderResource
 from recon_dagster.providers.http import json_body
 from recon_dagster.providers.parse import parse_poll_response
+from recon_dagster.providers.replicate.spec import NAME, SPEC, ReplicateFamily
 from recon_dagster.providers.status import ProviderProtocolError, UpstreamStatus
 
-REPLICATE_BASE_URL = "https://api.replicate.com/v1"
+REPLICATE_BASE_URL = SPEC.settings.base_url
 
 
 def _owner_name(kind: str, model: object) -> tuple[str, str]:
@@ -40,7 +40,7 @@ def replicate_error_message(response: httpx.Response) -> str | None:
 class ReplicateResource(AsyncProviderResource):
     """Replicate client: ``replicate-prediction`` and ``replicate-training``."""
 
-    PROVIDER: ClassVar[Provider] = Provider.REPLICATE
+    PROVIDER: ClassVar[str] = NAME
 
     base_url: str = Field(default=REPLICATE_BASE_URL, description="Replicate API base URL.")
     # Replicate: create 600/min, other calls 3000/min. A bucket admits at most burst + rate * 60 s
@@ -63,7 +63,7 @@ class ReplicateResource(AsyncProviderResource):
         """
         family = self._kind(kind).family
         body: dict[str, Any] = dict(self._check_payload(kind, payload, ("input",)))
-        if family is Family.REPLICATE_TRAINING:
+        if family == ReplicateFamily.TRAINING:
             self._check_payload(kind, payload, ("model", "version", "destination"))
             owner, name = _owner_name(kind, body.pop("model"))
             version = quote(str(body.pop("version")), safe="")
@@ -85,7 +85,7 @@ class ReplicateResource(AsyncProviderResource):
     def poll(self, kind: str, task_id: str) -> UpstreamStatus:
         """``GET /predictions/{id}`` or ``GET /trainings/{id}``, parsed."""
         family = self._kind(kind).family
-        collection = "trainings" if family is Family.REPLICATE_TRAINING else "predictions"
+        collection = "trainings" if family == ReplicateFamily.TRAINING else "predictions"
         body = self._poll_get(kind, f"/{collection}/{quote(task_id, safe='')}", task_id)
         if isinstance(body, UpstreamStatus):
             return body
