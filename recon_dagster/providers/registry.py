@@ -13,6 +13,7 @@ from __future__ import annotations
 from recon_dagster.core.kinds import ProviderSpec
 from recon_dagster.providers.anthropic.spec import SPEC as ANTHROPIC
 from recon_dagster.providers.elevenlabs.spec import SPEC as ELEVENLABS
+from recon_dagster.providers.fal.spec import SPEC as FAL
 from recon_dagster.providers.kie.spec import SPEC as KIE
 from recon_dagster.providers.replicate.spec import SPEC as REPLICATE
 
@@ -21,4 +22,5 @@ PROVIDERS: tuple[ProviderSpec, ...] = (
     REPLICATE,
     ELEVENLABS,
     ANTHROPIC,
+    FAL,
 )

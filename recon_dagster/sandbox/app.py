@@ -8,7 +8,7 @@ simulated latency and writes the response outside any lock, so many calls procee
 
 from __future__ import annotations
 
-from recon_dagster.sandbox import admin
+from recon_dagster.sandbox import admin, plugins
 from recon_dagster.sandbox.core import Route, SandboxCore
 from recon_dagster.sandbox.refusals import ANTHROPIC, ELEVENLABS, KIE, REPLICATE, not_found
 from recon_dagster.sandbox.routes import anthropic, elevenlabs, kie, media, replicate
@@ -21,6 +21,11 @@ ROUTES: dict[str, tuple[Route, ...]] = {
     ELEVENLABS: elevenlabs.ROUTES,
     ANTHROPIC: anthropic.ROUTES,
 }
+
+
+def _routes() -> dict[str, tuple[Route, ...]]:
+    """The built-in providers' routes and every plugin provider's (``sandbox/plugins.py``)."""
+    return {**ROUTES, **{name: plugin.routes for name, plugin in plugins.plugins().items()}}
 
 
 class Sandbox(SandboxCore):
@@ -37,11 +42,12 @@ class Sandbox(SandboxCore):
         self.state.count_request()
         if path.startswith("/media/"):
             return media.serve(self, req)
-        provider = next((p for p in ROUTES if path.startswith(f"/{p}/")), None)
+        routes = _routes()
+        provider = next((p for p in routes if path.startswith(f"/{p}/")), None)
         if provider is None:
             return not_found(None, f"no sandbox endpoint {req.method} {path}")
         try:
-            route = next((r for r in ROUTES[provider] if r.method == req.method and r.matches(path)), None)
+            route = next((r for r in routes[provider] if r.method == req.method and r.matches(path)), None)
             # Every request that reaches a provider counts against its account, answered or not.
             create = route is not None and route.create
             self.state.log_request(provider, "create" if create else "read")

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from recon_dagster.sandbox import shapes
+from recon_dagster.sandbox import plugins, shapes
 from recon_dagster.sandbox.families import Family
 from recon_dagster.sandbox.media import MEDIA_TYPES, iter_media, media_length
 from recon_dagster.sandbox.refusals import (
@@ -48,6 +48,7 @@ class SandboxCore:
         self.base_url = ""
         # Set on stop and on reset, so calls held open by run_forever scenarios end promptly.
         self.release = threading.Event()
+        plugins.plugins()
 
     def latency(self, sc: Scenario | None) -> float:
         if sc is not None and sc.latency_s is not None:
@@ -62,6 +63,8 @@ class SandboxCore:
             )
         elif provider == ELEVENLABS:
             presented = req.headers.get("xi-api-key")
+        elif provider in plugins.plugins():
+            presented = plugins.plugins()[provider].presented_key(req)
         else:
             # Anthropic takes x-api-key (our client, older SDKs) or a Bearer token (its SDK since
             # the 2026-10-21 API version); x-api-key wins when both are sent.
@@ -152,6 +155,9 @@ class SandboxCore:
         if action == "rejected":
             status = sc.create_reject_status or 400
             message = sc.error_message or "Request rejected by the provider"
+            plugin = plugins.plugins().get(provider)
+            if plugin is not None:
+                return action, plugin.error(status, "request_rejected", message, {}, delay)
             if provider == KIE:
                 return action, json_response(200, shapes.kie_error(status, message), delay_s=delay)
             if provider == REPLICATE:

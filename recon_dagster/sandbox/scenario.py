@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from recon_dagster.core.kinds import get_kind
+from recon_dagster.sandbox import plugins
 from recon_dagster.sandbox.families import Family
 
 OUTCOMES = ("succeed", "fail", "run_forever")
@@ -161,6 +162,7 @@ class Scenario:
     def check_for_kind(self, kind: str) -> str:
         """Validate the family-specific fields against ``kind``; returns the kind's family."""
         family = get_kind(kind).family
+        plugins.plugins()
         if self.fail_state is not None:
             allowed = FAMILY_FAIL_STATES.get(family, ())
             if self.fail_state not in allowed:
@@ -239,4 +241,5 @@ def create_action(n: int, scenario: Scenario) -> CreateAction:
 
 def media_kind_for(family: str, scenario: Scenario) -> str:
     """The scenario's media kind, or the family's natural one."""
+    plugins.plugins()
     return scenario.media_kind or FAMILY_MEDIA_KIND[family]

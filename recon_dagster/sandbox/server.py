@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from recon_dagster.config import Settings
 from recon_dagster.core.kinds import get_kind
+from recon_dagster.sandbox import plugins
 from recon_dagster.sandbox.app import Sandbox
 from recon_dagster.sandbox.scenario import Scenario
 from recon_dagster.sandbox.wire import Request, Response, json_response
@@ -271,8 +272,17 @@ class SandboxServer:
             "ELEVENLABS_API_KEY": key,
             "ANTHROPIC_BASE_URL": self.anthropic_base_url,
             "ANTHROPIC_API_KEY": key,
+            **{
+                var: value
+                for name, plugin in plugins.plugins().items()
+                for var, value in plugin.env(self.provider_base_url(name), key).items()
+            },
             Settings.media_allowed_hosts.name: f"{self.host}:{self.port}",
         }
+
+    def provider_base_url(self, provider: str) -> str:
+        """Where a plugin provider's routes are served (``/<provider>`` on the sandbox)."""
+        return f"{self.base_url}/{provider}"
 
     # -- steering -----------------------------------------------------------------------------
 

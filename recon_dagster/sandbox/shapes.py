@@ -127,6 +127,11 @@ class Links:
     replicate_base: str
 
 
+def register_renderer(family: str, render: Callable[[Task, str, int, Links], dict[str, Any]]) -> None:
+    """A plugin family's poll body (``sandbox/plugins.py``)."""
+    _RENDERERS[family] = render
+
+
 def poll_body(task: Task, phase: str, running_index: int, links: Links) -> dict[str, Any]:
     """The body a poll of ``task`` answers in ``phase`` (running/succeeded/failed)."""
     renderer = _RENDERERS[task.family]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recon_dagster.core.kinds import get_kind
+from recon_dagster.sandbox import plugins
 from recon_dagster.sandbox.families import Family
 from recon_dagster.sandbox.scenario import Scenario, create_action, injected
 
@@ -38,6 +39,9 @@ def max_in_window(times: list[float], window_s: float) -> int:
 
 def new_task_id(family: str) -> str:
     """An id shaped like the provider's own (KIE hex, Runway UUID, Replicate base32-ish, ...)."""
+    plugin_family = plugins.family(family)
+    if plugin_family is not None:
+        return plugin_family.new_task_id()
     if family == Family.KIE_RUNWAY:
         return str(uuid.uuid4())
     if family in (Family.REPLICATE_PREDICTION, Family.REPLICATE_TRAINING):

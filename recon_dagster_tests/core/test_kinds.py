@@ -34,11 +34,13 @@ EXPECTED_TABLE = {
     "elevenlabs-async": (True, 15),
     "elevenlabs-sync": (False, 5),
     "anthropic-sync": (False, 5),
+    "fal-image": (True, 10),
+    "fal-video": (True, 30),
 }
 
 
-def test_there_are_the_fourteen_spec_kinds() -> None:
-    assert len(KINDS) == 14
+def test_there_are_the_sixteen_spec_kinds() -> None:
+    assert len(KINDS) == 16
     assert set(KINDS) == set(EXPECTED_TABLE)
 
 

@@ -16,11 +16,9 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from recon_dagster.core.kinds import ASYNC_KINDS
+from recon_dagster.core.kinds import ASYNC_KINDS, provider_specs
 from recon_dagster.providers import (
     AmbiguousCreateError,
-    AnthropicResource,
-    ElevenLabsResource,
     KieResource,
     PollBudgetExceeded,
     ProviderConfigError,
@@ -39,6 +37,7 @@ from recon_dagster.providers.http import (
     parse_retry_after,
     shared_limiter,
 )
+from recon_dagster.providers.resource import resource_class
 from recon_dagster.sandbox import SandboxServer, Scenario
 from recon_dagster_tests.support.payloads import PAYLOADS
 
@@ -60,12 +59,14 @@ def sb(server: SandboxServer) -> SandboxServer:
 
 
 def make(sb: SandboxServer, key: str = KEY, **overrides: Any) -> ProvidersResource:
+    """Every registered provider's resource, pointed at the sandbox."""
     opts = {**FAST, **overrides}
+    env = sb.env()
     return ProvidersResource(
-        kie=KieResource(base_url=sb.kie_base_url, api_key=key, **opts),
-        replicate=ReplicateResource(base_url=sb.replicate_base_url, api_key=key, **opts),
-        elevenlabs=ElevenLabsResource(base_url=sb.elevenlabs_base_url, api_key=key, **opts),
-        anthropic=AnthropicResource(base_url=sb.anthropic_base_url, api_key=key, **opts),
+        **{
+            spec.name: resource_class(spec)(base_url=env[spec.settings.base_url_env], api_key=key, **opts)
+            for spec in provider_specs()
+        }
     )
 
 

@@ -31,5 +31,7 @@ PAYLOADS: dict[str, dict[str, Any]] = {
         "input": {"input_images": "https://example.com/x.zip"},
     },
     "elevenlabs-async": {"source_url": "https://example.com/in.mp4", "target_lang": "es"},
+    "fal-image": {"model": "fal-ai/flux/dev", "input": {"prompt": "a cat"}},
+    "fal-video": {"model": "fal-ai/kling-video/v2/master/text-to-video", "input": {"prompt": "a cat"}},
 }
 assert set(PAYLOADS) == set(ASYNC_KINDS)

@@ -14,6 +14,7 @@ KEY = "sandbox-key"
 BEARER = {"Authorization": f"Bearer {KEY}"}
 XI = {"xi-api-key": KEY}
 ANTH = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
+FAL = {"Authorization": f"Key {KEY}"}
 
 
 # -- how to create and poll each async kind through its own API --------------------------------
@@ -32,6 +33,9 @@ CREATE: dict[str, tuple[str, dict[str, Any]]] = {
         "/replicate/v1/models/ostris/flux-dev-lora-trainer/versions/v1/trainings",
         {"destination": "me/lora", "input": {"steps": 10}},
     ),
+    # fal: the model id (with its endpoint path) is the path; the body is the model's input.
+    "fal-image": ("/fal/fal-ai/flux/dev", {"prompt": "p"}),
+    "fal-video": ("/fal/fal-ai/kling-video/v2/master/text-to-video", {"prompt": "p"}),
 }
 
 POLL = {
@@ -46,10 +50,20 @@ POLL = {
     "replicate-prediction": "/replicate/v1/predictions/{}",
     "replicate-training": "/replicate/v1/trainings/{}",
     "elevenlabs-async": "/elevenlabs/v1/dubbing/{}",
+    "fal-image": "/fal/{}/status",
+    "fal-video": "/fal/{}/status",
 }
 
 
+def fal_request_path(task_id: str) -> str:
+    """``{owner}/{app}/requests/{request_id}`` of a fal task id (``owner:app:request_id``)."""
+    app, _, request_id = task_id.rpartition(":")
+    return f"{app.replace(':', '/')}/requests/{request_id}"
+
+
 def headers_for(kind: str) -> dict[str, str]:
+    if kind.startswith("fal"):
+        return FAL
     return XI if kind.startswith("elevenlabs") else BEARER
 
 
@@ -71,6 +85,12 @@ def create(client: httpx.Client, kind: str, scenario: dict | None = None) -> str
     if scenario is not None:
         body = {**body, "sandbox_scenario": scenario}
     r = client.post(path, headers=headers_for(kind), json=body)
+    if kind.startswith("fal"):
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert answer["status_url"].endswith(f"/requests/{answer['request_id']}/status")
+        app = path.removeprefix("/fal/").split("/")
+        return ":".join([*app[:2], answer["request_id"]])
     if kind.startswith("replicate"):
         assert r.status_code == 201, r.text
         assert r.json()["status"] == "starting"
@@ -81,6 +101,8 @@ def create(client: httpx.Client, kind: str, scenario: dict | None = None) -> str
 
 
 def poll(client: httpx.Client, kind: str, task_id: str) -> httpx.Response:
+    if kind.startswith("fal"):
+        task_id = fal_request_path(task_id)
     return client.get(POLL[kind].format(task_id), headers=headers_for(kind))
 
 
@@ -114,6 +136,11 @@ def media_urls(kind: str, body: dict, sb: SandboxServer, task_id: str) -> list[s
     if kind == "replicate-training":
         assert body["output"]["version"]
         return [body["output"]["weights"]]
+    if kind.startswith("fal"):
+        # A completed status carries no output: the result is its own request.
+        result = httpx.get(f"{sb.base_url}/fal/{fal_request_path(task_id)}", headers=FAL).json()
+        files = result["images"] if kind == "fal-image" else [result["video"]]
+        return [f["url"] for f in files]
     assert kind == "elevenlabs-async"
     return [
         f"{sb.elevenlabs_base_url}/v1/dubbing/{task_id}/audio/{lang}" for lang in body["target_languages"]
@@ -132,6 +159,8 @@ SUCCESS = {
     "replicate-prediction": "succeeded",
     "replicate-training": "succeeded",
     "elevenlabs-async": "dubbed",
+    "fal-image": "COMPLETED",
+    "fal-video": "COMPLETED",
 }
 RUNNING = {
     "kie-standard": ["waiting", "queuing", "generating"],
@@ -145,6 +174,8 @@ RUNNING = {
     "replicate-prediction": ["starting", "processing", "starting"],
     "replicate-training": ["starting", "processing", "starting"],
     "elevenlabs-async": ["preparing", "dubbing", "preparing"],
+    "fal-image": ["IN_QUEUE", "IN_PROGRESS", "IN_PROGRESS"],
+    "fal-video": ["IN_QUEUE", "IN_PROGRESS", "IN_PROGRESS"],
 }
 FAILURE = {
     "kie-standard": "fail",
@@ -158,6 +189,9 @@ FAILURE = {
     "replicate-prediction": "failed",
     "replicate-training": "failed",
     "elevenlabs-async": "failed",
+    # fal reports a failure as COMPLETED with an error.
+    "fal-image": "COMPLETED",
+    "fal-video": "COMPLETED",
 }
 CONTENT_TYPE = {
     "kie-standard": "image/png",
@@ -171,4 +205,6 @@ CONTENT_TYPE = {
     "replicate-prediction": "image/png",
     "replicate-training": "application/x-tar",
     "elevenlabs-async": "audio/mpeg",
+    "fal-image": "image/png",
+    "fal-video": "video/mp4",
 }

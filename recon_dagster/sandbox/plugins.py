@@ -1,0 +1,94 @@
+"""Sandboxes that providers bring in their own packages (``ProviderSpec.sandbox``).
+
+A provider package may ship its sandbox half (``providers/<name>/sandbox.py``): its routes under
+``/<name>/``, how it reads the key, its error shape, and per endpoint family the media it produces,
+its documented failure values, its running values and its poll body. The sandbox loads every
+registered spec's plugin by name (the sandbox never imports a provider package statically) and
+plugs it into the shared machinery: the routing table, auth, refusals, scenarios and poll bodies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from recon_dagster.core.kinds import provider_specs
+
+if TYPE_CHECKING:
+    from recon_dagster.sandbox.core import Route
+    from recon_dagster.sandbox.shapes import Links
+    from recon_dagster.sandbox.state import Task
+    from recon_dagster.sandbox.wire import Request, Response
+
+
+@dataclass(frozen=True)
+class PluginFamily:
+    """One endpoint family of a plugin provider, as the sandbox's shared tables need it."""
+
+    media_kind: str  # what a task produces unless its scenario says otherwise
+    fail_states: tuple[str, ...]  # documented failure values (the first is the default)
+    running_values: tuple[Any, ...]  # the state values of a running task, in order
+    state_path: tuple[str, ...]  # where the state lives in a poll body (for malformed bodies)
+    render: Callable[[Task, str, int, Links], dict[str, Any]]  # a poll body in a phase
+    new_task_id: Callable[[], str]
+
+
+@dataclass(frozen=True)
+class SandboxPlugin:
+    """A provider's sandbox, served under ``/<provider>/``."""
+
+    provider: str
+    routes: tuple[Route, ...]
+    # The key a request presents (None: none), compared with the sandbox's key.
+    presented_key: Callable[[Request], str | None]
+    # A refusal in the provider's error shape: (status, error type, message, extra headers, delay).
+    error: Callable[[int, str, str, Mapping[str, str], float], Response]
+    families: Mapping[str, PluginFamily]
+    # Environment for the project's clients, given the provider's sandbox base URL and the key.
+    env: Callable[[str, str], dict[str, str]]
+
+
+_lock = threading.Lock()
+_loaded: dict[str, SandboxPlugin] | None = None
+
+
+def plugins() -> dict[str, SandboxPlugin]:
+    """Every registered provider's sandbox plugin by provider name (loaded and plugged in once)."""
+    global _loaded
+    if _loaded is None:
+        with _lock:
+            if _loaded is None:
+                found: dict[str, SandboxPlugin] = {}
+                for spec in provider_specs():
+                    if spec.sandbox is not None:
+                        module, _, attribute = spec.sandbox.partition(":")
+                        plugin = getattr(importlib.import_module(module), attribute)
+                        if not isinstance(plugin, SandboxPlugin) or plugin.provider != spec.name:
+                            raise TypeError(f"{spec.sandbox} is not {spec.name}'s SandboxPlugin")
+                        found[spec.name] = plugin
+                _plug_in(found)
+                _loaded = found
+    return _loaded
+
+
+def family(name: str) -> PluginFamily | None:
+    """A plugin provider's endpoint family (None: a built-in family)."""
+    for plugin in plugins().values():
+        if name in plugin.families:
+            return plugin.families[name]
+    return None
+
+
+def _plug_in(found: dict[str, SandboxPlugin]) -> None:
+    from recon_dagster.sandbox import scenario, shapes
+
+    for plugin in found.values():
+        for name, fam in plugin.families.items():
+            scenario.FAMILY_MEDIA_KIND[name] = fam.media_kind
+            scenario.FAMILY_FAIL_STATES[name] = fam.fail_states
+            shapes.RUNNING_VALUES[name] = fam.running_values
+            shapes.STATE_PATH[name] = fam.state_path
+            shapes.register_renderer(name, fam.render)
