@@ -11,7 +11,7 @@ def main(argv: list[str] | None = None) -> None:
     """Parse arguments and serve until interrupted."""
     parser = argparse.ArgumentParser(
         prog="python -m recon_dagster.sandbox",
-        description="Serve KIE / Replicate / ElevenLabs / Anthropic look-alike APIs on loopback.",
+        description="Serve look-alike APIs of every registered provider on loopback.",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8787, help="0 picks a free port")

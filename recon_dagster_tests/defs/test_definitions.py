@@ -170,12 +170,9 @@ def test_every_nested_resource_has_a_page_of_its_own(monkeypatch):
     from recon_dagster.definitions import build_defs
 
     links = _nested_resource_links(defs)
-    assert {k for k in links if k.startswith("providers.")} == {
-        "providers.kie",
-        "providers.replicate",
-        "providers.elevenlabs",
-        "providers.anthropic",
-    }
+    from recon_dagster.core.kinds import provider_names
+
+    assert {k for k in links if k.startswith("providers.")} == {f"providers.{p}" for p in provider_names()}
     monkeypatch.setenv("RECON_S3_BUCKET", "media")
     from recon_dagster.media.store import media_store_from_env
 

@@ -43,6 +43,8 @@ NATURAL_JOB_TYPE = {
     "replicate-prediction": "image",
     "replicate-training": "lora-training",
     "elevenlabs-async": "audio",
+    "fal-image": "image",
+    "fal-video": "video",
 }
 assert set(NATURAL_JOB_TYPE) == set(ASYNC_KINDS)
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from recon_dagster.core.kinds import KINDS
 from recon_dagster.db.jobs import scan_stale, stale_scan_sql
 from recon_dagster_tests.support.factories import bulk_jobs
 from recon_dagster_tests.support.plans import index_of, plan_nodes
@@ -73,4 +74,4 @@ def test_bulk_fill_has_the_documented_shape(db: sa.Engine) -> None:
     assert shape.legacy_inflight == 7
     assert shape.legacy_with_call_time == 0
     assert 400 <= shape.legacy <= 950  # about one finished row in 15
-    assert shape.kinds == 14
+    assert shape.kinds == len(KINDS)
