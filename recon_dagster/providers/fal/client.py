@@ -107,7 +107,14 @@ class FalResource(AsyncProviderResource):
     def poll(self, kind: str, task_id: str) -> UpstreamStatus:
         """``GET …/requests/{id}/status``; when ``COMPLETED`` without an error, also the result."""
         self._kind(kind)
-        app, request_id = split_task_id(kind, task_id)
+        try:
+            app, request_id = split_task_id(kind, task_id)
+        except ValueError as exc:
+            # Not an id fal ever gave us (ours carry the app): no request of fal's has it, as a
+            # provider's 404 says of an id it never issued.
+            return UpstreamStatus(
+                provider_kind=kind, task_id=task_id, state=UpstreamState.NOT_FOUND, error=str(exc)
+            )
         body = self._poll_get(kind, self._request_path(app, request_id, "/status"), task_id)
         if isinstance(body, UpstreamStatus):
             return body

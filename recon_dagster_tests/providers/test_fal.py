@@ -1,0 +1,210 @@
+"""fal's queue through our client and parser, against the sandbox over loopback HTTP: model ids
+with endpoint paths, the app-level status/result/cancel, the media lifetime asked at submit,
+failures with their type, cancel's three answers; and a stuck fal job recovered by the reconciler."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from recon_dagster.core.kinds import get_kind
+from recon_dagster.media.store import LocalMediaStore
+from recon_dagster.providers import (
+    ProviderProtocolError,
+    UpstreamState,
+    parse_poll_response,
+    providers_from_env,
+)
+from recon_dagster.providers.fal import FalResource
+from recon_dagster.providers.fal.client import fal_error_message
+from recon_dagster.providers.fal.ids import app_of, split_task_id, task_id_for
+from recon_dagster.providers.upstream_tasks import CancelResult, TaskCancelling
+from recon_dagster.reconcile.decide import Outcome
+from recon_dagster.reconcile.reconciler import Reconciler, ReconcileSettings
+from recon_dagster.sandbox import SandboxServer, Scenario
+from recon_dagster_tests.support.answers import lease, stale_job
+from recon_dagster_tests.support.factories import balances, job_row
+from recon_dagster_tests.support.reconcile import usage_status
+
+KEY = "fal-test-key"
+IMAGE = "fal-ai/flux/dev"
+VIDEO = "fal-ai/kling-video/v2/master/text-to-video"
+
+
+@pytest.fixture(scope="module")
+def server() -> Any:
+    with SandboxServer(api_key=KEY) as sb:
+        yield sb
+
+
+@pytest.fixture
+def sb(server: SandboxServer) -> SandboxServer:
+    server.reset()
+    return server
+
+
+def _fal(sb: SandboxServer, key: str = KEY) -> FalResource:
+    return FalResource(base_url=sb.provider_base_url("fal"), api_key=key, shared_limits=False)
+
+
+@pytest.mark.parametrize(
+    ("model", "app"),
+    [
+        ("fal-ai/flux", "fal-ai/flux"),
+        ("fal-ai/flux/dev", "fal-ai/flux"),
+        (VIDEO, "fal-ai/kling-video"),
+        ("workflows/me/my-flow/run", "workflows/me/my-flow"),
+    ],
+)
+def test_the_app_of_a_model_id_is_its_first_two_segments(model: str, app: str) -> None:
+    assert app_of(model) == app
+    assert split_task_id("fal-image", task_id_for(app, "r-1")) == (app, "r-1")
+
+
+@pytest.mark.parametrize(
+    "model", ["", "flux", "/fal-ai/flux", "fal-ai//flux", "fal-ai/flux/", "workflows/me", None]
+)
+def test_a_model_id_without_an_app_is_refused_in_one_line(model: Any) -> None:
+    with pytest.raises(ValueError, match="owner/app"):
+        app_of(model)
+
+
+@pytest.mark.parametrize(
+    ("kind", "model", "media"), [("fal-image", IMAGE, "image"), ("fal-video", VIDEO, "video")]
+)
+def test_submit_poll_until_completed_then_media_on_the_media_host(sb, kind, model, media) -> None:
+    fal = _fal(sb)
+    payload = {"model": model, "input": {"prompt": "p", "sandbox_scenario": {"polls_before_done": 2}}}
+    task_id = fal.create(kind, payload)
+    assert task_id.startswith(app_of(model).replace("/", ":") + ":")
+    states = [fal.poll(kind, task_id).state for _ in range(3)]
+    assert states == [UpstreamState.RUNNING, UpstreamState.RUNNING, UpstreamState.SUCCEEDED]
+    done = fal.poll(kind, task_id)
+    assert [m.kind for m in done.media] == [media]
+    assert done.media[0].url.startswith(f"{sb.base_url}/media/")
+    assert httpx.get(done.media[0].url).status_code == 200
+
+
+@pytest.mark.parametrize("kind", ["fal-image", "fal-video"])
+def test_submit_asks_fal_to_keep_the_media_twice_the_stale_threshold_at_least(sb, kind) -> None:
+    fal = _fal(sb)
+    task_id = fal.create(kind, {"model": IMAGE if kind == "fal-image" else VIDEO, "input": {"prompt": "p"}})
+    asked = json.loads(sb.sandbox.state.get(task_id).meta["lifecycle"])
+    pk = get_kind(kind)
+    assert pk.media_url_ttl is not None
+    assert asked == {"expiration_duration_seconds": int(pk.media_url_ttl.total_seconds())}
+    assert 2 * pk.stale_threshold.total_seconds() <= asked["expiration_duration_seconds"]
+
+
+def test_status_at_the_models_endpoint_path_is_not_the_queues(sb) -> None:
+    fal = _fal(sb)
+    task_id = fal.create("fal-image", {"model": IMAGE, "input": {"prompt": "p"}})
+    request_id = split_task_id("fal-image", task_id)[1]
+    wrong = httpx.get(
+        f"{sb.base_url}/fal/{IMAGE}/requests/{request_id}/status", headers={"Authorization": f"Key {KEY}"}
+    )
+    assert wrong.status_code == 404 and wrong.headers["x-fal-error-type"] == "not_found"
+    right = httpx.get(
+        f"{sb.base_url}/fal/fal-ai/flux/requests/{request_id}/status", headers={"Authorization": f"Key {KEY}"}
+    )
+    assert right.status_code == 200 and right.json()["status"] in ("IN_QUEUE", "IN_PROGRESS", "COMPLETED")
+
+
+@pytest.mark.parametrize(
+    "fail_state", ["internal_server_error", "generation_timeout", "content_policy_violation"]
+)
+def test_a_failed_request_is_failed_with_its_error_type(sb, fail_state) -> None:
+    task_id = sb.add_task(
+        "fal-video",
+        Scenario(outcome="fail", polls_before_done=0, fail_state=fail_state, error_message="boom"),
+    )
+    status = _fal(sb).poll("fal-video", task_id)
+    assert status.state is UpstreamState.FAILED and status.error == f"{fail_state}: boom"
+
+
+def test_an_unknown_request_and_a_foreign_id_are_not_found(sb) -> None:
+    fal = _fal(sb)
+    assert (
+        fal.poll("fal-image", task_id_for("fal-ai/flux", str(uuid.uuid4()))).state is UpstreamState.NOT_FOUND
+    )
+    assert fal.poll("fal-image", "never-issued-1234").state is UpstreamState.NOT_FOUND
+
+
+def test_cancel_answers_cancelled_then_already_ended_and_not_found(sb) -> None:
+    fal = _fal(sb)
+    assert isinstance(fal, TaskCancelling)
+    task_id = fal.create(
+        "fal-video", {"model": VIDEO, "input": {"sandbox_scenario": {"outcome": "run_forever"}}}
+    )
+    assert fal.cancel_task("queue", task_id) is CancelResult.CANCELLED
+    assert fal.poll("fal-video", task_id).state is UpstreamState.FAILED
+    assert fal.cancel_task("queue", task_id) is CancelResult.ALREADY_ENDED
+    assert fal.cancel_task("queue", task_id_for("fal-ai/kling-video", "gone")) is CancelResult.NOT_FOUND
+
+
+def test_a_wrong_key_is_an_http_error_naming_fals_error_type(sb) -> None:
+    from recon_dagster.providers import ProviderHTTPError
+
+    with pytest.raises(ProviderHTTPError, match="401: authentication_error: "):
+        _fal(sb, key="wrong").create("fal-image", {"model": IMAGE, "input": {}})
+
+
+def test_the_error_type_header_names_an_error_without_a_body() -> None:
+    response = httpx.Response(500, text="upstream died", headers={"X-Fal-Error-Type": "runner_server_error"})
+    assert fal_error_message(response) == "runner_server_error"
+    typed = httpx.Response(
+        422, json={"detail": [{"msg": "field required"}]}, headers={"X-Fal-Error-Type": "validation"}
+    )
+    assert fal_error_message(typed) == 'validation: [{"msg": "field required"}]'
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"status": "RUNNING"},
+        {"status": "IN_QUEUE", "queue_position": "first"},
+        {"status": "COMPLETED"},
+        {"status": "COMPLETED", "response": {"seed": 1}},
+        {"status": "COMPLETED", "response": {"images": [{"url": "not a url"}]}},
+    ],
+)
+def test_an_answer_the_parser_cannot_read_raises_naming_the_kind(body) -> None:
+    with pytest.raises(ProviderProtocolError, match="fal-image"):
+        parse_poll_response("fal-image", body)
+
+
+def test_a_stuck_fal_video_job_is_recovered_by_the_reconciler(db, sandbox, media_dir) -> None:
+    task = sandbox.add_task("fal-video", Scenario(polls_before_done=0))
+    user, job = stale_job(db, "fal-video", "video", task_id=task)
+    owner = f"run-{uuid.uuid4().hex[:8]}"
+    lease(db, [job], owner)
+    rec = Reconciler(
+        db, providers_from_env(), LocalMediaStore(base_dir=media_dir), settings=ReconcileSettings()
+    )
+    out = rec.reconcile(job, owner)
+    assert out.outcome is Outcome.RECOVERED, out.detail
+    row = job_row(db, job)
+    assert row["status"] == "completed" and len(row["output_data"]["media"]) == 1
+    assert usage_status(db, job) == "committed"
+    assert balances(db, user) == (Decimal(80), Decimal(40))
+    assert all((Path(media_dir) / m["key"]).is_file() for m in row["output_data"]["media"])
+
+
+def test_a_stuck_fal_job_that_failed_upstream_is_failed_and_refunded(db, sandbox, media_dir) -> None:
+    task = sandbox.add_task("fal-image", Scenario(outcome="fail", polls_before_done=0))
+    user, job = stale_job(db, "fal-image", "image", task_id=task)
+    owner = f"run-{uuid.uuid4().hex[:8]}"
+    lease(db, [job], owner)
+    rec = Reconciler(
+        db, providers_from_env(), LocalMediaStore(base_dir=media_dir), settings=ReconcileSettings()
+    )
+    out = rec.reconcile(job, owner)
+    assert out.outcome is Outcome.FAILED, out.detail
+    assert job_row(db, job)["status"] == "failed"
+    assert balances(db, user) == (Decimal(100), Decimal(50))
