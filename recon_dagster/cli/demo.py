@@ -343,7 +343,8 @@ def run_demo(*, serve: bool = False, port: int = 0, verbose: bool = False) -> in
             report = reconcile_once(build_defs(), instance=instance)
         after, workflow = _load_states(engine, seeded)
         print_table(seeded, before, after, workflow)
-        print(f"\n{_counts(seeded, after)} ({report.runs} Dagster runs, {report.failed_runs} failed)")
+        # Two lines: one row per provider family makes the counts two digits wide.
+        print(f"\n{_counts(seeded, after)}\n({report.runs} Dagster runs, {report.failed_runs} failed)")
         if report.summary.scanned > len(seeded):
             print(
                 f"(the database held {report.summary.scanned - len(seeded)} more stuck jobs; reconciled too)"
