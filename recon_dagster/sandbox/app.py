@@ -1,31 +1,25 @@
-"""The provider sandbox's request answering: one routing table over the four providers' routes.
+"""The provider sandbox's request answering: one routing table over every registered provider's routes.
 
-Routes live under path prefixes (``/kie``, ``/replicate/v1``, ``/elevenlabs``, ``/anthropic``),
-media under ``/media`` and a key-less JSON admin API under ``/_sandbox``. Handlers decide what
-to answer from ``SandboxState`` (holding its lock only for counters), then the server sleeps the
-simulated latency and writes the response outside any lock, so many calls proceed concurrently.
+Each provider's routes live in its own package (``recon_dagster/providers/<name>/sandbox.py``,
+named by its spec and loaded by ``sandbox/plugins.py``) under the path prefix ``/<name>/``
+(Replicate's API under ``/replicate/v1``); media under ``/media`` and a key-less JSON admin API
+under ``/_sandbox``. Handlers decide what to answer from ``SandboxState`` (holding its lock only for
+counters), then the server sleeps the simulated latency and writes the response outside any lock,
+so many calls proceed concurrently.
 """
 
 from __future__ import annotations
 
 from recon_dagster.sandbox import admin, plugins
 from recon_dagster.sandbox.core import Route, SandboxCore
-from recon_dagster.sandbox.refusals import ANTHROPIC, ELEVENLABS, KIE, REPLICATE, not_found
-from recon_dagster.sandbox.routes import anthropic, elevenlabs, kie, media, replicate
+from recon_dagster.sandbox.refusals import not_found
+from recon_dagster.sandbox.routes import media
 from recon_dagster.sandbox.wire import BadRequest, Request, Response
 
-# Each provider's endpoints, tried in order; the first whose method and path match answers.
-ROUTES: dict[str, tuple[Route, ...]] = {
-    KIE: kie.ROUTES,
-    REPLICATE: replicate.ROUTES,
-    ELEVENLABS: elevenlabs.ROUTES,
-    ANTHROPIC: anthropic.ROUTES,
-}
 
-
-def _routes() -> dict[str, tuple[Route, ...]]:
-    """The built-in providers' routes and every plugin provider's (``sandbox/plugins.py``)."""
-    return {**ROUTES, **{name: plugin.routes for name, plugin in plugins.plugins().items()}}
+def routes() -> dict[str, tuple[Route, ...]]:
+    """Each provider's endpoints, tried in order; the first whose method and path match answers."""
+    return {name: plugin.routes for name, plugin in plugins.plugins().items()}
 
 
 class Sandbox(SandboxCore):
@@ -42,12 +36,12 @@ class Sandbox(SandboxCore):
         self.state.count_request()
         if path.startswith("/media/"):
             return media.serve(self, req)
-        routes = _routes()
-        provider = next((p for p in routes if path.startswith(f"/{p}/")), None)
+        table = routes()
+        provider = next((p for p in table if path.startswith(f"/{p}/")), None)
         if provider is None:
             return not_found(None, f"no sandbox endpoint {req.method} {path}")
         try:
-            route = next((r for r in routes[provider] if r.method == req.method and r.matches(path)), None)
+            route = next((r for r in table[provider] if r.method == req.method and r.matches(path)), None)
             # Every request that reaches a provider counts against its account, answered or not.
             create = route is not None and route.create
             self.state.log_request(provider, "create" if create else "read")

@@ -63,8 +63,8 @@ class SandboxCore:
             )
         elif provider == ELEVENLABS:
             presented = req.headers.get("xi-api-key")
-        elif provider in plugins.plugins():
-            presented = plugins.plugins()[provider].presented_key(req)
+        elif (plugin := plugins.plugins().get(provider)) is not None and plugin.presented_key is not None:
+            presented = plugin.presented_key(req)
         else:
             # Anthropic takes x-api-key (our client, older SDKs) or a Bearer token (its SDK since
             # the 2026-10-21 API version); x-api-key wins when both are sent.
@@ -155,9 +155,9 @@ class SandboxCore:
         if action == "rejected":
             status = sc.create_reject_status or 400
             message = sc.error_message or "Request rejected by the provider"
-            plugin = plugins.plugins().get(provider)
-            if plugin is not None:
-                return action, plugin.error(status, "request_rejected", message, {}, delay)
+            error = plugins.refusal(provider)
+            if error is not None:
+                return action, error(status, "request_rejected", message, {}, delay)
             if provider == KIE:
                 return action, json_response(200, shapes.kie_error(status, message), delay_s=delay)
             if provider == REPLICATE:

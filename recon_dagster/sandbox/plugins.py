@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from recon_dagster.core.kinds import provider_specs
@@ -38,17 +38,25 @@ class PluginFamily:
 
 @dataclass(frozen=True)
 class SandboxPlugin:
-    """A provider's sandbox, served under ``/<provider>/``."""
+    """A provider's sandbox, served under ``/<provider>/``. A provider whose auth, refusals and poll
+    bodies are still the sandbox's built-in ones (the four that predate the kit) leaves
+    ``presented_key``, ``error`` and ``families`` unset."""
 
     provider: str
     routes: tuple[Route, ...]
-    # The key a request presents (None: none), compared with the sandbox's key.
-    presented_key: Callable[[Request], str | None]
-    # A refusal in the provider's error shape: (status, error type, message, extra headers, delay).
-    error: Callable[[int, str, str, Mapping[str, str], float], Response]
-    families: Mapping[str, PluginFamily]
     # Environment for the project's clients, given the provider's sandbox base URL and the key.
     env: Callable[[str, str], dict[str, str]]
+    # The key a request presents (None: none), compared with the sandbox's key.
+    presented_key: Callable[[Request], str | None] | None = None
+    # A refusal in the provider's error shape: (status, error type, message, extra headers, delay).
+    error: Callable[[int, str, str, Mapping[str, str], float], Response] | None = None
+    families: Mapping[str, PluginFamily] = field(default_factory=dict)
+
+
+def refusal(provider: str | None) -> Callable[[int, str, str, Mapping[str, str], float], Response] | None:
+    """A plugin provider's own error shape (None: the sandbox's built-in one for that provider)."""
+    plugin = plugins().get(provider) if provider is not None else None
+    return plugin.error if plugin is not None else None
 
 
 _lock = threading.Lock()

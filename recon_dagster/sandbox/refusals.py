@@ -24,9 +24,9 @@ KIE, REPLICATE, ELEVENLABS, ANTHROPIC = "kie", "replicate", "elevenlabs", "anthr
 
 
 def unauthorized(provider: str, missing: bool) -> Response:
-    plugin = plugins.plugins().get(provider)
-    if plugin is not None:
-        return plugin.error(401, "authentication_error", "No key" if missing else "Invalid key", {}, 0.0)
+    error = plugins.refusal(provider)
+    if error is not None:
+        return error(401, "authentication_error", "No key" if missing else "Invalid key", {}, 0.0)
     if provider == KIE:
         return json_response(401, shapes.kie_error(401, "You do not have access permissions"))
     if provider == REPLICATE:
@@ -53,9 +53,9 @@ def echo_key(provider: str, req: Request, delay_s: float, escaped: bool = False)
     if escaped:
         return escaped_echo(token, delay_s)
     message = f"Invalid API key {presented} (rejected {req.path}?api_key={quote(token, safe='')})"
-    plugin = plugins.plugins().get(provider)
-    if plugin is not None:
-        return plugin.error(401, "authentication_error", message, {}, delay_s)
+    error = plugins.refusal(provider)
+    if error is not None:
+        return error(401, "authentication_error", message, {}, delay_s)
     if provider == KIE:
         return json_response(200, shapes.kie_error(401, message), delay_s=delay_s)
     if provider == REPLICATE:
@@ -101,9 +101,9 @@ def gzip_bomb(decoded_bytes: int) -> bytes:
 def throttled(provider: str, sc: Scenario, delay_s: float) -> Response:
     retry = str(sc.retry_after_s)
     headers = {"Retry-After": retry}
-    plugin = plugins.plugins().get(provider)
-    if plugin is not None:
-        return plugin.error(429, "rate_limited", "Too many requests", headers, delay_s)
+    error = plugins.refusal(provider)
+    if error is not None:
+        return error(429, "rate_limited", "Too many requests", headers, delay_s)
     if provider == KIE:
         status = 200 if sc.kie_http200_errors else 429
         body: Json = shapes.kie_error(429, "Rate limited: too many requests, please retry later")
@@ -126,9 +126,9 @@ def throttled(provider: str, sc: Scenario, delay_s: float) -> Response:
 
 def server_error(provider: str, sc: Scenario, delay_s: float) -> Response:
     status = sc.server_error_status or (503 if provider == REPLICATE else 500)
-    plugin = plugins.plugins().get(provider)
-    if plugin is not None:
-        return plugin.error(status, "internal_error", "Internal server error", {}, delay_s)
+    error = plugins.refusal(provider)
+    if error is not None:
+        return error(status, "internal_error", "Internal server error", {}, delay_s)
     if provider == KIE:
         http = 200 if sc.kie_http200_errors else status
         body: Json = shapes.kie_error(status, "Server error, please try again later")
@@ -146,9 +146,9 @@ def server_error(provider: str, sc: Scenario, delay_s: float) -> Response:
 
 def invalid(provider: str, message: str) -> Response:
     """A request our client got wrong, in the provider's validation-error shape."""
-    plugin = plugins.plugins().get(provider)
-    if plugin is not None:
-        return plugin.error(422, "validation_error", message, {}, 0.0)
+    error = plugins.refusal(provider)
+    if error is not None:
+        return error(422, "validation_error", message, {}, 0.0)
     if provider == KIE:
         return json_response(200, shapes.kie_error(422, message))
     if provider == REPLICATE:
@@ -160,9 +160,9 @@ def invalid(provider: str, message: str) -> Response:
 
 
 def not_found(provider: str | None, message: str) -> Response:
-    plugin = plugins.plugins().get(provider) if provider is not None else None
-    if plugin is not None:
-        return plugin.error(404, "not_found", message, {}, 0.0)
+    error = plugins.refusal(provider)
+    if error is not None:
+        return error(404, "not_found", message, {}, 0.0)
     if provider == KIE:
         return json_response(404, shapes.kie_error(404, message))
     if provider == REPLICATE:

@@ -264,14 +264,6 @@ class SandboxServer:
         """Environment for clients (base URLs, keys, and the media host allow-list)."""
         key = self.sandbox.api_key
         return {
-            "KIE_BASE_URL": self.kie_base_url,
-            "KIE_API_KEY": key,
-            "REPLICATE_BASE_URL": self.replicate_base_url,
-            "REPLICATE_API_TOKEN": key,
-            "ELEVENLABS_BASE_URL": self.elevenlabs_base_url,
-            "ELEVENLABS_API_KEY": key,
-            "ANTHROPIC_BASE_URL": self.anthropic_base_url,
-            "ANTHROPIC_API_KEY": key,
             **{
                 var: value
                 for name, plugin in plugins.plugins().items()

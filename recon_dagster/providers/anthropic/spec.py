@@ -24,6 +24,7 @@ SPEC = ProviderSpec(
     concurrency=16,
     limits_shown="`reads=none,creates=50/60,concurrency=16`",
     limits_doc="Anthropic account budget (requests per minute per tier; every call is a billed create).",
+    sandbox="recon_dagster.providers.anthropic.sandbox:SANDBOX",
     resource="recon_dagster.providers.anthropic.client:AnthropicResource",
     run_queue=RunQueueLimits(provider_runs=1),
     demo=(DemoCase("Anthropic ai-writer", "anthropic-sync", "text", 6, None),),

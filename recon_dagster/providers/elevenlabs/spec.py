@@ -44,6 +44,7 @@ SPEC = ProviderSpec(
     concurrency=16,
     limits_shown="`reads=600/60,creates=60/60,concurrency=16`",
     limits_doc="ElevenLabs account budget (it limits concurrency per plan; the rates are ours).",
+    sandbox="recon_dagster.providers.elevenlabs.sandbox:SANDBOX",
     resource="recon_dagster.providers.elevenlabs.client:ElevenLabsResource",
     parser="recon_dagster.providers.elevenlabs.parse:parse_elevenlabs",
     run_queue=RunQueueLimits(provider_runs=1),

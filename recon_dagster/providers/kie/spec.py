@@ -67,6 +67,7 @@ SPEC = ProviderSpec(
         "(accounts with the same name share a budget; default the provider's name). KIE documents ~20 "
         "creates per 10 s; the read figure is our own ceiling."
     ),
+    sandbox="recon_dagster.providers.kie.sandbox:SANDBOX",
     resource="recon_dagster.providers.kie.client:KieResource",
     parser="recon_dagster.providers.kie.parse:parse_kie",
     run_queue=RunQueueLimits(provider_runs=5, batch_runs=3),

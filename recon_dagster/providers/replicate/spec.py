@@ -55,6 +55,7 @@ SPEC = ProviderSpec(
     concurrency=64,
     limits_shown="`reads=3000/60,creates=600/60,concurrency=64`",
     limits_doc="Replicate account budget (documented: create 600/min, other calls 3000/min).",
+    sandbox="recon_dagster.providers.replicate.sandbox:SANDBOX",
     resource="recon_dagster.providers.replicate.client:ReplicateResource",
     parser="recon_dagster.providers.replicate.parse:parse_replicate",
     run_queue=RunQueueLimits(provider_runs=6, batch_runs=4),

@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 import secrets
 
+from recon_dagster.providers.elevenlabs.spec import NAME, SPEC, ElevenLabsFamily
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.core import Route, SandboxCore
-from recon_dagster.sandbox.families import Family
+from recon_dagster.sandbox.plugins import SandboxPlugin
 from recon_dagster.sandbox.refusals import ELEVENLABS, form_body, invalid, json_body, requested_scenario
 from recon_dagster.sandbox.scenario import poll_phase
 from recon_dagster.sandbox.wire import Request, Response, json_response
@@ -48,7 +49,7 @@ def dub_create(sb: SandboxCore, req: Request) -> Response:
 def dub_get(sb: SandboxCore, req: Request) -> Response:
     match = _RE_DUB_GET.match(req.path)
     assert match is not None
-    ticket = sb.state.poll(match["id"], (Family.ELEVENLABS_DUBBING,))
+    ticket = sb.state.poll(match["id"], (ElevenLabsFamily.DUBBING,))
     if ticket is None:
         message = f"Dubbing {match['id']} not found"
         body = shapes.elevenlabs_error("not_found", "dubbing_not_found", message)
@@ -62,7 +63,7 @@ def dub_get(sb: SandboxCore, req: Request) -> Response:
 def dub_audio(sb: SandboxCore, req: Request) -> Response:
     match = _RE_DUB_AUDIO.match(req.path)
     assert match is not None
-    ticket = sb.state.task_request(match["id"], (Family.ELEVENLABS_DUBBING,))
+    ticket = sb.state.task_request(match["id"], (ElevenLabsFamily.DUBBING,))
     if ticket is None:
         body = shapes.elevenlabs_error("not_found", "dubbing_not_found", f"Dubbing {match['id']} not found")
         return json_response(404, body)
@@ -114,4 +115,12 @@ ROUTES = (
     Route("GET", _RE_DUB_AUDIO.match, dub_audio),
     Route("GET", _RE_DUB_GET.match, dub_get),
     Route("POST", _RE_TTS.match, tts, create=True),
+)
+
+# Loaded by the sandbox by name (``SPEC.sandbox``). Auth, refusals, poll bodies and scenarios of this
+# provider are still the sandbox's built-in ones (recon_dagster/sandbox/: core, refusals, shapes).
+SANDBOX = SandboxPlugin(
+    provider=NAME,
+    routes=ROUTES,
+    env=lambda base_url, key: {SPEC.settings.base_url_env: base_url, SPEC.settings.key_env: key},
 )

@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from recon_dagster.providers.kie.spec import NAME, SPEC, KieFamily
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.core import Route, SandboxCore
-from recon_dagster.sandbox.families import Family
+from recon_dagster.sandbox.plugins import SandboxPlugin
 from recon_dagster.sandbox.refusals import KIE, invalid, json_body, requested_scenario
 from recon_dagster.sandbox.wire import BadRequest, Request, Response, json_response
 
@@ -30,28 +31,28 @@ def _market_kind(model: str, override: Any) -> str:
 
 # KIE create path -> (family, required fields)
 _KIE_CREATE: dict[str, tuple[str, tuple[str, ...]]] = {
-    "/kie/api/v1/jobs/createTask": (Family.KIE_MARKET, ("model",)),
-    "/kie/api/v1/veo/generate": (Family.KIE_VEO, ("prompt",)),
-    "/kie/api/v1/generate": (Family.KIE_SUNO, ()),
-    "/kie/api/v1/flux/kontext/generate": (Family.KIE_KONTEXT, ("prompt",)),
-    "/kie/api/v1/runway/generate": (Family.KIE_RUNWAY, ("prompt",)),
-    "/kie/api/v1/modify/generate": (Family.KIE_LUMA, ("prompt", "videoUrl")),
+    "/kie/api/v1/jobs/createTask": (KieFamily.MARKET, ("model",)),
+    "/kie/api/v1/veo/generate": (KieFamily.VEO, ("prompt",)),
+    "/kie/api/v1/generate": (KieFamily.SUNO, ()),
+    "/kie/api/v1/flux/kontext/generate": (KieFamily.KONTEXT, ("prompt",)),
+    "/kie/api/v1/runway/generate": (KieFamily.RUNWAY, ("prompt",)),
+    "/kie/api/v1/modify/generate": (KieFamily.LUMA, ("prompt", "videoUrl")),
 }
-_KIE_POLL: dict[str, Family] = {
-    "/kie/api/v1/jobs/recordInfo": Family.KIE_MARKET,
-    "/kie/api/v1/veo/record-info": Family.KIE_VEO,
-    "/kie/api/v1/generate/record-info": Family.KIE_SUNO,
-    "/kie/api/v1/flux/kontext/record-info": Family.KIE_KONTEXT,
-    "/kie/api/v1/runway/record-detail": Family.KIE_RUNWAY,
-    "/kie/api/v1/modify/record-info": Family.KIE_LUMA,
+_KIE_POLL: dict[str, str] = {
+    "/kie/api/v1/jobs/recordInfo": KieFamily.MARKET,
+    "/kie/api/v1/veo/record-info": KieFamily.VEO,
+    "/kie/api/v1/generate/record-info": KieFamily.SUNO,
+    "/kie/api/v1/flux/kontext/record-info": KieFamily.KONTEXT,
+    "/kie/api/v1/runway/record-detail": KieFamily.RUNWAY,
+    "/kie/api/v1/modify/record-info": KieFamily.LUMA,
 }
 # The kind of a non-market create (a market model's kind depends on the model).
 _FAMILY_KIND: dict[str, str] = {
-    Family.KIE_VEO: "kie-veo",
-    Family.KIE_SUNO: "kie-suno",
-    Family.KIE_KONTEXT: "kie-kontext",
-    Family.KIE_RUNWAY: "kie-runway",
-    Family.KIE_LUMA: "kie-luma",
+    KieFamily.VEO: "kie-veo",
+    KieFamily.SUNO: "kie-suno",
+    KieFamily.KONTEXT: "kie-kontext",
+    KieFamily.RUNWAY: "kie-runway",
+    KieFamily.LUMA: "kie-luma",
 }
 
 # Model names may hold a slash ("anthropic/claude-sonnet-4"); KIE puts the model in the path.
@@ -64,7 +65,7 @@ def create(sb: SandboxCore, req: Request) -> Response:
     missing = [name for name in required if not body.get(name)]
     if missing:
         return invalid(KIE, f"{', '.join(missing)} is required")
-    if family == Family.KIE_MARKET:
+    if family == KieFamily.MARKET:
         if not isinstance(body.get("input", {}), dict):
             return invalid(KIE, "input must be an object")
         kind = _market_kind(str(body["model"]), body.get("sandbox_kind"))
@@ -76,7 +77,7 @@ def create(sb: SandboxCore, req: Request) -> Response:
         return refusal
     params = {k: v for k, v in body.items() if k not in ("sandbox_scenario", "sandbox_kind")}
     model = params.get("model")
-    task_input = params.get("input") if family == Family.KIE_MARKET else params
+    task_input = params.get("input") if family == KieFamily.MARKET else params
     task = sb.state.add_task(kind, sc, via_create=True, model=model, input=task_input)
     sb.state.record_create(kind, task.task_id, req.body)
     if action == "lost":
@@ -125,4 +126,12 @@ ROUTES = (
     Route("POST", _KIE_CREATE.__contains__, create, create=True),
     Route("GET", _KIE_POLL.__contains__, poll),
     Route("POST", _RE_KIE_CHAT.match, chat, create=True),
+)
+
+# Loaded by the sandbox by name (``SPEC.sandbox``). Auth, refusals, poll bodies and scenarios of this
+# provider are still the sandbox's built-in ones (recon_dagster/sandbox/: core, refusals, shapes).
+SANDBOX = SandboxPlugin(
+    provider=NAME,
+    routes=ROUTES,
+    env=lambda base_url, key: {SPEC.settings.base_url_env: base_url, SPEC.settings.key_env: key},
 )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 
+from recon_dagster.providers.replicate.spec import NAME, SPEC, ReplicateFamily
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.core import Route, SandboxCore
-from recon_dagster.sandbox.families import Family
+from recon_dagster.sandbox.plugins import SandboxPlugin
 from recon_dagster.sandbox.refusals import REPLICATE, invalid, json_body, not_found, requested_scenario
 from recon_dagster.sandbox.scenario import poll_phase
 from recon_dagster.sandbox.state import Task
@@ -73,8 +74,8 @@ def train(sb: SandboxCore, req: Request) -> Response:
     return _created(sb, task, action)
 
 
-def _family(coll: str) -> Family:
-    return Family.REPLICATE_TRAINING if coll == "trainings" else Family.REPLICATE_PREDICTION
+def _family(coll: str) -> str:
+    return ReplicateFamily.TRAINING if coll == "trainings" else ReplicateFamily.PREDICTION
 
 
 def get(sb: SandboxCore, req: Request) -> Response:
@@ -116,4 +117,12 @@ ROUTES = (
     Route("POST", _RE_REP_TRAIN_CREATE.match, train, create=True),
     Route("GET", _RE_REP_GET.match, get),
     Route("POST", _RE_REP_CANCEL.match, cancel),
+)
+
+# Loaded by the sandbox by name (``SPEC.sandbox``). Auth, refusals, poll bodies and scenarios of this
+# provider are still the sandbox's built-in ones (recon_dagster/sandbox/: core, refusals, shapes).
+SANDBOX = SandboxPlugin(
+    provider=NAME,
+    routes=ROUTES,
+    env=lambda base_url, key: {SPEC.settings.base_url_env: f"{base_url}/v1", SPEC.settings.key_env: key},
 )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import secrets
 
+from recon_dagster.providers.anthropic.spec import NAME, SPEC
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.core import Route, SandboxCore
+from recon_dagster.sandbox.plugins import SandboxPlugin
 from recon_dagster.sandbox.refusals import ANTHROPIC, invalid, json_body, requested_scenario
 from recon_dagster.sandbox.wire import Request, Response, json_response
 
@@ -33,3 +35,11 @@ def messages(sb: SandboxCore, req: Request) -> Response:
 
 
 ROUTES = (Route("POST", "/anthropic/v1/messages".__eq__, messages, create=True),)
+
+# Loaded by the sandbox by name (``SPEC.sandbox``). Auth, refusals, poll bodies and scenarios of this
+# provider are still the sandbox's built-in ones (recon_dagster/sandbox/: core, refusals, shapes).
+SANDBOX = SandboxPlugin(
+    provider=NAME,
+    routes=ROUTES,
+    env=lambda base_url, key: {SPEC.settings.base_url_env: base_url, SPEC.settings.key_env: key},
+)
