@@ -179,15 +179,25 @@ def test_an_answer_the_parser_cannot_read_raises_naming_the_kind(body) -> None:
         parse_poll_response("fal-image", body)
 
 
-def test_a_stuck_fal_video_job_is_recovered_by_the_reconciler(db, sandbox, media_dir) -> None:
-    task = sandbox.add_task("fal-video", Scenario(polls_before_done=0))
-    user, job = stale_job(db, "fal-video", "video", task_id=task)
+def _reconcile_stuck(
+    db, sandbox, media_dir, kind: str, job_type: str, scenario: Scenario
+) -> tuple[Any, Any, Any]:
+    """A stale job of ``kind`` whose fal request (seeded in the sandbox) acts out ``scenario``,
+    reconciled once through the real client."""
+    task = sandbox.add_task(kind, scenario)
+    user, job = stale_job(db, kind, job_type, task_id=task)
     owner = f"run-{uuid.uuid4().hex[:8]}"
     lease(db, [job], owner)
     rec = Reconciler(
         db, providers_from_env(), LocalMediaStore(base_dir=media_dir), settings=ReconcileSettings()
     )
-    out = rec.reconcile(job, owner)
+    return user, job, rec.reconcile(job, owner)
+
+
+def test_a_stuck_fal_video_job_is_recovered_by_the_reconciler(db, sandbox, media_dir) -> None:
+    user, job, out = _reconcile_stuck(
+        db, sandbox, media_dir, "fal-video", "video", Scenario(polls_before_done=0)
+    )
     assert out.outcome is Outcome.RECOVERED, out.detail
     row = job_row(db, job)
     assert row["status"] == "completed" and len(row["output_data"]["media"]) == 1
@@ -197,14 +207,8 @@ def test_a_stuck_fal_video_job_is_recovered_by_the_reconciler(db, sandbox, media
 
 
 def test_a_stuck_fal_job_that_failed_upstream_is_failed_and_refunded(db, sandbox, media_dir) -> None:
-    task = sandbox.add_task("fal-image", Scenario(outcome="fail", polls_before_done=0))
-    user, job = stale_job(db, "fal-image", "image", task_id=task)
-    owner = f"run-{uuid.uuid4().hex[:8]}"
-    lease(db, [job], owner)
-    rec = Reconciler(
-        db, providers_from_env(), LocalMediaStore(base_dir=media_dir), settings=ReconcileSettings()
-    )
-    out = rec.reconcile(job, owner)
+    scenario = Scenario(outcome="fail", polls_before_done=0)
+    user, job, out = _reconcile_stuck(db, sandbox, media_dir, "fal-image", "image", scenario)
     assert out.outcome is Outcome.FAILED, out.detail
     assert job_row(db, job)["status"] == "failed"
     assert balances(db, user) == (Decimal(100), Decimal(50))

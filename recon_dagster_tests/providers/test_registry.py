@@ -24,6 +24,7 @@ from recon_dagster.core.kinds import KINDS, provider_names, provider_specs
 from recon_dagster.providers.parse import provider_parser
 from recon_dagster.providers.resource import ProvidersResource, resource_class
 from recon_dagster.sandbox.plugins import plugins
+from recon_dagster_tests.core.test_settings_home import _docstrings
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "recon_dagster"
@@ -51,16 +52,6 @@ def _names(words: list[str], name: str) -> bool:
         for i in range(len(words))
         for j in range(i + 1, min(i + 4, len(words)) + 1)
     )
-
-
-def _docstrings(tree: ast.AST) -> set[int]:
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                found.add(id(first.value))
-    return found
 
 
 def _texts(source: str) -> list[str]:

@@ -22,7 +22,7 @@ from recon_dagster.sandbox.plugins import PluginFamily, SandboxPlugin
 from recon_dagster.sandbox.refusals import json_body, requested_scenario
 from recon_dagster.sandbox.scenario import media_kind_for, poll_phase
 from recon_dagster.sandbox.shapes import Links
-from recon_dagster.sandbox.state import Task
+from recon_dagster.sandbox.state import PollTicket, Task
 from recon_dagster.sandbox.wire import Request, Response, json_response
 
 PREFIX = f"/{NAME}"
@@ -83,38 +83,33 @@ def submit(sb: SandboxCore, req: Request) -> Response:
     return json_response(200, answer, delay_s=delay)
 
 
-def _task_of(sb: SandboxCore, pattern: re.Pattern[str], path: str) -> tuple[str, str] | Response:
-    """The task id a request addresses, or the refusal of a path that is not an app's."""
-    match = pattern.match(path)
+def _ticket(
+    sb: SandboxCore, pattern: re.Pattern[str], req: Request, *, poll: bool, missing: Response | None = None
+) -> PollTicket | Response:
+    """The request addressed by ``req`` (counted as a poll or as another request), or the answer
+    that refuses it: a path that is not an app's, an unknown request, an injected 429/5xx."""
+    match = pattern.match(req.path)
     assert match is not None
     if _RE_APP.match(match["path"]) is None:
         return _error(404, "not_found", f"{match['path']!r} is not an app id: use '<owner>/<app>'", {}, 0.0)
-    return task_id_for(match["path"], match["rid"]), match["rid"]
+    task_id = task_id_for(match["path"], match["rid"])
+    ticket = sb.state.poll(task_id, _FAMILIES) if poll else sb.state.task_request(task_id, _FAMILIES)
+    if ticket is None:
+        return missing or _error(404, "not_found", "Request not found", {}, 0.0)
+    return sb.ticket_response(ticket, NAME) or ticket
 
 
 def status(sb: SandboxCore, req: Request) -> Response:
-    found = _task_of(sb, _RE_STATUS, req.path)
-    if isinstance(found, Response):
-        return found
-    ticket = sb.state.poll(found[0], _FAMILIES)
-    if ticket is None:
-        return _error(404, "not_found", "Request not found", {}, 0.0)
-    refusal = sb.ticket_response(ticket, NAME)
-    if refusal is not None:
-        return refusal
+    ticket = _ticket(sb, _RE_STATUS, req, poll=True)
+    if isinstance(ticket, Response):
+        return ticket
     return sb.answer_poll(ticket.task, ticket.answered_index, NAME, req)
 
 
 def result(sb: SandboxCore, req: Request) -> Response:
-    found = _task_of(sb, _RE_RESULT, req.path)
-    if isinstance(found, Response):
-        return found
-    ticket = sb.state.task_request(found[0], _FAMILIES)
-    if ticket is None:
-        return _error(404, "not_found", "Request not found", {}, 0.0)
-    refusal = sb.ticket_response(ticket, NAME)
-    if refusal is not None:
-        return refusal
+    ticket = _ticket(sb, _RE_RESULT, req, poll=False)
+    if isinstance(ticket, Response):
+        return ticket
     task = ticket.task
     sc = task.scenario
     delay = sb.latency(sc)
@@ -132,15 +127,9 @@ def result(sb: SandboxCore, req: Request) -> Response:
 
 
 def cancel(sb: SandboxCore, req: Request) -> Response:
-    found = _task_of(sb, _RE_CANCEL, req.path)
-    if isinstance(found, Response):
-        return found
-    ticket = sb.state.task_request(found[0], _FAMILIES)
-    if ticket is None:
-        return json_response(404, {"status": "NOT_FOUND"})
-    refusal = sb.ticket_response(ticket, NAME)
-    if refusal is not None:
-        return refusal
+    ticket = _ticket(sb, _RE_CANCEL, req, poll=False, missing=json_response(404, {"status": "NOT_FOUND"}))
+    if isinstance(ticket, Response):
+        return ticket
     task = ticket.task
     delay = sb.latency(task.scenario)
     if task.canceled or poll_phase(task.answered, task.scenario) != "running":
