@@ -29,7 +29,7 @@ from recon_dagster.reconcile.decide import Outcome
 from recon_dagster.reconcile.reconciler import Reconciler, ReconcileSettings
 from recon_dagster.sandbox import SandboxServer, Scenario
 from recon_dagster_tests.support.answers import lease, stale_job
-from recon_dagster_tests.support.factories import balances, job_row
+from recon_dagster_tests.support.factories import balances, job_row, make_job, make_user, reserve
 from recon_dagster_tests.support.reconcile import usage_status
 
 KEY = "fal-test-key"
@@ -212,3 +212,31 @@ def test_a_stuck_fal_job_that_failed_upstream_is_failed_and_refunded(db, sandbox
     assert out.outcome is Outcome.FAILED, out.detail
     assert job_row(db, job)["status"] == "failed"
     assert balances(db, user) == (Decimal(100), Decimal(50))
+
+
+def test_the_worker_library_persists_the_fal_task_then_resumes_it_instead_of_submitting_again(
+    db, sandbox, media_dir
+) -> None:
+    from recon_dagster.worker import ProviderResult, finalize_job_with_media, run_or_resume
+
+    user = make_user(db, sub=100, topup=50)
+    job = make_job(db, user, job_type="image", provider_kind="fal-image", started_minutes_ago=1)
+    reserve(db, job, user, 30, from_sub=20, from_topup=10)
+    providers = providers_from_env()
+    payload = {"model": IMAGE, "input": {"prompt": "a cat", "sandbox_scenario": {"polls_before_done": 1}}}
+
+    first = run_or_resume(
+        job, "fal-image", lambda cb: providers.run("fal-image", payload, on_task_created=cb, poll_interval_s=0.01),
+        providers=providers, engine=db,
+    )  # fmt: skip
+    task_id = job_row(db, job)["provider_task_id"]
+    assert first.state is UpstreamState.SUCCEEDED and task_id == first.task_id
+    # The worker died before settling: a new one resumes the persisted request, never submits again.
+    again = run_or_resume(
+        job, "fal-image", lambda cb: pytest.fail("submitted twice"), providers=providers, engine=db
+    )
+    assert again.state is UpstreamState.SUCCEEDED and sandbox.create_count("fal-image") == 1
+    finalize_job_with_media(
+        db, LocalMediaStore(base_dir=media_dir), job, ProviderResult.from_status(again), source="worker"
+    )
+    assert job_row(db, job)["status"] == "completed" and usage_status(db, job) == "committed"
