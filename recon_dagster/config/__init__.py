@@ -589,10 +589,14 @@ def declare_provider(
 def _declare_providers() -> None:
     global _providers_declared
     if not _providers_declared:
-        _providers_declared = True
+        _providers_declared = True  # first, so the load's own reads of SETTINGS do not recurse
         import importlib
 
-        importlib.import_module(KINDS_MODULE).provider_specs()
+        try:
+            importlib.import_module(KINDS_MODULE).provider_specs()
+        except BaseException:
+            _providers_declared = False
+            raise
 
 
 def declared() -> tuple[Var[Any], ...]:
