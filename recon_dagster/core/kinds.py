@@ -100,6 +100,10 @@ class ProviderSettings:
     key_env: str
     key_doc: str
     base_url_note: str = ""
+    # A deployment may leave the provider out: without its key it is not wired (its kinds answer a
+    # one-line ProviderConfigError) instead of every run failing on the unset variable. Providers
+    # added after a deployment exists are optional, so an upgrade needs no new secret.
+    key_optional: bool = False
 
 
 @dataclass(frozen=True)

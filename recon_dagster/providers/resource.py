@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 
 from recon_dagster import config
-from recon_dagster.core.kinds import ProviderSpec, get_kind, provider_specs
+from recon_dagster.core.kinds import ProviderSpec, get_kind, provider_spec, provider_specs
 from recon_dagster.core.redaction import register_secret
 from recon_dagster.providers.base import (
     AsyncProviderResource,
@@ -51,7 +51,8 @@ class ProvidersBase(dg.ConfigurableResource):  # type: ignore[type-arg]  # bare,
         """The resource of the provider called ``name``."""
         resource = getattr(self, name, None)
         if not isinstance(resource, ProviderResource):
-            raise ProviderConfigError(f"provider {name!r} is not configured on this ProvidersResource")
+            key = provider_spec(name).settings.key_env
+            raise ProviderConfigError(f"provider {name!r} is not configured here (set {key} to use it)")
         return resource
 
     def configured(self) -> tuple[ProviderResource, ...]:
@@ -145,7 +146,8 @@ def _base_url(name: str, default: str) -> str:
 
 def providers_from_env() -> ProvidersResource:
     """The production wiring: keys from ``dg.EnvVar`` (never literals, so they stay out of run
-    config and the UI), base URLs from ``*_BASE_URL`` when set, else the real providers.
+    config and the UI), base URLs from ``*_BASE_URL`` when set, else the real providers. A provider
+    whose key is optional (``ProviderSettings.key_optional``) is wired only when its key is set.
 
     The keys present now are registered for masking at once, before any client is built."""
     for name in api_key_env_vars():
@@ -158,5 +160,6 @@ def providers_from_env() -> ProvidersResource:
                 **resource_limit_fields(spec.name),
             )
             for spec in provider_specs()
+            if not spec.settings.key_optional or config.is_set(spec.settings.key_env)
         }
     )

@@ -16,7 +16,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from recon_dagster.core.kinds import MAX_ATTEMPTS
+from recon_dagster.core.kinds import MAX_ATTEMPTS, provider_names
 from recon_dagster.defs.observe.stuck import stuck_rows
 from recon_dagster.operator.explain import explain, facts
 from recon_dagster.sandbox import Scenario
@@ -97,7 +97,7 @@ def test_bad_results_alone_leave_the_provider_idle_not_down(db, instance, media_
     assert [e for e in _evaluations(instance) if e[0] == "kie"] == []  # idle: never evaluated
     result = defs.resolve_job_def("provider_health_job").execute_in_process(instance=instance)
     meta = result.asset_materializations_for_node("provider_health")[0].metadata
-    assert meta["idle"].value == "kie, replicate, elevenlabs, anthropic"
+    assert meta["idle"].value == ", ".join(provider_names())
     assert meta["down"].value == "none"
     checks = [
         e.event_specific_data.check_name

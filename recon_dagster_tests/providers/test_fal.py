@@ -240,3 +240,15 @@ def test_the_worker_library_persists_the_fal_task_then_resumes_it_instead_of_sub
         db, LocalMediaStore(base_dir=media_dir), job, ProviderResult.from_status(again), source="worker"
     )
     assert job_row(db, job)["status"] == "completed" and usage_status(db, job) == "committed"
+
+
+def test_a_deployment_without_fal_key_keeps_working_and_fal_kinds_say_what_to_set(monkeypatch) -> None:
+    from recon_dagster.providers import ProviderConfigError
+
+    monkeypatch.delenv("FAL_KEY", raising=False)
+    providers = providers_from_env()
+    assert providers.fal is None and providers.kie is not None  # the four are wired as before
+    with pytest.raises(ProviderConfigError, match="set FAL_KEY"):
+        providers.poll("fal-image", task_id_for("fal-ai/flux", "r"))
+    monkeypatch.setenv("FAL_KEY", "k")
+    assert isinstance(providers_from_env().fal, FalResource)
