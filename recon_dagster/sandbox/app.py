@@ -11,14 +11,22 @@ from __future__ import annotations
 from recon_dagster.sandbox import admin
 from recon_dagster.sandbox.core import Route, SandboxCore
 from recon_dagster.sandbox.refusals import ANTHROPIC, ELEVENLABS, KIE, REPLICATE, not_found
-from recon_dagster.sandbox.routes import anthropic, elevenlabs, kie, media, replicate
+from recon_dagster.sandbox.routes import (
+    anthropic,
+    elevenlabs,
+    elevenlabs_tasks,
+    kie,
+    media,
+    replicate,
+    replicate_tasks,
+)
 from recon_dagster.sandbox.wire import BadRequest, Request, Response
 
 # Each provider's endpoints, tried in order; the first whose method and path match answers.
 ROUTES: dict[str, tuple[Route, ...]] = {
     KIE: kie.ROUTES,
-    REPLICATE: replicate.ROUTES,
-    ELEVENLABS: elevenlabs.ROUTES,
+    REPLICATE: replicate.ROUTES + replicate_tasks.ROUTES,
+    ELEVENLABS: elevenlabs.ROUTES + elevenlabs_tasks.ROUTES,
     ANTHROPIC: anthropic.ROUTES,
 }
 
