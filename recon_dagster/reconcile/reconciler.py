@@ -96,6 +96,9 @@ class ReconcileSettings:
     # A job whose create's answer was lost, at a provider that lists its tasks, is swept only once
     # the orphan sweep has looked for that task, or this long after the create.
     orphan_look_wait: timedelta = timedelta(hours=6)
+    # The providers whose tasks can be listed, when the reconciler's upstream is not the providers
+    # resource itself (the sweep, which never polls); empty: asked of the upstream.
+    orphan_listable: frozenset[str] = frozenset()
 
     @property
     def account_wait_s(self) -> float:
@@ -649,7 +652,7 @@ class Reconciler:
         """Rows whose last create got no answer at a provider that lists its tasks, not yet looked
         for by the orphan sweep: sweeping (failing, refunding) them now could refund a task that
         runs or succeeded upstream. A provider that cannot list is swept as before."""
-        listable = listable_providers(self.upstream)
+        listable = self.settings.orphan_listable or listable_providers(self.upstream)
         if not rows or not listable:
             return set()
         return ledger.awaiting_look(conn, [r.id for r in rows], listable, self.settings.orphan_look_wait)
