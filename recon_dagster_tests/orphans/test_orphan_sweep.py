@@ -234,3 +234,24 @@ def test_a_late_on_task_created_after_a_sweep_is_cancelled_and_nothing_is_refund
     assert balances(db, user) == refunded
     assert job_row(db, job)["status"] == "failed"
     assert fates(db, job) == {late: "cancelled"}
+
+
+def test_the_plan_shows_orphan_actions_and_does_not_take_them(
+    db: sa.Engine,
+    sandbox: SandboxServer,
+    providers: ProvidersResource,
+    user: uuid.UUID,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    task = sandbox.add_task("replicate-prediction", RUNNING)
+    job = make_job(db, user, status="failed")
+    recorded(db, job, "replicate-prediction", task)
+
+    assert main(["plan", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+
+    assert [(t["task_id"], t["action"], t["done"]) for t in printed["orphans"]["tasks"]] == [
+        (task, "cancel", "would cancel")
+    ]
+    assert sandbox.task_info(task)["canceled"] is False
+    assert fates(db, job) == {task: None}
