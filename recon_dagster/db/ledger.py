@@ -256,6 +256,19 @@ def set_fate(
     return r is not None
 
 
+def set_fates(conn: sa.Connection, creates: Collection[uuid.UUID], fate: Fate) -> int:
+    """``set_fate`` for many creates at once, each only over no fate yet; how many were written."""
+    if not creates:
+        return 0
+    r = conn.execute(
+        sql(
+            f"UPDATE {TABLE} SET fate = :f, fate_at = now() WHERE id = ANY(:ids) AND fate IS NULL"
+        ).bindparams(sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))),
+        {"ids": [str(c) for c in creates], "f": fate.value},
+    )
+    return int(r.rowcount or 0)
+
+
 def mark_looked(conn: sa.Connection, creates: Iterable[uuid.UUID]) -> int:
     """The sweep listed the provider over these creates' time windows."""
     ids = [str(c) for c in creates]
@@ -386,6 +399,7 @@ __all__ = [
     "record_outcome",
     "record_task",
     "set_fate",
+    "set_fates",
     "unanswered",
     "unjudged_tasks",
 ]

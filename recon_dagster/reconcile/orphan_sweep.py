@@ -89,15 +89,6 @@ class OrphanReport:
     def counts(self) -> Counter[str]:
         return Counter(s.verdict.action.value for s in self.tasks)
 
-    @property
-    def unresolved(self) -> list[SweptTask]:
-        """Ours and still billing or billed for nothing (what the asset check fails on)."""
-        return [
-            s
-            for s in self.tasks
-            if s.verdict.action in ACTING and not s.done.startswith(("cancelled", "adopted", "reported"))
-        ]
-
     def to_json(self) -> dict[str, Any]:
         return {
             "since": self.since.isoformat(), "act": self.act, "seconds": round(self.seconds, 3),
@@ -150,7 +141,11 @@ def sweep_orphans(
                 verdicts = _listed_verdicts(engine, name, resource, since, now, policy, report)
             else:
                 verdicts = _ledger_verdicts(engine, name, providers, since, now, policy)
-            report.tasks.extend(_act(engine, resource, v, policy) for v in verdicts)
+            settled = _settle_owned(engine, verdicts) if policy.act else set()
+            report.tasks.extend(
+                SweptTask(v, "attached") if id(v) in settled else _act(engine, resource, v, policy)
+                for v in verdicts
+            )
         except (ProviderError, ValueError, sa.exc.SQLAlchemyError) as exc:
             report.errors[name] = f"{type(exc).__name__}: {exc}"
             log.warning("orphan sweep: %s: %s", name, exc)
@@ -227,6 +222,20 @@ def _judge(
     ]
 
 
+def _settle_owned(engine: sa.Engine, verdicts: list[OrphanVerdict]) -> set[int]:
+    """Tasks their job names, already in the ledger: their fate in one statement (most of what a
+    sweep lists), not a transaction each. Returns the ``id()`` of the verdicts settled."""
+    owned = [
+        v for v in verdicts
+        if v.action is OrphanAction.OWNED and v.create is not None and v.create.task_id == v.task.task_id
+    ]  # fmt: skip
+    fresh = [v.create.id for v in owned if v.create is not None and v.create.fate is None]
+    if fresh:
+        with engine.begin() as conn:
+            ledger.set_fates(conn, fresh, ledger.Fate.ATTACHED)
+    return {id(v) for v in owned}
+
+
 def _act(engine: sa.Engine, resource: Any, v: OrphanVerdict, policy: SweepPolicy) -> SweptTask:
     if v.action in (OrphanAction.UNKNOWN, OrphanAction.WAIT):
         return SweptTask(v, "reported" if v.action is OrphanAction.UNKNOWN else "left to its worker")
@@ -238,6 +247,13 @@ def _act(engine: sa.Engine, resource: Any, v: OrphanVerdict, policy: SweepPolicy
         )
     create = v.create
     assert create is not None and v.job_id is not None
+    settled = _ACTION_FATES[v.action]
+    if (
+        create.fate == settled.value
+        and v.action is not OrphanAction.CANCEL
+        and create.task_id == v.task.task_id
+    ):
+        return SweptTask(v, f"already {settled.value}")  # judged by an earlier sweep: nothing new
     with engine.begin() as conn:  # the task id is the ledger's from now on, whatever follows
         create = ledger.record_task(conn, v.job_id, provider=v.task.provider, kind=create.provider_kind,
                                     task_id=v.task.task_id, create=create.id)  # fmt: skip
