@@ -39,7 +39,9 @@ def upstream_orphans(
     from recon_dagster.reconcile.orphan_sweep import sweep_orphans
     from recon_dagster.reconcile.orphans import OrphanAction
 
-    report = sweep_orphans(database.get_engine(), providers, orphan_policy(act=True, run_id=context.run_id))
+    report = sweep_orphans(
+        database.get_engine(), providers, orphan_policy(act=True, run_id=context.run.run_id)
+    )
     for line in report.to_text().splitlines()[1:]:
         context.log.info(line.strip())
     running = [
