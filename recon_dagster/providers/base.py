@@ -16,6 +16,7 @@ from recon_dagster.config import Settings, limit_name
 from recon_dagster.core.deadlines import poll_deadline_s, poll_max_bytes
 from recon_dagster.core.kinds import ProviderKind, get_kind
 from recon_dagster.core.redaction import register_secret
+from recon_dagster.providers.create_marker import CreateLedgerHook
 from recon_dagster.providers.http import HttpSettings, Limits, ProviderHttp, ProviderNotFound, json_body
 from recon_dagster.providers.limits import account_limits_from_env
 from recon_dagster.providers.status import MediaRef, NotSent, ProviderError, UpstreamState, UpstreamStatus
@@ -283,6 +284,25 @@ class AsyncProviderResource(ProviderResource):
         """Start an upstream task; returns its task id."""
         raise NotImplementedError
 
+    def mark_request(self, kind: str, payload: dict[str, Any], marker: str) -> dict[str, Any] | None:
+        """``payload`` carrying the create ledger's job marker where this provider echoes it back,
+        or None when it has no place for one (the request is then sent unmarked)."""
+        return None
+
+    def _create_recorded(self, kind: str, payload: dict[str, Any], on_task_created: object) -> str:
+        """``create``, recorded in the create ledger before it is sent when the callback keeps one
+        (the worker library's); a create that raised is recorded as ambiguous or refused."""
+        if not isinstance(on_task_created, CreateLedgerHook):
+            return self.create(kind, payload)
+        markable = self.mark_request(kind, payload, "") is not None
+        marker = on_task_created.before_send(str(self.PROVIDER), kind, payload, markable)
+        marked = self.mark_request(kind, payload, marker) if markable else None
+        try:
+            return self.create(kind, payload if marked is None else marked)
+        except BaseException as exc:
+            on_task_created.unanswered(exc)
+            raise
+
     def poll(self, kind: str, task_id: str) -> UpstreamStatus:
         """One poll of an existing task."""
         raise NotImplementedError
@@ -314,7 +334,7 @@ class AsyncProviderResource(ProviderResource):
         upstream but was not recorded, which only the caller can decide about.
         """
         self._kind(kind)
-        task_id = self.create(kind, payload)
+        task_id = self._create_recorded(kind, payload, on_task_created)
         if on_task_created is not None:
             on_task_created(task_id)
         return self.resume(

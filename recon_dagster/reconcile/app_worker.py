@@ -16,16 +16,22 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 
 from recon_dagster.core.crashpoints import crash_point
 from recon_dagster.core.kinds import get_kind
-from recon_dagster.db import credits
+from recon_dagster.db import credits, ledger
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.engine import get_engine
-from recon_dagster.providers.status import UpstreamStatus
+from recon_dagster.providers.base import ProviderConfigError
+from recon_dagster.providers.status import (
+    AmbiguousCreateError,
+    ProviderHTTPError,
+    ProviderProtocolError,
+    UpstreamStatus,
+)
 
 log = logging.getLogger("recon_dagster.reconcile.app_worker")
 
@@ -68,16 +74,54 @@ class Resumer(Protocol):
     def resume(self, kind: str, task_id: str) -> UpstreamStatus: ...
 
 
-def make_on_task_created(
-    job_id: uuid.UUID | str, kind: str, *, engine: sa.Engine | None = None
-) -> OnTaskCreated:
-    """Build the callback that persists the upstream task id the moment it exists."""
-    get_kind(kind)  # an unknown kind is a programming error: fail before any upstream call
-    job_uuid = uuid.UUID(str(job_id))
+class TaskCreatedRecorder:
+    """The ``on_task_created`` callback of one create: it keeps the create ledger too.
 
-    def on_task_created(task_id: str) -> None:
+    Called by a provider's ``run`` with the task id the moment it exists: the id goes into the
+    create ledger first, in its own transaction (so a worker killed before the row is updated
+    still leaves it for the orphan sweep), then onto the job's row. Through the provider's ``run``
+    it also records the create's intent before the request is sent, and a create that raised as
+    ambiguous or refused. Called directly with a task id (a create sent outside ``run``), the id
+    is recorded all the same."""
+
+    def __init__(self, job_id: uuid.UUID, kind: str, engine: sa.Engine | None) -> None:
+        self.job_id, self.kind, self._engine = job_id, kind, engine
+        self.intent: ledger.Create | None = None
+
+    @property
+    def engine(self) -> sa.Engine:
+        return self._engine or get_engine()
+
+    def before_send(self, provider: str, kind: str, payload: dict[str, Any], marker_sent: bool) -> str:
+        if self.intent is None:  # one intent per create, however often asked
+            with self.engine.begin() as conn:
+                self.intent = ledger.record_intent(
+                    conn, self.job_id, provider=provider, kind=kind,
+                    fingerprint=ledger.fingerprint(payload), marker_sent=marker_sent,
+                )  # fmt: skip
+        return self.intent.marker
+
+    def unanswered(self, error: BaseException) -> None:
+        if self.intent is None:
+            return
+        state = ledger.CreateState.AMBIGUOUS if create_may_exist(error) else ledger.CreateState.REFUSED
+        try:
+            with self.engine.begin() as conn:
+                ledger.record_outcome(conn, self.intent.id, state, f"{type(error).__name__}: {error}")
+        except Exception:  # the create's own error is the one to raise; the row stays 'sending'
+            log.exception("job %s: could not record the %s create as %s", self.job_id, self.kind, state)
+
+    def __call__(self, task_id: str) -> None:
+        job_uuid, kind = self.job_id, self.kind
+        eng = self.engine
+        if not isinstance(task_id, str) or not task_id.strip():
+            raise ValueError(f"provider task id must be a non-empty string, got {task_id!r}")
+        with eng.begin() as conn:
+            ledger.record_task(
+                conn, job_uuid, provider=str(get_kind(kind).provider), kind=kind, task_id=task_id,
+                create=None if self.intent is None else self.intent.id,
+            )  # fmt: skip
         crash_point("worker.after_create")
-        eng = engine or get_engine()
         with eng.begin() as conn:
             persisted = jobs_db.record_task_created(conn, job_uuid, kind, task_id)
             if persisted is None:
@@ -86,7 +130,7 @@ def make_on_task_created(
                 if row is None:
                     raise JobNotFound(f"job {job_uuid} does not exist")
                 # The upstream task exists and may bill, but the row's credits are already settled:
-                # nobody will collect or pay for it. Recorded for review (and an upstream cancel).
+                # nobody will collect or pay for it. The ledger holds it: the orphan sweep cancels it.
                 log.error(
                     "job %s is %s but upstream %s task %s was created for it; not persisted",
                     job_uuid,
@@ -120,7 +164,23 @@ def make_on_task_created(
         if persisted is not None and persisted != task_id:
             raise TaskAlreadyPersisted(job_uuid, persisted, task_id)
 
-    return on_task_created
+
+def create_may_exist(error: BaseException) -> bool:
+    """Whether a create that raised ``error`` may still have made a task upstream: its answer
+    was lost or unreadable (or the error is not one of ours). Not sent, or refused by an error
+    answer: no task."""
+    if isinstance(error, AmbiguousCreateError | ProviderProtocolError):
+        return True
+    return not isinstance(error, ProviderHTTPError | ValueError | ProviderConfigError)
+
+
+def make_on_task_created(
+    job_id: uuid.UUID | str, kind: str, *, engine: sa.Engine | None = None
+) -> TaskCreatedRecorder:
+    """Build the callback that persists the upstream task id the moment it exists (in the create
+    ledger, then on the job's row)."""
+    get_kind(kind)  # an unknown kind is a programming error: fail before any upstream call
+    return TaskCreatedRecorder(uuid.UUID(str(job_id)), kind, engine)
 
 
 def mark_provider_call_start(job_id: uuid.UUID | str, kind: str, *, engine: sa.Engine | None = None) -> None:

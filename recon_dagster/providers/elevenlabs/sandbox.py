@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 
+from recon_dagster.providers.elevenlabs import sandbox_tasks
 from recon_dagster.providers.elevenlabs.spec import NAME, SPEC, ElevenLabsFamily
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.core import Route, SandboxCore
@@ -121,6 +122,6 @@ ROUTES = (
 # provider are still the sandbox's built-in ones (recon_dagster/sandbox/: core, refusals, shapes).
 SANDBOX = SandboxPlugin(
     provider=NAME,
-    routes=ROUTES,
+    routes=(*ROUTES, *sandbox_tasks.ROUTES),
     env=lambda base_url, key: {SPEC.settings.base_url_env: base_url, SPEC.settings.key_env: key},
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from recon_dagster.providers.replicate import sandbox_tasks
 from recon_dagster.providers.replicate.spec import NAME, SPEC, ReplicateFamily
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.core import Route, SandboxCore
@@ -44,6 +45,13 @@ def predict(sb: SandboxCore, req: Request) -> Response:
         return refusal
     model = f"{match['owner']}/{match['name']}" if match else None
     meta = {"version": str(version)} if version else {}
+    meta.update(
+        {
+            k: str(v)
+            for k, v in (("webhook", body.get("webhook")), ("cancel_after", req.headers.get("Cancel-After")))
+            if v
+        }
+    )
     task = sb.state.add_task(kind, sc, via_create=True, model=model, input=body["input"], meta=meta)
     sb.state.record_create(kind, task.task_id, req.body)
     return _created(sb, task, action)
@@ -123,6 +131,6 @@ ROUTES = (
 # provider are still the sandbox's built-in ones (recon_dagster/sandbox/: core, refusals, shapes).
 SANDBOX = SandboxPlugin(
     provider=NAME,
-    routes=ROUTES,
+    routes=(*ROUTES, *sandbox_tasks.ROUTES),
     env=lambda base_url, key: {SPEC.settings.base_url_env: f"{base_url}/v1", SPEC.settings.key_env: key},
 )

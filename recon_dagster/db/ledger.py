@@ -1,0 +1,405 @@
+"""The create ledger (``upstream_creates``, migration 148): every create sent, every task id it returned.
+
+The worker library writes a create's intent before the request leaves (``record_intent``), its task
+id the moment the provider answers (``record_task``, its own transaction, before the job's row is
+touched), or that the answer was lost (``record_outcome``: ambiguous) or that nothing was created
+(refused). The orphan sweep reads it to tell our tasks at the provider from anyone else's, and
+writes what became of each task (``set_fate``).
+
+Identity is deterministic: a create is the job's n-th (``seq``), its id ``uuid5("<job>/<seq>")``
+and its marker ``"<job>.<seq>"``; every write is a guarded statement that a retry repeats
+harmlessly. Functions take a ``Connection``: the caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+from recon_dagster.core.redaction import redact_secrets
+from recon_dagster.db.sqltext import sql
+
+TABLE = "upstream_creates"
+# The namespace of create ids: uuid5(LEDGER_NAMESPACE, "<job_id>/<seq>").
+LEDGER_NAMESPACE = uuid.UUID("6c2b7f64-53d5-5a0e-9a55-7265636f6e39")
+_MARKER_RE = re.compile(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.([0-9]{1,9})")
+# Where a create carries its marker: never part of what it asked for.
+CALLBACK_KEYS = frozenset({"webhook", "webhook_events_filter", "callBackUrl", "name"})
+# Keys never fingerprinted: credentials a payload may carry.
+SECRET_KEYS = frozenset({"api_key", "apikey", "token", "authorization", "password", "secret", "key"})
+
+
+class CreateState(StrEnum):
+    SENDING = "sending"  # recorded, not yet answered (or the worker died before it knew)
+    CREATED = "created"  # a task id came back
+    AMBIGUOUS = "ambiguous"  # the answer was lost after the request may have arrived
+    REFUSED = "refused"  # certainly no task: an error answer, or never sent
+    UNRECORDED = "unrecorded"  # a task id reported with no intent recorded before it
+
+
+class Fate(StrEnum):
+    """What became of a create's task."""
+
+    ATTACHED = "attached"  # the job's row names it: the reconciler owns it
+    ADOPTED = "adopted"  # attached by the orphan sweep to a job in flight without a task
+    CANCELLED = "cancelled"  # running after its job stopped owning it: cancelled upstream
+    ORPHAN_BILLED = "orphan_billed"  # succeeded after its job ended: billed, reported
+    ENDED = "ended"  # failed, cancelled or expired upstream on its own: nothing bills
+    NOT_FOUND = "not_found"  # an unanswered create whose task the sweep looked for, not found
+
+
+@dataclass(frozen=True)
+class Create:
+    id: uuid.UUID
+    job_id: uuid.UUID
+    seq: int
+    provider: str
+    provider_kind: str
+    marker: str
+    marker_sent: bool
+    fingerprint: str
+    intent_at: datetime
+    state: str
+    state_at: datetime
+    task_id: str | None
+    task_recorded_at: datetime | None
+    fate: str | None
+    fate_at: datetime | None
+    fate_detail: dict[str, Any] = field(default_factory=dict)
+    looked_at: datetime | None = None
+    detail: str = ""
+
+
+_COLUMNS = ", ".join(Create.__dataclass_fields__)
+
+
+def _create(m: sa.RowMapping) -> Create:
+    values = {k: m[k] for k in Create.__dataclass_fields__}
+    values["id"], values["job_id"] = uuid.UUID(str(m["id"])), uuid.UUID(str(m["job_id"]))
+    values["fate_detail"] = dict(m["fate_detail"] or {})
+    return Create(**values)
+
+
+# --- identity ---------------------------------------------------------------------------------------
+
+
+def create_id(job_id: uuid.UUID | str, seq: int) -> uuid.UUID:
+    return uuid.uuid5(LEDGER_NAMESPACE, f"{uuid.UUID(str(job_id))}/{seq}")
+
+
+def marker_for(job_id: uuid.UUID | str, seq: int) -> str:
+    return f"{uuid.UUID(str(job_id))}.{seq}"
+
+
+def parse_marker(text: str | None) -> tuple[uuid.UUID, int] | None:
+    """(job id, seq) of the first marker in ``text`` (a URL, a name), or None."""
+    match = _MARKER_RE.search(text or "")
+    return None if match is None else (uuid.UUID(match.group(1)), int(match.group(2)))
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _scrub(v) for k, v in value.items() if str(k).lower() not in SECRET_KEYS}
+    if isinstance(value, list | tuple):
+        return [_scrub(v) for v in value]
+    return value
+
+
+def fingerprint(payload: Mapping[str, Any]) -> str:
+    """sha256 of what a create asked for in canonical JSON: its ``input`` when it has one (what a
+    provider's list of tasks shows back), else the whole request without its callback URLs;
+    credentials left out and registered secrets masked, so it never holds a key."""
+    asked = payload["input"] if isinstance(payload, Mapping) and "input" in payload else payload
+    if isinstance(asked, Mapping):
+        asked = {k: v for k, v in asked.items() if k not in CALLBACK_KEYS}
+    text = json.dumps(_scrub(asked), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(redact_secrets(text).encode()).hexdigest()
+
+
+# --- writes -----------------------------------------------------------------------------------------
+
+
+def record_intent(
+    conn: sa.Connection,
+    job_id: uuid.UUID | str,
+    *,
+    provider: str,
+    kind: str,
+    fingerprint: str,
+    marker_sent: bool,
+) -> Create:
+    """The job's next create, recorded before it is sent; returns it (with its seq and marker)."""
+    job = str(uuid.UUID(str(job_id)))
+    # Serialises seq allocation per job (a transaction-scoped lock: nothing stays).
+    conn.execute(sql("SELECT pg_advisory_xact_lock(hashtextextended(:j, 148))"), {"j": job})
+    seq = int(
+        conn.execute(
+            sql(f"SELECT COALESCE(max(seq), 0) + 1 FROM {TABLE} WHERE job_id = :j"), {"j": job}
+        ).scalar_one()
+    )
+    row = conn.execute(
+        sql(
+            f"""
+            INSERT INTO {TABLE} (id, job_id, seq, provider, provider_kind, marker, marker_sent, fingerprint)
+            VALUES (:id, :j, :seq, :p, :k, :m, :ms, :fp)
+            ON CONFLICT (id) DO UPDATE SET id = EXCLUDED.id
+            RETURNING {_COLUMNS}
+            """
+        ),
+        {
+            "id": str(create_id(job, seq)), "j": job, "seq": seq, "p": provider, "k": kind,
+            "m": marker_for(job, seq), "ms": marker_sent, "fp": fingerprint,
+        },
+    ).mappings().one()  # fmt: skip
+    return _create(row)
+
+
+def record_task(
+    conn: sa.Connection,
+    job_id: uuid.UUID | str,
+    *,
+    provider: str,
+    kind: str,
+    task_id: str,
+    create: uuid.UUID | None = None,
+) -> Create:
+    """Record the task id a create returned. With ``create`` (its intent), that row gets it;
+    without, a row in state ``unrecorded`` is added (a create sent outside the worker library's
+    ``run``). Idempotent: the same task id again returns the row already holding it."""
+    if not isinstance(task_id, str) or not task_id.strip():
+        raise ValueError(f"provider task id must be a non-empty string, got {task_id!r}")
+    job = str(uuid.UUID(str(job_id)))
+    held = conn.execute(
+        sql(f"SELECT {_COLUMNS} FROM {TABLE} WHERE provider = :p AND task_id = :t"),
+        {"p": provider, "t": task_id},
+    ).mappings().first()  # fmt: skip
+    if held is not None:
+        return _create(held)
+    if create is not None:
+        row = conn.execute(
+            sql(
+                f"""
+                UPDATE {TABLE} SET task_id = :t, task_recorded_at = now(), state = 'created',
+                  state_at = now()
+                WHERE id = :id AND task_id IS NULL
+                RETURNING {_COLUMNS}
+                """
+            ),
+            {"id": str(create), "t": task_id},
+        ).mappings().first()  # fmt: skip
+        if row is not None:
+            return _create(row)
+    # No intent, or its intent already holds another task id: a row of its own.
+    intent = record_intent(conn, job, provider=provider, kind=kind, fingerprint="", marker_sent=False)
+    row = conn.execute(
+        sql(
+            f"""
+            UPDATE {TABLE} SET task_id = :t, task_recorded_at = now(), state = 'unrecorded',
+              state_at = now()
+            WHERE id = :id RETURNING {_COLUMNS}
+            """
+        ),
+        {"id": str(intent.id), "t": task_id},
+    ).mappings().one()  # fmt: skip
+    return _create(row)
+
+
+def record_outcome(conn: sa.Connection, create: uuid.UUID, state: CreateState, detail: str = "") -> bool:
+    """An unanswered create's end without a task id: ambiguous or refused. Only from ``sending``
+    (a task id recorded first wins); True if written."""
+    if state not in (CreateState.AMBIGUOUS, CreateState.REFUSED):
+        raise ValueError(f"record_outcome takes ambiguous or refused, not {state}")
+    r = conn.execute(
+        sql(
+            f"""
+            UPDATE {TABLE} SET state = :s, state_at = now(), detail = left(:d, 2000)
+            WHERE id = :id AND state = 'sending' AND task_id IS NULL RETURNING id
+            """
+        ),
+        {"id": str(create), "s": state.value, "d": redact_secrets(detail)},
+    ).first()
+    return r is not None
+
+
+def set_fate(
+    conn: sa.Connection,
+    create: uuid.UUID,
+    fate: Fate,
+    detail: Mapping[str, Any] | None = None,
+    *,
+    replaces: Collection[Fate] = (),
+) -> bool:
+    """Record what became of a create's task: only over no fate yet, or one of ``replaces``
+    (a guarded compare-and-set); True if written."""
+    r = conn.execute(
+        sql(
+            f"""
+            UPDATE {TABLE} SET fate = :f, fate_at = now(), fate_detail = CAST(:d AS jsonb)
+            WHERE id = :id AND (fate IS NULL OR fate = ANY(:from)) RETURNING id
+            """
+        ).bindparams(sa.bindparam("from", type_=pg.ARRAY(sa.Text))),
+        {
+            "id": str(create), "f": fate.value, "from": [f.value for f in replaces],
+            "d": json.dumps(dict(detail or {}), default=str),
+        },
+    ).first()  # fmt: skip
+    return r is not None
+
+
+def set_fates(conn: sa.Connection, creates: Collection[uuid.UUID], fate: Fate) -> int:
+    """``set_fate`` for many creates at once, each only over no fate yet; how many were written."""
+    if not creates:
+        return 0
+    r = conn.execute(
+        sql(
+            f"UPDATE {TABLE} SET fate = :f, fate_at = now() WHERE id = ANY(:ids) AND fate IS NULL"
+        ).bindparams(sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))),
+        {"ids": [str(c) for c in creates], "f": fate.value},
+    )
+    return int(r.rowcount or 0)
+
+
+def mark_looked(conn: sa.Connection, creates: Iterable[uuid.UUID]) -> int:
+    """The sweep listed the provider over these creates' time windows."""
+    ids = [str(c) for c in creates]
+    if not ids:
+        return 0
+    r = conn.execute(
+        sql(f"UPDATE {TABLE} SET looked_at = now() WHERE id = ANY(:ids)").bindparams(
+            sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))
+        ),
+        {"ids": ids},
+    )
+    return int(r.rowcount or 0)
+
+
+# --- reads ------------------------------------------------------------------------------------------
+
+
+def creates_of_job(conn: sa.Connection, job_id: uuid.UUID | str) -> list[Create]:
+    """Every create of one job, in order (``explain``)."""
+    rows = conn.execute(
+        sql(f"SELECT {_COLUMNS} FROM {TABLE} WHERE job_id = :j ORDER BY seq"), {"j": str(job_id)}
+    ).mappings()
+    return [_create(r) for r in rows]
+
+
+def by_task_ids(conn: sa.Connection, provider: str, task_ids: Collection[str]) -> dict[str, Create]:
+    """The creates holding any of ``task_ids`` at ``provider``, by task id."""
+    if not task_ids:
+        return {}
+    rows = conn.execute(
+        sql(f"SELECT {_COLUMNS} FROM {TABLE} WHERE provider = :p AND task_id = ANY(:t)").bindparams(
+            sa.bindparam("t", type_=pg.ARRAY(sa.Text))
+        ),
+        {"p": provider, "t": list(task_ids)},
+    ).mappings()
+    return {str(r["task_id"]): _create(r) for r in rows}
+
+
+def by_ids(conn: sa.Connection, ids: Collection[uuid.UUID]) -> dict[uuid.UUID, Create]:
+    if not ids:
+        return {}
+    rows = conn.execute(
+        sql(f"SELECT {_COLUMNS} FROM {TABLE} WHERE id = ANY(:ids)").bindparams(
+            sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))
+        ),
+        {"ids": [str(i) for i in ids]},
+    ).mappings()
+    return {c.id: c for c in map(_create, rows)}
+
+
+def unanswered(conn: sa.Connection, provider: str, since: datetime) -> list[Create]:
+    """``provider``'s creates since ``since`` still without a task id and not refused: sending
+    (maybe a worker died before the answer) or ambiguous. The sweep looks for their tasks."""
+    rows = conn.execute(
+        sql(
+            f"""
+            SELECT {_COLUMNS} FROM {TABLE}
+            WHERE provider = :p AND intent_at >= :since AND task_id IS NULL
+              AND state IN ('sending', 'ambiguous') AND fate IS NULL
+            ORDER BY intent_at
+            """
+        ),
+        {"p": provider, "since": since},
+    ).mappings()
+    return [_create(r) for r in rows]
+
+
+def unjudged_tasks(conn: sa.Connection, provider: str, since: datetime) -> list[Create]:
+    """``provider``'s creates since ``since`` with a task id and no fate yet (KIE's whole record:
+    it has no list endpoint)."""
+    rows = conn.execute(
+        sql(
+            f"""
+            SELECT {_COLUMNS} FROM {TABLE}
+            WHERE provider = :p AND intent_at >= :since AND task_id IS NOT NULL AND fate IS NULL
+            ORDER BY intent_at
+            """
+        ),
+        {"p": provider, "since": since},
+    ).mappings()
+    return [_create(r) for r in rows]
+
+
+def awaiting_look(
+    conn: sa.Connection, job_ids: Collection[uuid.UUID], providers: Collection[str], wait: timedelta
+) -> set[uuid.UUID]:
+    """Jobs among ``job_ids`` whose latest create, at one of ``providers`` (those that can be
+    listed), is unanswered and was not yet looked for by the orphan sweep after it ended so: the
+    sweep must look for its task before such a job is failed and refunded."""
+    if not job_ids or not providers:
+        return set()
+    rows = conn.execute(
+        sql(
+            f"""
+            SELECT c.job_id FROM (
+              SELECT DISTINCT ON (job_id) job_id, provider, state, task_id, looked_at, state_at, fate, intent_at
+              FROM {TABLE} WHERE job_id = ANY(:ids) ORDER BY job_id, seq DESC
+            ) c
+            WHERE c.provider = ANY(:p) AND c.task_id IS NULL AND c.fate IS NULL
+              AND c.state IN ('sending', 'ambiguous')
+              AND (c.looked_at IS NULL OR c.looked_at < c.state_at)
+              AND c.intent_at > now() - make_interval(secs => :wait)
+            """
+        ).bindparams(
+            sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)), sa.bindparam("p", type_=pg.ARRAY(sa.Text))
+        ),
+        {"ids": [str(j) for j in job_ids], "p": list(providers), "wait": wait.total_seconds()},
+    ).scalars()
+    return {uuid.UUID(str(j)) for j in rows}
+
+
+__all__ = [
+    "LEDGER_NAMESPACE",
+    "TABLE",
+    "Create",
+    "CreateState",
+    "Fate",
+    "awaiting_look",
+    "by_ids",
+    "by_task_ids",
+    "create_id",
+    "creates_of_job",
+    "fingerprint",
+    "mark_looked",
+    "marker_for",
+    "parse_marker",
+    "record_intent",
+    "record_outcome",
+    "record_task",
+    "set_fate",
+    "set_fates",
+    "unanswered",
+    "unjudged_tasks",
+]
