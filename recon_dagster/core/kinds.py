@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recon_dagster.config import Settings, declare_provider, settings
 
@@ -268,18 +268,26 @@ def kind_names() -> tuple[str, ...]:
     return tuple(KINDS)
 
 
-def __getattr__(name: str) -> Any:
-    # Derived tuples, computed from the registry when first asked for (not at import, so importing
-    # this module never loads the providers).
-    if name == "KIND_NAMES":
-        return tuple(KINDS)
-    if name == "ASYNC_KINDS":
-        return tuple(k.name for k in KINDS.values() if k.is_async)
-    if name == "SYNC_KINDS":
-        return tuple(k.name for k in KINDS.values() if not k.is_async)
-    if name == "TEXT_RESULT_KINDS":
-        return frozenset(k.name for k in KINDS.values() if k.text_result)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The derived tuples are computed from the registry when first asked for (not at import, so
+# importing this module never loads the providers). The type checker sees them declared and no
+# module ``__getattr__``, so a name this module does not define is still an error there.
+if TYPE_CHECKING:
+    KIND_NAMES: tuple[str, ...]
+    ASYNC_KINDS: tuple[str, ...]
+    SYNC_KINDS: tuple[str, ...]
+    TEXT_RESULT_KINDS: frozenset[str]
+else:
+
+    def __getattr__(name: str) -> Any:
+        if name == "KIND_NAMES":
+            return tuple(KINDS)
+        if name == "ASYNC_KINDS":
+            return tuple(k.name for k in KINDS.values() if k.is_async)
+        if name == "SYNC_KINDS":
+            return tuple(k.name for k in KINDS.values() if not k.is_async)
+        if name == "TEXT_RESULT_KINDS":
+            return frozenset(k.name for k in KINDS.values() if k.text_result)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # A row whose provider call started under a provider_kind the registry does not know is swept

@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from recon_dagster.config import settings
+from recon_dagster.core.kinds import provider_names
 from recon_dagster.operator.modes import shadow_modes
 from recon_dagster.reconcile.orphan_sweep import SweepPolicy
 
@@ -47,7 +48,7 @@ def dry_run_providers(providers: Any) -> Any:
     write the shared limiter's rows)."""
     update = {
         name: resource.model_copy(update={"shared_limits": False})
-        for name in ("kie", "replicate", "elevenlabs", "anthropic")
+        for name in provider_names()
         if (resource := getattr(providers, name, None)) is not None
     }
     return providers.model_copy(update=update)

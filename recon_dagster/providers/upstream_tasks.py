@@ -44,6 +44,8 @@ class UpstreamTask:
     marker: str | None = None
     # The model, version or voice the task ran, when listed.
     model: str | None = None
+    # The provider kind a job of this collection has (the lister knows; the sweep sorts by it).
+    kind: str | None = None
     # What the provider reports of its cost: e.g. Replicate's metrics.predict_time / total_time.
     metrics: dict[str, float] = field(default_factory=dict)
     # The create ledger's fingerprint of what the task was asked (``db.ledger.fingerprint`` of its

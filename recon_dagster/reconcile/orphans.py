@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from recon_dagster.core.kinds import Provider
+from recon_dagster.core.kinds import provider_names
 from recon_dagster.core.types import JobRow
 from recon_dagster.db.ledger import Create
 from recon_dagster.providers.upstream_tasks import TaskListing, TaskPhase, UpstreamTask
@@ -42,13 +42,6 @@ class OrphanAction(StrEnum):
 
 # What changes something (a job row, a task upstream, an anomaly) when acted on.
 ACTING = frozenset({OrphanAction.ADOPT, OrphanAction.CANCEL, OrphanAction.ORPHAN_BILLED})
-
-# A listed task's collection, as the provider kind a job of it has.
-COLLECTION_KINDS = {
-    ("replicate", "predictions"): "replicate-prediction",
-    ("replicate", "trainings"): "replicate-training",
-    ("elevenlabs", "dubbing"): "elevenlabs-async",
-}
 
 
 @dataclass(frozen=True)
@@ -69,7 +62,7 @@ class OrphanVerdict:
 def task_kind(task: UpstreamTask, create: Create | None) -> str | None:
     if create is not None:
         return create.provider_kind
-    return COLLECTION_KINDS.get((task.provider, task.collection))
+    return task.kind
 
 
 def reconcile(
@@ -151,7 +144,7 @@ def phase_of_poll(state: str) -> TaskPhase:
 
 def resources(providers: Any) -> dict[str, Any]:
     """The provider resources of ``providers`` (the ``ProvidersResource``), by provider name."""
-    return {p.value: r for p in Provider if (r := getattr(providers, p.value, None)) is not None}
+    return {p: r for p in provider_names() if (r := getattr(providers, p, None)) is not None}
 
 
 def listable_providers(providers: Any) -> frozenset[str]:

@@ -18,8 +18,8 @@ SAMPLE = 50
 @dg.asset(
     key=UPSTREAM_ORPHANS,
     group_name="reconciliation",
-    description="Upstream tasks (Replicate predictions and trainings, ElevenLabs dubs listed; KIE from "
-    "the create ledger) that no in-flight job owns: ours adopted onto their job or cancelled, "
+    description="Upstream tasks (listed at each provider that lists its tasks; from the create ledger "
+    "at one that does not) that no in-flight job owns: ours adopted onto their job or cancelled, "
     "billed orphans reported (orphan_billed anomaly), unknown ones reported and never cancelled.",
     check_specs=[
         dg.AssetCheckSpec(

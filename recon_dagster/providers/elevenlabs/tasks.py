@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from recon_dagster.providers.http import ProviderHttp
 
 COLLECTION = "dubbing"
+# The provider kind of a dubbing job.
+DUBBING_KIND = "elevenlabs-async"
 PAGE_SIZE = 200  # ElevenLabs' most per page
 PHASES = {"dubbed": TaskPhase.SUCCEEDED, "failed": TaskPhase.ENDED, "deleted": TaskPhase.ENDED}
 LABEL = "elevenlabs"
@@ -42,6 +44,7 @@ def listed_dub(item: dict[str, Any]) -> UpstreamTask | None:
         provider=LABEL,
         task_id=task_id,
         collection=COLLECTION,
+        kind=DUBBING_KIND,
         phase=PHASES.get(status, TaskPhase.RUNNING),  # "dubbing", or a word we do not know
         status=status,
         created_at=parse_time(item.get("created_at")),

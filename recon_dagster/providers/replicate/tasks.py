@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from recon_dagster.providers.http import ProviderHttp
 
 COLLECTIONS = ("predictions", "trainings")
+# The provider kind a job of each collection has.
+KIND_OF_COLLECTION = {"predictions": "replicate-prediction", "trainings": "replicate-training"}
 PHASES = {
     "starting": TaskPhase.RUNNING,
     "processing": TaskPhase.RUNNING,
@@ -72,6 +74,7 @@ def listed_task(collection: str, item: dict[str, Any]) -> UpstreamTask | None:
         provider=LABEL,
         task_id=task_id,
         collection=collection,
+        kind=KIND_OF_COLLECTION.get(collection),
         phase=PHASES.get(status, TaskPhase.RUNNING),  # an unknown word may still bill
         status=status,
         created_at=parse_time(item.get("created_at")),
