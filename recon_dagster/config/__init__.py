@@ -445,6 +445,41 @@ class Settings:
         0.5, 0, 0.999, "...and they are more than this share of the jobs it was asked about in the window.",
         group="provider health",
     )
+    # spend reconciliation
+    spend_replicate_tolerance_s = _number(
+        0, 0, DAY_S,
+        "Replicate compute seconds of a day billed for tasks nobody was charged for (unknown, orphaned or "
+        "refunded tasks) that `replicate_spend`'s check lets pass; a job charged whose task Replicate never "
+        "listed fails it whatever this says.",
+        group="spend reconciliation",
+    )
+    spend_elevenlabs_tolerance_chars = _whole(
+        0, 0, 1_000_000_000,
+        "Characters by which ElevenLabs' count of a day (its character stats) may differ from the characters "
+        "our jobs recorded (`usage_logs.metadata.characters`) before `elevenlabs_spend`'s check fails.",
+        group="spend reconciliation",
+    )
+    spend_anthropic_tolerance_tokens = _whole(
+        0, 0, 1_000_000_000_000,
+        "Tokens by which Anthropic's usage report of a day may differ, for any one model, from the tokens "
+        "our sync calls recorded (`usage_logs.metadata.input_tokens` + `output_tokens`) before "
+        "`anthropic_spend`'s check fails.",
+        group="spend reconciliation",
+    )
+    spend_anthropic_final_after_s = _number(
+        DAY_S, 0, _WEEK_S,
+        "Seconds after a day ends before Anthropic's usage report of it is final (Anthropic exports usage "
+        "in batches, usually within hours, at worst a day later); before, a difference is shown as "
+        "provisional and the check stays green.",
+        group="spend reconciliation",
+    )
+    spend_kie_tolerance_credits = _number(
+        0, 0, 1_000_000_000,
+        "KIE credits by which the account balance's change between two samples may differ from the "
+        "credits our KIE jobs of that window recorded (`usage_logs.metadata.provider_credits`) before "
+        "`kie_spend`'s check fails.",
+        group="spend reconciliation",
+    )
     # alerts
     alert_slack_webhook_url = _secret(
         "alerts",
@@ -554,6 +589,12 @@ _OTHERS: tuple[Var[Any], ...] = (
     *_provider("Replicate", "https://api.replicate.com/v1", "REPLICATE_API_TOKEN", "Replicate bearer token."),
     *_provider("ElevenLabs", "https://api.elevenlabs.io", "ELEVENLABS_API_KEY", "ElevenLabs `xi-api-key`."),
     *_provider("Anthropic", "https://api.anthropic.com", "ANTHROPIC_API_KEY", "Anthropic key."),
+    _secret(
+        "providers",
+        "Anthropic Admin API key (`sk-ant-admin...`), optional: `anthropic_spend` reads the organization's "
+        "usage report with it; unset, the asset reports \"not configured\" and its check stays green.",
+        readers="providers/anthropic_spend.py", name="ANTHROPIC_ADMIN_API_KEY",
+    ),
     _named(
         "media", "text", None, "S3 access key id (unset: boto3's own credential chain).",
         readers="media/store.py", shown_default="boto3 chain", name="AWS_ACCESS_KEY_ID",

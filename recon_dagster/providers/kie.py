@@ -11,6 +11,7 @@ from pydantic import Field
 from recon_dagster.core.kinds import Family, Provider
 from recon_dagster.providers.base import AsyncProviderResource
 from recon_dagster.providers.http import json_body
+from recon_dagster.providers.kie_spend import KieSpend
 from recon_dagster.providers.kie_tasks import KieTasks
 from recon_dagster.providers.parse import (
     KIE_RETRYABLE_CODES,
@@ -40,7 +41,7 @@ def _safe_json(response: httpx.Response) -> Any:
         return None
 
 
-class KieResource(KieTasks, AsyncProviderResource):
+class KieResource(KieSpend, KieTasks, AsyncProviderResource):
     """KIE.ai client: ``create``/``poll``/``run``/``resume`` for the async kinds, ``chat`` for kie-llm.
 
     KIE reports most errors as HTTP 200 with an error ``code`` in its envelope; throttling and

@@ -22,46 +22,11 @@ from decimal import Decimal
 from typing import Any
 
 from recon_dagster.db.ledger import parse_marker
+from recon_dagster.db.spend import Charge
 from recon_dagster.providers.upstream_tasks import UpstreamTask
 
 # The most tasks or jobs one report names (the figures always count all of them).
 NAMED_MAX = 50
-
-
-@dataclass(frozen=True)
-class Charge:
-    """One ``usage_logs`` row of a job of the provider, with what the job's row and the ledger say
-    of its upstream task."""
-
-    job_id: uuid.UUID
-    provider_kind: str
-    status: str  # reserved | committed | refunded
-    amount: Decimal
-    cost_usd: Decimal | None
-    created_at: datetime
-    # The task the job's row names (jobs.provider_task_id), and every task id the ledger holds.
-    row_task_id: str | None = None
-    ledger_task_ids: tuple[str, ...] = ()
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def charged(self) -> bool:
-        return self.status == "committed"
-
-    @property
-    def task_ids(self) -> frozenset[str]:
-        return frozenset(t for t in (self.row_task_id, *self.ledger_task_ids) if t)
-
-    def number(self, key: str) -> float | None:
-        """A figure the app recorded in ``usage_logs.metadata`` (characters, tokens, credits)."""
-        value = self.metadata.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
-            return None
-        try:
-            number = float(value)
-        except ValueError:
-            return None
-        return number if number == number and abs(number) != float("inf") else None
 
 
 @dataclass(frozen=True)

@@ -13,23 +13,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from recon_dagster.reconcile.spend import Charge, Finding, SpendReport, charged_cost
-
-
-@dataclass(frozen=True)
-class HistoryItem:
-    """One ElevenLabs history item: a billed generation."""
-
-    item_id: str
-    request_id: str | None
-    characters: float
-    at: datetime
-    model: str | None = None
-    source: str | None = None
+from recon_dagster.db.spend import Charge
+from recon_dagster.providers.anthropic_spend import UsageBucket
+from recon_dagster.providers.elevenlabs_spend import HistoryItem
+from recon_dagster.reconcile.spend import Finding, SpendReport, charged_cost
 
 
 def match_elevenlabs(
@@ -98,17 +88,6 @@ def match_elevenlabs(
             **{f"model/{m}": n for m, n in sorted(by_model.items())},
         },
     )
-
-
-@dataclass(frozen=True)
-class UsageBucket:
-    """One row of Anthropic's usage report: one hour, one model, one API key."""
-
-    starting_at: datetime
-    model: str
-    api_key_id: str | None
-    input_tokens: float
-    output_tokens: float
 
 
 def match_anthropic(

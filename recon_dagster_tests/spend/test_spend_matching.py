@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from recon_dagster.db.ledger import marker_for
+from recon_dagster.db.spend import Charge
+from recon_dagster.providers.anthropic_spend import UsageBucket
+from recon_dagster.providers.elevenlabs_spend import HistoryItem
 from recon_dagster.providers.upstream_tasks import TaskPhase, UpstreamTask
-from recon_dagster.reconcile.spend import Charge, match_kie, match_replicate
+from recon_dagster.reconcile.spend import match_kie, match_replicate
 from recon_dagster.reconcile.spend_usage import (
-    HistoryItem,
-    UsageBucket,
     is_final,
     match_anthropic,
     match_elevenlabs,
