@@ -11,15 +11,24 @@ from __future__ import annotations
 from recon_dagster.sandbox import admin
 from recon_dagster.sandbox.core import Route, SandboxCore
 from recon_dagster.sandbox.refusals import ANTHROPIC, ELEVENLABS, KIE, REPLICATE, not_found
-from recon_dagster.sandbox.routes import anthropic, elevenlabs, kie, media, replicate
+from recon_dagster.sandbox.routes import (
+    anthropic,
+    anthropic_spend,
+    elevenlabs,
+    elevenlabs_spend,
+    kie,
+    kie_spend,
+    media,
+    replicate,
+)
 from recon_dagster.sandbox.wire import BadRequest, Request, Response
 
 # Each provider's endpoints, tried in order; the first whose method and path match answers.
 ROUTES: dict[str, tuple[Route, ...]] = {
-    KIE: kie.ROUTES,
+    KIE: kie.ROUTES + kie_spend.ROUTES,
     REPLICATE: replicate.ROUTES,
-    ELEVENLABS: elevenlabs.ROUTES,
-    ANTHROPIC: anthropic.ROUTES,
+    ELEVENLABS: elevenlabs.ROUTES + elevenlabs_spend.ROUTES,
+    ANTHROPIC: anthropic.ROUTES + anthropic_spend.ROUTES,
 }
 
 

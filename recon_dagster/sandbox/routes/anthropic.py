@@ -9,6 +9,9 @@ from recon_dagster.sandbox.core import Route, SandboxCore
 from recon_dagster.sandbox.refusals import ANTHROPIC, invalid, json_body, requested_scenario
 from recon_dagster.sandbox.wire import Request, Response, json_response
 
+# Every answer's text (its output tokens: one per word, as its usage says).
+REPLY_TEXT = "Sandbox reply."
+
 
 def messages(sb: SandboxCore, req: Request) -> Response:
     body = json_body(req, ANTHROPIC)
@@ -28,7 +31,7 @@ def messages(sb: SandboxCore, req: Request) -> Response:
         return json_response(
             400, shapes.anthropic_error("invalid_request_error", message), delay_s=sb.latency(sc)
         )
-    reply = shapes.anthropic_message(body["model"], "Sandbox reply.", len(req.body) // 4)
+    reply = shapes.anthropic_message(body["model"], REPLY_TEXT, len(req.body) // 4)
     return json_response(200, reply, {"request-id": "req_" + secrets.token_hex(12)}, delay_s=sb.latency(sc))
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-import secrets
 
 from recon_dagster.core.kinds import Family
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.core import Route, SandboxCore
 from recon_dagster.sandbox.refusals import ELEVENLABS, form_body, invalid, json_body, requested_scenario
+from recon_dagster.sandbox.routes.elevenlabs_spend import request_id_of
 from recon_dagster.sandbox.scenario import poll_phase
 from recon_dagster.sandbox.wire import Request, Response, json_response
 
@@ -104,7 +104,10 @@ def tts(sb: SandboxCore, req: Request) -> Response:
         return json_response(400, err, delay_s=sb.latency(sc))
     response = sb.stream(f"tts-{sb.state.create_count(kind)}", 0, "audio", sc, req.method)
     response.headers.update(
-        {"x-character-count": str(len(body["text"])), "request-id": secrets.token_hex(12)}
+        {
+            "x-character-count": str(len(body["text"])),
+            "request-id": request_id_of(sb.state.create_count(kind)),
+        }
     )
     return response
 
