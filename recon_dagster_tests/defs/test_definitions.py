@@ -34,6 +34,7 @@ def test_definitions_load_with_every_job_sensor_and_schedule():
         "reconcile_health_schedule",
         "lora_training_migration_schedule",
         "shadow_agreement_schedule",
+        "spend_reconciliation_schedule",
     }
     assert set(defs.resources) >= {
         "database",
