@@ -323,6 +323,32 @@ class Settings:
         "(the job is rescheduled, reason recorded); a create's wait is bounded by `RECON_LEASE_S`.",
         parse=positive(float), bounds=_POSITIVE,
     )
+    replicate_cancel_after_s = _s(
+        "provider I/O", "seconds", None,
+        "`Cancel-After` of every Replicate create from the worker library: Replicate cancels the prediction "
+        "or training itself this many seconds after it was created, so a task nobody collects stops even if "
+        "the orphan sweep never sees it. Unset: the kind's stale threshold plus `RECON_MAX_ATTEMPTS` x "
+        "`RECON_RECONCILE_CADENCE_S` (when the reconciler gives up on the job anyway: 110 min for "
+        "`replicate-prediction`, 120 min for `replicate-training` by default); `0`: no header.",
+        parse=knob(float, 0, _WEEK_S), bounds=f"0, or 5-{_WEEK_S}", shown_default="derived per kind",
+    )
+    orphan_window_s = _s(
+        "reconcile", "seconds", 6 * 3600.0,
+        "How far back the orphan sweep (`upstream_orphans`, `recon-dagster orphans`) lists each provider's "
+        "tasks and reads the create ledger, when no `--since` is given.",
+        parse=knob(float, 60, 30 * DAY_S), bounds=f"60-{30 * DAY_S}", shown_default="21600 (6 h)",
+    )
+    orphan_grace_s = _s(
+        "reconcile", "seconds", 120.0,
+        "A task younger than this is left alone by the orphan sweep: its worker may still be recording it.",
+        parse=knob(float, 0, DAY_S), bounds=f"0-{DAY_S}",
+    )
+    orphan_look_wait_s = _s(
+        "reconcile", "seconds", 6 * 3600.0,
+        "The sweep leaves a job whose create was ambiguous (at a provider that can list its tasks) alone "
+        "until the orphan sweep has looked for its task, at most this long after the create.",
+        parse=knob(float, 0, 30 * DAY_S), bounds=f"0-{30 * DAY_S}", shown_default="21600 (6 h)",
+    )
     poll_max_bytes = _s(
         "provider I/O", "bytes", 8 * 1024 * 1024,
         "Decoded size cap of one provider answer, inflated step by step so a gzip bomb stops here (status "

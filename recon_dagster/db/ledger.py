@@ -33,6 +33,8 @@ TABLE = "upstream_creates"
 # The namespace of create ids: uuid5(LEDGER_NAMESPACE, "<job_id>/<seq>").
 LEDGER_NAMESPACE = uuid.UUID("6c2b7f64-53d5-5a0e-9a55-7265636f6e39")
 _MARKER_RE = re.compile(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.([0-9]{1,9})")
+# Where a create carries its marker: never part of what it asked for.
+CALLBACK_KEYS = frozenset({"webhook", "webhook_events_filter", "callBackUrl", "name"})
 # Keys never fingerprinted: credentials a payload may carry.
 SECRET_KEYS = frozenset({"api_key", "apikey", "token", "authorization", "password", "secret", "key"})
 
@@ -114,9 +116,13 @@ def _scrub(value: Any) -> Any:
 
 
 def fingerprint(payload: Mapping[str, Any]) -> str:
-    """sha256 of the request body in canonical JSON, credentials left out and registered secrets
-    masked: the same request always has the same fingerprint, and it never holds a key."""
-    text = json.dumps(_scrub(payload), sort_keys=True, separators=(",", ":"), default=str)
+    """sha256 of what a create asked for in canonical JSON: its ``input`` when it has one (what a
+    provider's list of tasks shows back), else the whole request without its callback URLs;
+    credentials left out and registered secrets masked, so it never holds a key."""
+    asked = payload["input"] if isinstance(payload, Mapping) and "input" in payload else payload
+    if isinstance(asked, Mapping):
+        asked = {k: v for k, v in asked.items() if k not in CALLBACK_KEYS}
+    text = json.dumps(_scrub(asked), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(redact_secrets(text).encode()).hexdigest()
 
 

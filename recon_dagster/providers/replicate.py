@@ -12,6 +12,7 @@ from recon_dagster.core.kinds import Family, Provider
 from recon_dagster.providers.base import AsyncProviderResource
 from recon_dagster.providers.http import json_body
 from recon_dagster.providers.parse import parse_poll_response
+from recon_dagster.providers.replicate_tasks import ReplicateTasks
 from recon_dagster.providers.status import ProviderProtocolError, UpstreamStatus
 
 REPLICATE_BASE_URL = "https://api.replicate.com/v1"
@@ -37,7 +38,7 @@ def replicate_error_message(response: httpx.Response) -> str | None:
     return ": ".join(parts) or None
 
 
-class ReplicateResource(AsyncProviderResource):
+class ReplicateResource(ReplicateTasks, AsyncProviderResource):
     """Replicate client: ``replicate-prediction`` and ``replicate-training``."""
 
     PROVIDER: ClassVar[Provider] = Provider.REPLICATE
@@ -75,7 +76,9 @@ class ReplicateResource(AsyncProviderResource):
             path = f"/models/{owner}/{name}/predictions"
         else:
             raise ValueError(f"{kind}: payload needs a 'version' or a 'model'")
-        response = self.http.request("POST", path, label=kind, idempotent=False, json=body)
+        response = self.http.request(
+            "POST", path, label=kind, idempotent=False, json=body, headers=self.create_headers(kind)
+        )
         answer = json_body(kind, response)
         task_id = answer.get("id") if isinstance(answer, dict) else None
         if not isinstance(task_id, str) or not task_id:

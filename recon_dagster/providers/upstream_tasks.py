@@ -46,6 +46,9 @@ class UpstreamTask:
     model: str | None = None
     # What the provider reports of its cost: e.g. Replicate's metrics.predict_time / total_time.
     metrics: dict[str, float] = field(default_factory=dict)
+    # The create ledger's fingerprint of what the task was asked (``db.ledger.fingerprint`` of its
+    # listed input), when the provider lists it: how an unanswered create finds its task.
+    fingerprint: str | None = None
 
 
 class CancelResult(StrEnum):

@@ -16,18 +16,20 @@ from recon_dagster.sandbox.routes import (
     anthropic_spend,
     elevenlabs,
     elevenlabs_spend,
+    elevenlabs_tasks,
     kie,
     kie_spend,
     media,
     replicate,
+    replicate_tasks,
 )
 from recon_dagster.sandbox.wire import BadRequest, Request, Response
 
 # Each provider's endpoints, tried in order; the first whose method and path match answers.
 ROUTES: dict[str, tuple[Route, ...]] = {
     KIE: kie.ROUTES + kie_spend.ROUTES,
-    REPLICATE: replicate.ROUTES,
-    ELEVENLABS: elevenlabs.ROUTES + elevenlabs_spend.ROUTES,
+    REPLICATE: replicate.ROUTES + replicate_tasks.ROUTES,
+    ELEVENLABS: elevenlabs.ROUTES + elevenlabs_tasks.ROUTES + elevenlabs_spend.ROUTES,
     ANTHROPIC: anthropic.ROUTES + anthropic_spend.ROUTES,
 }
 

@@ -288,6 +288,12 @@ class SandboxState:
             if task.completed_at is None:
                 task.completed_at = time.time()
 
+    def listed(self, families: tuple[Family, ...]) -> list[Task]:
+        """The tasks of ``families``, newest first (ties by id), as a list endpoint pages them."""
+        with self._lock:
+            found = [t for t in self.tasks.values() if t.family in families and not t.meta.get("deleted")]
+        return sorted(found, key=lambda t: (t.created_at, t.task_id), reverse=True)
+
     def count_media(self, task_id: str) -> None:
         with self._lock:
             self.media[task_id] += 1

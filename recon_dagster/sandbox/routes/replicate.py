@@ -43,6 +43,13 @@ def predict(sb: SandboxCore, req: Request) -> Response:
         return refusal
     model = f"{match['owner']}/{match['name']}" if match else None
     meta = {"version": str(version)} if version else {}
+    meta.update(
+        {
+            k: str(v)
+            for k, v in (("webhook", body.get("webhook")), ("cancel_after", req.headers.get("Cancel-After")))
+            if v
+        }
+    )
     task = sb.state.add_task(kind, sc, via_create=True, model=model, input=body["input"], meta=meta)
     sb.state.record_create(kind, task.task_id, req.body)
     return _created(sb, task, action)
