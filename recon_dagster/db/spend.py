@@ -103,6 +103,7 @@ _CREATES_WITHOUT_CHARGE = sql(
     f"""
     SELECT c.task_id, c.job_id FROM {LEDGER} c LEFT JOIN jobs j ON j.id = c.job_id
     WHERE c.provider = :p AND c.intent_at >= :start AND c.intent_at < :end AND c.task_id IS NOT NULL
+      AND COALESCE(c.fate, '') NOT IN ('ended', 'cancelled', 'not_found')
       AND (NOT EXISTS (SELECT 1 FROM usage_logs u WHERE u.job_id = c.job_id AND u.status <> 'refunded')
            OR (j.provider_task_id IS NOT NULL AND j.provider_task_id <> c.task_id))
     ORDER BY c.intent_at, c.task_id
@@ -114,7 +115,9 @@ def creates_without_charge(
     conn: sa.Connection, provider: str, start: datetime, end: datetime
 ) -> list[tuple[str, uuid.UUID]]:
     """The ledger's tasks at ``provider`` created in ``[start, end)`` that no live charge pays
-    for: their job has no charge that was not refunded, or its row names another task (an orphan)."""
+    for: their job has no charge that was not refunded, or its row names another task (an orphan).
+    A task the ledger knows ended without billing (failed upstream, cancelled, never found) is
+    left out."""
     rows = conn.execute(_CREATES_WITHOUT_CHARGE, {"p": provider, "start": start, "end": end})
     return [(str(r.task_id), uuid.UUID(str(r.job_id))) for r in rows]
 
