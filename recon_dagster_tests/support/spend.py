@@ -16,8 +16,7 @@ from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.providers import ProvidersResource
 from recon_dagster.providers.anthropic_spend import AnthropicUsageResource
 from recon_dagster.sandbox import SandboxServer
-from recon_dagster_tests.support.factories import make_job, reserve
-
+from recon_dagster_tests.support.factories import make_job, reserve, sql
 
 DAY_S = 86_400.0
 
@@ -62,14 +61,12 @@ def charged_job(
     job = make_job(db, user, status="completed" if status == "committed" else "failed", provider_kind=kind,
                    provider_task_id=task_id)  # fmt: skip
     reserve(db, job, user, 5)
-    with db.begin() as conn:
-        conn.execute(
-            sa.text(
-                "UPDATE usage_logs SET status = :s, settled_at = now(), provider_cost_usd = :c, "
-                "metadata = metadata || CAST(:m AS jsonb) WHERE job_id = :j"
-            ),
-            {"s": status, "c": cost_usd, "m": json.dumps(metadata), "j": str(job)},
-        )
+    sql(
+        db,
+        "UPDATE usage_logs SET status = :s, settled_at = now(), provider_cost_usd = :c, "
+        "metadata = metadata || CAST(:m AS jsonb) WHERE job_id = :j",
+        s=status, c=cost_usd, m=json.dumps(metadata), j=str(job),
+    )  # fmt: skip
     return job
 
 
