@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
+import httpx
 from pydantic import Field
 
 from recon_dagster import config
@@ -101,6 +102,7 @@ class AnthropicUsageResource(AnthropicResource):
         default="", repr=False, description=f"Admin API key; wire it as dg.EnvVar({ADMIN_KEY_ENV!r})."
     )
     read_timeout_s: float = 30.0
+    report_page_hours: int = Field(default=HOURS_PER_PAGE, description="Hourly buckets asked per page.")
 
     @property
     def configured(self) -> bool:
@@ -108,26 +110,29 @@ class AnthropicUsageResource(AnthropicResource):
 
     def usage_report(self, start: datetime, end: datetime) -> list[UsageBucket]:
         """Every hourly bucket in ``[start, end)``, per model and API key, page by page."""
-        params = {
+        base: dict[str, str | list[str]] = {
             "starting_at": _iso(start),
             "ending_at": _iso(end),
             "bucket_width": "1h",
-            "limit": str(HOURS_PER_PAGE),
+            "group_by[]": ["model", "api_key_id"],
+            "limit": str(self.report_page_hours),
         }
-        path = f"{REPORT_PATH}?group_by[]=model&group_by[]=api_key_id"
         out: list[UsageBucket] = []
+        cursor: str | None = None
         for _ in range(MAX_PAGES):
-            response = self.http.request("GET", path, label=LABEL, idempotent=True, params=params)
+            # QueryParams: one mapping that keeps the repeated group_by[] keys.
+            params = httpx.QueryParams({**base, **({"page": cursor} if cursor else {})})
+            response = self.http.request("GET", REPORT_PATH, label=LABEL, idempotent=True, params=params)
             page = json_body(LABEL, response)
             if not isinstance(page, dict):
                 raise ProviderProtocolError(LABEL, f"answer must be an object, got {page!r:.120}")
             out += usage_buckets(page)
-            cursor = page.get("next_page")
-            if not page.get("has_more") or not isinstance(cursor, str) or not cursor:
+            following = page.get("next_page")
+            if not page.get("has_more") or not isinstance(following, str) or not following:
                 return out
-            if params.get("page") == cursor:
+            if following == cursor:
                 raise ProviderProtocolError(LABEL, f"usage report paging does not move past {cursor!r}")
-            params["page"] = cursor
+            cursor = following
         raise ProviderProtocolError(LABEL, f"usage report has more than {MAX_PAGES} pages in one period")
 
 

@@ -75,10 +75,10 @@ class ElevenLabsSpend:
     if TYPE_CHECKING:
         http: ProviderHttp
 
-    def history(self, start: datetime, end: datetime) -> Iterator[HistoryItem]:
+    def history(self, start: datetime, end: datetime, page_size: int = PAGE_SIZE) -> Iterator[HistoryItem]:
         """Every history item dated in ``[start, end)``, page by page."""
         params: dict[str, str] = {
-            "page_size": str(PAGE_SIZE),
+            "page_size": str(page_size),
             "date_after_unix": str(int(start.timestamp())),
             "date_before_unix": str(int(end.timestamp())),
         }
