@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from recon_dagster.config import Settings
 from recon_dagster.defs.spend.assets import anthropic_spend, elevenlabs_spend, spend_assets
+from recon_dagster.defs.spend.hourly import anthropic_spend_hourly, hour_turned_final
 from recon_dagster.defs.spend.summary import spend_summary
 from recon_dagster.providers import ProvidersResource, providers_from_env
 from recon_dagster.providers.anthropic_spend import AnthropicUsageResource
@@ -177,3 +178,37 @@ def test_history_and_the_usage_report_are_read_to_their_last_page(
     assert len(sandbox.request_times("anthropic", "read")) - reads == 5  # 24 hours, 5 a page
     assert {b.model for b in buckets} == {"claude-a", "claude-b"}
     assert {b.api_key_id for b in buckets} == {"apikey_sandbox"}
+
+
+@pytest.mark.parametrize(
+    "at, delay_s, hour",
+    [
+        ("2026-11-03T10:15:00", 3600, "2026-11-03-08:00"),  # 09:00-10:00 becomes final at 11:00
+        ("2026-11-03T10:15:00", 0, "2026-11-03-09:00"),
+        ("2026-11-03T00:15:00", 86_400, "2026-11-01-23:00"),
+    ],
+)
+def test_the_hourly_schedule_asks_for_the_hour_that_just_became_final(
+    at: str, delay_s: float, hour: str
+) -> None:
+    assert hour_turned_final(datetime.fromisoformat(at).replace(tzinfo=UTC), delay_s) == hour
+
+
+def test_one_hour_of_anthropic_usage_is_judged_on_its_own_once_final(
+    db: sa.Engine, sandbox: SandboxServer, providers: ProvidersResource, user: uuid.UUID,
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    now = datetime.now(UTC)
+    unrecorded = seed_anthropic_day(db, sandbox, providers, user)
+    into_the_hour = now.minute * 60 + now.second
+    back_date(db, sandbox, seconds=into_the_hour - 1800.0)  # the seeded calls at half past, a day ago
+    hour = (now - timedelta(days=1)).strftime("%Y-%m-%d-%H:00")
+    monkeypatch.setenv(Settings.spend_anthropic_final_after_s.name, "60")
+
+    done = reconcile(anthropic_spend_hourly, instance, resources(providers, sandbox), partition=hour)
+
+    assert done.named() == {("tokens_nobody_recorded", "claude-b")}
+    assert done.value("difference") == unrecorded and not done.check.passed
+    before = (now - timedelta(days=1, hours=1)).strftime("%Y-%m-%d-%H:00")
+    empty = reconcile(anthropic_spend_hourly, instance, resources(providers, sandbox), partition=before)
+    assert empty.value("provider_amount") == 0 and empty.check.passed

@@ -7,6 +7,7 @@ anything but its own materialization.
 """
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import dagster as dg
 
@@ -106,10 +107,21 @@ def anthropic_spend(
     context: dg.AssetExecutionContext, anthropic_usage: AnthropicUsageResource, database: DatabaseResource
 ) -> dg.MaterializeResult:  # type: ignore[type-arg]  # Dagster reads a bare annotation only, with check specs
     start, end = window(context)
-    now_ = now()
+    return anthropic_report(context, anthropic_usage, database, start, end)
+
+
+def anthropic_report(
+    context: dg.AssetExecutionContext,
+    usage: AnthropicUsageResource,
+    database: DatabaseResource,
+    start: datetime,
+    end: datetime,
+) -> dg.MaterializeResult[Any]:
+    """Anthropic's usage of ``[start, end)`` against our recorded tokens, final once the report's
+    delay has passed since ``end``."""
     delay = settings().spend_anthropic_final_after_s
-    final = is_final(end, now_, delay)
-    buckets = anthropic_usage.usage_report(start, end) if anthropic_usage.configured else None
+    final = is_final(end, now(), delay)
+    buckets = usage.usage_report(start, end) if usage.configured else None
     with database.get_engine().connect() as conn:
         charges = our_side.charges(conn, "anthropic", start, end)
     final_at = end + timedelta(seconds=delay)
