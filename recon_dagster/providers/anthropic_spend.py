@@ -13,6 +13,7 @@ exports usage in batches, so the newest hours fill in late (``Settings.spend_ant
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +23,7 @@ import httpx
 from pydantic import Field
 
 from recon_dagster import config
+from recon_dagster.core.redaction import register_secret
 from recon_dagster.providers.anthropic import ANTHROPIC_BASE_URL, AnthropicResource
 from recon_dagster.providers.http import json_body
 from recon_dagster.providers.limits import resource_limit_fields
@@ -137,7 +139,9 @@ class AnthropicUsageResource(AnthropicResource):
 
 
 def anthropic_usage_from_env() -> AnthropicUsageResource:
-    """The usage report's resource: its key through ``dg.EnvVar`` when set, else not configured."""
+    """The usage report's resource: its key through ``dg.EnvVar`` when set, else not configured.
+    A key present now is registered for masking at once, before any client is built."""
+    register_secret(os.environ.get(ADMIN_KEY_ENV))
     base_url = dg.EnvVar("ANTHROPIC_BASE_URL") if config.is_set("ANTHROPIC_BASE_URL") else ANTHROPIC_BASE_URL
     api_key = dg.EnvVar(ADMIN_KEY_ENV) if config.is_set(ADMIN_KEY_ENV) else ""
     return AnthropicUsageResource(base_url=base_url, api_key=api_key, **resource_limit_fields("anthropic"))

@@ -18,7 +18,7 @@ from recon_dagster.config import Settings
 from recon_dagster.defs.spend.assets import anthropic_spend, elevenlabs_spend, spend_assets
 from recon_dagster.defs.spend.hourly import anthropic_spend_hourly, hour_turned_final
 from recon_dagster.defs.spend.summary import spend_summary
-from recon_dagster.providers import ProvidersResource, providers_from_env
+from recon_dagster.providers import ProviderHTTPError, ProvidersResource, providers_from_env
 from recon_dagster.providers.anthropic_spend import AnthropicUsageResource
 from recon_dagster.sandbox import SandboxServer
 from recon_dagster_tests.support.spend import back_date, charged_job, reconcile, resources, yesterday
@@ -212,3 +212,13 @@ def test_one_hour_of_anthropic_usage_is_judged_on_its_own_once_final(
     before = (now - timedelta(days=1, hours=1)).strftime("%Y-%m-%d-%H:00")
     empty = reconcile(anthropic_spend_hourly, instance, resources(providers, sandbox), partition=before)
     assert empty.value("provider_amount") == 0 and empty.check.passed
+
+
+def test_a_wrong_admin_key_fails_the_read_with_the_key_masked(sandbox: SandboxServer) -> None:
+    wrong = "sk-ant-admin01-wrong-key-7f3a9c"
+    usage = AnthropicUsageResource(base_url=sandbox.anthropic_base_url, api_key=wrong)
+    start = datetime(2026, 11, 3, tzinfo=UTC)
+    with pytest.raises(ProviderHTTPError) as caught:
+        usage.usage_report(start, start + timedelta(days=1))
+    assert caught.value.status_code == 401
+    assert wrong not in str(caught.value)
