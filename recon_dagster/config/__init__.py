@@ -494,7 +494,7 @@ class Settings:
     )
     spend_anthropic_final_after_s = _number(
         DAY_S, 0, _WEEK_S,
-        "Seconds after a day ends before Anthropic's usage report of it is final (Anthropic exports usage "
+        "Seconds after a day (or an hour) ends before Anthropic's usage report of it is final (Anthropic exports usage "
         "in batches, usually within hours, at worst a day later); before, a difference is shown as "
         "provisional and the check stays green.",
         group="spend reconciliation",
