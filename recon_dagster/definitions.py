@@ -10,6 +10,7 @@ from recon_dagster.defs.alerts.resource import alert_targets_from_env
 from recon_dagster.defs.explain import definitions as explain_feature
 from recon_dagster.defs.lora import definitions as lora_feature
 from recon_dagster.defs.observe import definitions as observe_feature
+from recon_dagster.defs.orphans import definitions as orphans_feature
 from recon_dagster.defs.reconcile import definitions as reconcile_feature
 from recon_dagster.defs.reconcile.jobs import HANDOFF_IO
 from recon_dagster.defs.resources import (
@@ -33,6 +34,7 @@ FEATURES = (
     rollout_feature,
     explain_feature,
     alerts_feature,
+    orphans_feature,
     spend_feature,
 )
 

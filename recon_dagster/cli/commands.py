@@ -1,4 +1,4 @@
-"""``recon-dagster``: migrate, demo, dev, sandbox, reconcile --once, status, explain, plan, retry, fail.
+"""``recon-dagster``: migrate, demo, dev, sandbox, reconcile --once, status, explain, plan, orphans, retry, fail.
 
 Every command goes through ``main``'s one error wrapper: a failure is one line on stderr,
 ``recon-dagster <command>: <what went wrong>; <how to fix it>``, exit 1 (2 for usage), and the
@@ -166,6 +166,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_orphans(args: argparse.Namespace) -> int:
+    require_migrated()
+    from recon_dagster.cli.orphans import run_orphans
+
+    return run_orphans(as_json=args.json, since=args.since, act=args.act)
+
+
 def _cmd_retry(args: argparse.Namespace) -> int:
     return _operator_action(args, "retry")
 
@@ -313,6 +320,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument(
         "--shadow-report", action="store_true", help="instead: shadow decisions against what happened since"
+    )
+    orph = _command(
+        sub,
+        "orphans",
+        _cmd_orphans,
+        "upstream tasks no in-flight job owns: ours to adopt or cancel, unknown ones reported",
+        database=True,
+    )
+    orph.add_argument("--json", action="store_true", help="print JSON instead of text")
+    orph.add_argument(
+        "--since",
+        metavar="DURATION",
+        help=f"list tasks created this long ago (30m, 6h, 2d; default {Settings.orphan_window_s.name})",
+    )
+    orph.add_argument(
+        "--act",
+        action="store_true",
+        help="adopt, cancel and report (shadowed kinds: record); without it nothing is written",
     )
     # The operator's actions on one job (recon_dagster.operator.actions): recorded with who and why.
     rt = _command(

@@ -43,8 +43,20 @@ def run_plan(
         busy=_in_active_runs(),
         shadowed=shadow_modes().shadowed,
     )
-    _emit(plan.to_json() if as_json else to_text(plan), as_json)
+    orphans = None if upstream is None else _orphan_plan(engine, upstream)
+    if as_json:
+        _emit({**plan.to_json(), "orphans": orphans.to_json() if orphans else None}, as_json)
+    else:
+        _emit(to_text(plan) + ("\n\n" + orphans.to_text() if orphans else ""), as_json)
     return 0
+
+
+def _orphan_plan(engine: Any, upstream: Any) -> Any:
+    """What the orphan sweep would do to the providers' recent tasks (nothing written)."""
+    from recon_dagster.operator.orphans import orphan_policy
+    from recon_dagster.reconcile.orphan_sweep import sweep_orphans
+
+    return sweep_orphans(engine, upstream, orphan_policy(act=False))
 
 
 def _in_active_runs() -> set[Any]:

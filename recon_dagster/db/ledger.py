@@ -19,7 +19,7 @@ import re
 import uuid
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -256,6 +256,19 @@ def set_fate(
     return r is not None
 
 
+def set_fates(conn: sa.Connection, creates: Collection[uuid.UUID], fate: Fate) -> int:
+    """``set_fate`` for many creates at once, each only over no fate yet; how many were written."""
+    if not creates:
+        return 0
+    r = conn.execute(
+        sql(
+            f"UPDATE {TABLE} SET fate = :f, fate_at = now() WHERE id = ANY(:ids) AND fate IS NULL"
+        ).bindparams(sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))),
+        {"ids": [str(c) for c in creates], "f": fate.value},
+    )
+    return int(r.rowcount or 0)
+
+
 def mark_looked(conn: sa.Connection, creates: Iterable[uuid.UUID]) -> int:
     """The sweep listed the provider over these creates' time windows."""
     ids = [str(c) for c in creates]
@@ -340,7 +353,7 @@ def unjudged_tasks(conn: sa.Connection, provider: str, since: datetime) -> list[
 
 
 def awaiting_look(
-    conn: sa.Connection, job_ids: Collection[uuid.UUID], providers: Collection[str]
+    conn: sa.Connection, job_ids: Collection[uuid.UUID], providers: Collection[str], wait: timedelta
 ) -> set[uuid.UUID]:
     """Jobs among ``job_ids`` whose latest create, at one of ``providers`` (those that can be
     listed), is unanswered and was not yet looked for by the orphan sweep after it ended so: the
@@ -351,17 +364,18 @@ def awaiting_look(
         sql(
             f"""
             SELECT c.job_id FROM (
-              SELECT DISTINCT ON (job_id) job_id, provider, state, task_id, looked_at, state_at, fate
+              SELECT DISTINCT ON (job_id) job_id, provider, state, task_id, looked_at, state_at, fate, intent_at
               FROM {TABLE} WHERE job_id = ANY(:ids) ORDER BY job_id, seq DESC
             ) c
             WHERE c.provider = ANY(:p) AND c.task_id IS NULL AND c.fate IS NULL
               AND c.state IN ('sending', 'ambiguous')
               AND (c.looked_at IS NULL OR c.looked_at < c.state_at)
+              AND c.intent_at > now() - make_interval(secs => :wait)
             """
         ).bindparams(
             sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)), sa.bindparam("p", type_=pg.ARRAY(sa.Text))
         ),
-        {"ids": [str(j) for j in job_ids], "p": list(providers)},
+        {"ids": [str(j) for j in job_ids], "p": list(providers), "wait": wait.total_seconds()},
     ).scalars()
     return {uuid.UUID(str(j)) for j in rows}
 
@@ -385,6 +399,7 @@ __all__ = [
     "record_outcome",
     "record_task",
     "set_fate",
+    "set_fates",
     "unanswered",
     "unjudged_tasks",
 ]

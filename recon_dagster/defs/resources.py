@@ -112,6 +112,7 @@ class ReconcileSettingsResource(dg.ConfigurableResource):  # type: ignore[type-a
             cadence=timedelta(seconds=self.cadence_seconds),
             lease_ttl=timedelta(seconds=self.lease_seconds),
             concurrency=self.concurrency,
+            orphan_look_wait=timedelta(seconds=settings().orphan_look_wait_s),
         )
 
     def media_policy(self, headers_for: HeadersFor | None = None) -> MediaPolicy:

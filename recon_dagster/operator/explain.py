@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from recon_dagster.config import Settings, settings
 from recon_dagster.core.runtags import RUN_KEY_TAG
+from recon_dagster.db import ledger
 from recon_dagster.db.jobs import readable, readable_ts, unreadable_columns
 from recon_dagster.reconcile.decide import Outcome, not_sent_reason
 
@@ -88,6 +89,29 @@ class Anomaly:
 
 
 @dataclass(frozen=True)
+class CreateEntry:
+    """One create the worker library sent for the job (the create ledger), and what became of it."""
+
+    seq: int
+    provider_kind: str
+    intent_at: datetime | None
+    state: str
+    task_id: str | None
+    fate: str | None
+    fate_at: datetime | None
+    detail: str
+
+    def line(self, named: str | None) -> str:
+        task = self.task_id or "no task id"
+        if self.task_id and self.task_id == named:
+            became = "the job's task"
+        else:
+            became = self.fate or ("not judged yet" if self.task_id else "-")
+        why = f" ({self.detail})" if self.detail and not self.task_id else ""
+        return f"#{self.seq} {self.provider_kind} {_ts(self.intent_at)}: {self.state}{why}, {task}; {became}"
+
+
+@dataclass(frozen=True)
 class JobStory:
     job_id: str
     status: str
@@ -111,6 +135,8 @@ class JobStory:
     # When the next attempt is due (None: due now) and until when lease_owner holds the job.
     next_attempt_at: datetime | None = None
     lease_expires_at: datetime | None = None
+    # Every create sent for the job and every task id it returned (the create ledger).
+    creates: list[CreateEntry] = field(default_factory=list)
 
     @property
     def outcome(self) -> str:
@@ -197,7 +223,12 @@ def load_story(engine: sa.Engine, job_id: uuid.UUID | str) -> JobStory:
             ),
             {"j": str(jid)},
         ).all()
+        creates = [
+            CreateEntry(c.seq, c.provider_kind, c.intent_at, c.state, c.task_id, c.fate, c.fate_at, c.detail)
+            for c in ledger.creates_of_job(conn, jid)
+        ]
     return JobStory(
+        creates=creates,
         job_id=str(row.id),
         status=row.status,
         job_type=row.job_type,
@@ -314,7 +345,23 @@ def facts(story: JobStory) -> list[tuple[str, str]]:
         ("credits", "; ".join(_credit_line(c) for c in story.credits) or "no reservation"),
         ("assets", "; ".join(f"{a.asset_type} {a.storage_key}" for a in story.assets) or "none"),
         ("credit anomalies", "; ".join(f"{a.reason} ({_ts(a.at)})" for a in story.anomalies) or "none"),
+        ("upstream creates", _creates_fact(story)),
     ] + ([("unreadable timestamps", ", ".join(story.unreadable))] if story.unreadable else [])
+
+
+def _creates_fact(story: JobStory) -> str:
+    """The create ledger in one cell: every create, its task id, what became of it."""
+    if not story.creates:
+        return "none recorded"
+    with_task = sum(1 for c in story.creates if c.task_id)
+    head = f"{len(story.creates)} create(s), {with_task} task id(s)"
+    if with_task > 1:
+        head += " (more than one: the ones the row does not name are orphans)"
+    return head
+
+
+def create_lines(story: JobStory) -> list[str]:
+    return [c.line(story.provider_task_id) for c in story.creates]
 
 
 def _not_sent_facts(story: JobStory) -> list[tuple[str, str]]:
@@ -386,6 +433,9 @@ def to_markdown(story: JobStory, base_url: str | None) -> str:
         lines.append(f"| {_ts(a.at)} | {number} | {a.outcome} | {_cell(a.detail)} | {run} |")
     if not story.attempts:
         lines.append("| - | - | never reconciled | - | - |")
+    if story.creates:
+        lines += ["", "| upstream creates (the create ledger) |", "|---|"]
+        lines += [f"| {_cell(line)} |" for line in create_lines(story)]
     return "\n".join(lines)
 
 
@@ -402,6 +452,8 @@ def to_text(story: JobStory, base_url: str | None) -> str:
         number = "-" if a.not_sent else str(a.attempt)  # not an attempt: nothing was sent
         out.append(f"  {_ts(a.at)}  #{number:<3} {a.outcome:<13} {a.detail or '-'}")
         out.append(f"  {'':19}        run: {run}")
+    if story.creates:
+        out += ["", "upstream creates (the create ledger):", *(f"  {line}" for line in create_lines(story))]
     return "\n".join(out)
 
 

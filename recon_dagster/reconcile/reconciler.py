@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from recon_dagster.core.crashpoints import crash_point
 from recon_dagster.core.kinds import KINDS, MAX_ATTEMPTS, RECONCILE_CADENCE
 from recon_dagster.core.redaction import redact_secrets
-from recon_dagster.db import credits
+from recon_dagster.db import credits, ledger
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim, JobRow
 from recon_dagster.media.errors import MediaError
@@ -49,6 +49,7 @@ from recon_dagster.reconcile.finalize import (
     force_fail_and_refund,
     sweep_no_recovery,
 )
+from recon_dagster.reconcile.orphans import listable_providers
 from recon_dagster.reconcile.outcome import (
     EventLog,
     JobOutcome,
@@ -92,6 +93,12 @@ class ReconcileSettings:
     # A poll that was not sent is due again after the refusing limit's hint, or this when it gave
     # none (a slot wait, an unreachable limiter); never later than the cadence.
     not_sent_delay: timedelta = timedelta(seconds=60)
+    # A job whose create's answer was lost, at a provider that lists its tasks, is swept only once
+    # the orphan sweep has looked for that task, or this long after the create.
+    orphan_look_wait: timedelta = timedelta(hours=6)
+    # The providers whose tasks can be listed, when the reconciler's upstream is not the providers
+    # resource itself (the sweep, which never polls); empty: asked of the upstream.
+    orphan_listable: frozenset[str] = frozenset()
 
     @property
     def account_wait_s(self) -> float:
@@ -624,7 +631,12 @@ class Reconciler:
         with self.engine.begin() as conn:
             # Its own read (only rows it can sweep): no backlog of other kinds can fill its batch.
             rows = jobs_db.scan_sweepable(conn, limit)
-            claims = [jobs_db.Claim(r.id, r.reconcile_attempts) for r in rows if route(r) is Route.SWEEP]
+            waiting = self.awaiting_orphan_look(conn, rows)
+            claims = [
+                jobs_db.Claim(r.id, r.reconcile_attempts)
+                for r in rows
+                if route(r) is Route.SWEEP and r.id not in waiting
+            ]
             won, errors = claim_isolated(
                 conn, claims, owner, self.settings.lease_ttl, planned=False, cap=self.settings.max_attempts
             )
@@ -635,6 +647,15 @@ class Reconciler:
         for o in failed:
             self._record(o, owner)
         return len(rows), failed + self.reconcile_many([c.job_id for c in won], owner)
+
+    def awaiting_orphan_look(self, conn: sa.Connection, rows: Sequence[JobRow]) -> set[uuid.UUID]:
+        """Rows whose last create got no answer at a provider that lists its tasks, not yet looked
+        for by the orphan sweep: sweeping (failing, refunding) them now could refund a task that
+        runs or succeeded upstream. A provider that cannot list is swept as before."""
+        listable = self.settings.orphan_listable or listable_providers(self.upstream)
+        if not rows or not listable:
+            return set()
+        return ledger.awaiting_look(conn, [r.id for r in rows], listable, self.settings.orphan_look_wait)
 
     # -- bookkeeping -----------------------------------------------------------------------------
 

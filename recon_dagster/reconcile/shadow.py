@@ -298,6 +298,8 @@ class ShadowReconciler(Reconciler):
         # The sweep's own read, as in enforce (no backlog of other kinds can fill it).
         with self.engine.begin() as conn:
             rows = [r for r in jobs_db.scan_sweepable(conn, limit) if route(r) is Route.SWEEP]
+            waiting = self.awaiting_orphan_look(conn, rows)
+            rows = [r for r in rows if r.id not in waiting]
             recent = recently_decided(conn, [r.id for r in rows if self._is_shadow(r)], self.settings.cadence)
             claims = [Claim(r.id, r.reconcile_attempts) for r in rows if not self._is_shadow(r)]
             won, errors = claim_isolated(

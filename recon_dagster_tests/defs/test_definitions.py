@@ -23,6 +23,7 @@ def test_definitions_load_with_every_job_sensor_and_schedule():
         "lora_training_migration_job",
         "plan_reconcile",
         "shadow_agreement_job",
+        "orphan_sweep_job",
     }
     assert {s.name for s in repo.sensor_defs} == {
         "stale_inflight_jobs_sensor",
@@ -34,6 +35,7 @@ def test_definitions_load_with_every_job_sensor_and_schedule():
         "reconcile_health_schedule",
         "lora_training_migration_schedule",
         "shadow_agreement_schedule",
+        "orphan_sweep_schedule",
         "spend_reconciliation_schedule",
         "anthropic_spend_hourly_schedule",
     }

@@ -139,3 +139,28 @@ def test_the_fingerprint_holds_no_secret_and_ignores_key_order() -> None:
     a = ledger.fingerprint({"input": {"p": 1, "q": 2}, "api_key": "sk-secret"})
     b = ledger.fingerprint({"input": {"q": 2, "p": 1}})
     assert a == b and "sk-secret" not in a
+
+
+def test_explain_shows_every_create_every_task_id_and_what_became_of_each(
+    db: sa.Engine, user: uuid.UUID
+) -> None:
+    from recon_dagster.operator.explain import load_story, to_json, to_text
+
+    job = make_job(db, user, provider_kind="kie-standard", provider_task_id="t-named", started_minutes_ago=1)
+    with db.begin() as conn:
+        named = ledger.record_task(conn, job, provider="kie", kind="kie-standard", task_id="t-named")
+        orphan = ledger.record_task(conn, job, provider="kie", kind="kie-standard", task_id="t-orphan")
+        ledger.set_fate(conn, orphan.id, ledger.Fate.ORPHAN_BILLED)
+        lost = ledger.record_intent(
+            conn, job, provider="kie", kind="kie-standard", fingerprint="f", marker_sent=True
+        )
+        ledger.record_outcome(conn, lost.id, ledger.CreateState.AMBIGUOUS, "answer lost")
+
+    story = load_story(db, job)
+    text = to_text(story, None)
+
+    assert "3 create(s), 2 task id(s) (more than one" in text
+    assert f"#{named.seq} kie-standard" in text and "t-named; the job's task" in text
+    assert "t-orphan; orphan_billed" in text
+    assert "ambiguous (answer lost), no task id" in text
+    assert [c["task_id"] for c in to_json(story, None)["creates"]] == ["t-named", "t-orphan", None]

@@ -4,6 +4,7 @@ Ops are thin: they hand leased job ids to the ``Reconciler`` and report what hap
 Both jobs use the in-process executor: the default one would spawn a second process per run.
 """
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -31,6 +32,7 @@ from recon_dagster.providers.status import MediaRef
 from recon_dagster.reconcile.batches import next_attempt
 from recon_dagster.reconcile.breaker import NotFoundBreaker
 from recon_dagster.reconcile.decide import Outcome
+from recon_dagster.reconcile.orphans import listable_providers
 from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler, Step, Summary
 from recon_dagster.reconcile.shadow import make_reconciler
 from recon_dagster.reconcile.verdict import run_verdict
@@ -138,16 +140,21 @@ def _reconciler(
     media_store: MediaStore,
     reconcile_settings: ReconcileSettingsResource,
     on_outcome: _OutcomeLog,
+    *,
+    listable: frozenset[str] = frozenset(),
 ) -> Reconciler:
     upstream: Any = providers if providers is not None else _NoUpstream()
     engine = database.get_engine()
+    settings = reconcile_settings.settings()
+    if listable:
+        settings = dataclasses.replace(settings, orphan_listable=listable)
     return make_reconciler(  # the plain Reconciler, or one shadowing some kinds (RECON_MODE)
         engine,
         upstream,
         media_store,
         modes=shadow_modes(),
         breaker=NotFoundBreaker(engine, breaker_policy()),
-        settings=reconcile_settings.settings(),
+        settings=settings,
         media_policy=reconcile_settings.media_policy(upstream.media_headers),
         on_outcome=on_outcome,
         run_id=context.run_id,
@@ -452,11 +459,17 @@ def sweep_unrecoverable_jobs(
     database: DatabaseResource,
     media_store: dg.ResourceParam[MediaStore],
     reconcile_settings: ReconcileSettingsResource,
+    providers: ProvidersResource,
 ) -> dg.Output[dict[str, Any]]:
-    """Spec 5.6: fail + refund stale sync, task-less, legacy and unknown-kind rows."""
+    """Spec 5.6: fail + refund stale sync, task-less, legacy and unknown-kind rows (a row whose
+    create's answer was lost at a provider that lists its tasks only once the orphan sweep looked)."""
     started = time.monotonic()
     outcome_log = _OutcomeLog(context)
-    rec = _reconciler(context, database, None, media_store, reconcile_settings, outcome_log)
+    # The sweep never polls (no upstream); it only needs to know which providers can be listed.
+    listable = listable_providers(providers)
+    rec = _reconciler(
+        context, database, None, media_store, reconcile_settings, outcome_log, listable=listable
+    )
     try:
         scanned, outcomes = rec.sweep_stale(f"sweep:{context.run_id}", limit=reconcile_settings.scan_limit)
     finally:

@@ -1,0 +1,1 @@
+"""The orphan sweep: upstream tasks no in-flight job owns, adopted, cancelled or reported."""

@@ -1,0 +1,173 @@
+"""A task nobody recorded on its job row is found and adopted, and the reconciler then recovers
+it and charges it exactly once: a worker killed between the provider's answer and the row's
+update (the named crash point), and a create whose answer was lost (ambiguous), which the stale
+sweep no longer fails and refunds before the orphan sweep has looked for its task."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from recon_dagster.db import ledger
+from recon_dagster.providers import AmbiguousCreateError, ProvidersResource, providers_from_env
+from recon_dagster.reconcile.app_worker import run_or_resume
+from recon_dagster.sandbox import SandboxServer, Scenario
+from recon_dagster_tests.support.factories import balances, job_row, make_job, reserve
+from recon_dagster_tests.support.orphans import actions, sweep
+from recon_dagster_tests.support.reconcile import make_defs, tick, usage_status
+
+PAYLOAD = {"version": "v1", "input": {"prompt": "a lighthouse at dusk"}}
+KIE_PAYLOAD = {"model": "flux", "input": {"prompt": "a lighthouse at dusk"}}
+
+WORKER = """
+import sys
+from recon_dagster.providers import providers_from_env
+from recon_dagster.reconcile.app_worker import run_or_resume
+p = providers_from_env()
+payload = {"version": "v1", "input": {"prompt": "a lighthouse at dusk"}}
+run_or_resume(sys.argv[1], "replicate-prediction",
+              lambda cb: p.run("replicate-prediction", payload, on_task_created=cb, poll_interval_s=0.01),
+              providers=p)
+"""
+
+
+@pytest.fixture
+def providers(sandbox: SandboxServer) -> Iterator[ProvidersResource]:
+    sandbox.reset()
+    with contextlib.closing(providers_from_env()) as res:
+        yield res
+
+
+def creates(db: sa.Engine, job: uuid.UUID) -> list[ledger.Create]:
+    with db.connect() as conn:
+        return ledger.creates_of_job(conn, job)
+
+
+def stalled(db: sa.Engine, job: uuid.UUID, minutes: int = 40) -> None:
+    """Time passes: the adopted job's provider call is past its kind's threshold."""
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET provider_call_started_at = now() - make_interval(mins => :m) WHERE id = :j"
+            ),
+            {"m": minutes, "j": str(job)},
+        )
+
+
+def test_a_worker_killed_between_the_answer_and_the_row_update_leaves_a_task_adopted_and_charged_once(
+    db: sa.Engine, sandbox: SandboxServer, providers: ProvidersResource, user: uuid.UUID,
+    instance: dg.DagsterInstance, media_dir: str,
+) -> None:  # fmt: skip
+    sandbox.set_default_scenario("replicate-prediction", Scenario(polls_before_done=0))
+    job = make_job(db, user, job_type="image", status="processing")
+    reserve(db, job, user, 30)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECON_CRASH_")}
+    died = subprocess.run(
+        [sys.executable, "-c", WORKER, str(job)], env={**env, "RECON_CRASH_AT": "worker.after_create"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    [create] = creates(db, job)
+    assert create.task_id is not None and job_row(db, job)["provider_task_id"] is None
+    assert actions(sweep(db, providers)) == {create.task_id: "adopt"}
+    assert job_row(db, job)["provider_task_id"] == create.task_id
+    stalled(db, job)
+    tick(make_defs(media_dir), instance)
+    tick(make_defs(media_dir), instance, sweep=True)
+    assert actions(sweep(db, providers)) == {create.task_id: "owned"}
+
+    assert job_row(db, job)["status"] == "completed"
+    assert usage_status(db, job) == "committed"
+    assert balances(db, user) == (Decimal(70), Decimal(50))  # charged once, never refunded
+    assert sandbox.create_count() == 1
+
+
+def test_an_ambiguous_create_is_not_refunded_before_its_task_is_looked_for_then_adopted(
+    db: sa.Engine, sandbox: SandboxServer, providers: ProvidersResource, user: uuid.UUID,
+    instance: dg.DagsterInstance, media_dir: str,
+) -> None:  # fmt: skip
+    sandbox.set_default_scenario(
+        "replicate-prediction", Scenario(polls_before_done=0, create_lost_response_first=1)
+    )
+    other = sandbox.add_task("replicate-prediction", Scenario(outcome="run_forever"))  # not ours
+    job = make_job(db, user, status="processing", created_minutes_ago=200)  # past the pre-call budget
+    reserve(db, job, user, 30)
+    with pytest.raises(AmbiguousCreateError):
+        run_or_resume(
+            job, "replicate-prediction",
+            lambda cb: providers.run("replicate-prediction", PAYLOAD, on_task_created=cb, poll_interval_s=0.01),
+            providers=providers, engine=db,
+        )  # fmt: skip
+    [create] = creates(db, job)
+    assert (create.state, create.task_id) == ("ambiguous", None)
+
+    tick(make_defs(media_dir), instance, sweep=True)  # the stale sweep leaves it for the orphan sweep
+    assert job_row(db, job)["status"] == "processing" and balances(db, user) == (Decimal(70), Decimal(50))
+    report = sweep(db, providers)
+    [task] = [t for t, a in actions(report).items() if a == "adopt"]
+    assert actions(report)[other] == "unknown"
+    stalled(db, job)
+    tick(make_defs(media_dir), instance)
+
+    assert job_row(db, job)["status"] == "completed"
+    assert job_row(db, job)["provider_task_id"] == task
+    assert usage_status(db, job) == "committed"
+    assert balances(db, user) == (Decimal(70), Decimal(50))
+    assert sandbox.task_info(other)["canceled"] is False
+
+
+def test_an_ambiguous_create_at_a_provider_that_cannot_list_is_swept_as_before(
+    db: sa.Engine, sandbox: SandboxServer, providers: ProvidersResource, user: uuid.UUID,
+    instance: dg.DagsterInstance, media_dir: str,
+) -> None:  # fmt: skip
+    sandbox.set_default_scenario("kie-standard", Scenario(create_lost_response_first=1))
+    job = make_job(db, user, status="processing", created_minutes_ago=200)
+    reserve(db, job, user, 30)
+    with pytest.raises(AmbiguousCreateError):
+        run_or_resume(
+            job, "kie-standard",
+            lambda cb: providers.run("kie-standard", KIE_PAYLOAD, on_task_created=cb, poll_interval_s=0.01),
+            providers=providers, engine=db,
+        )  # fmt: skip
+
+    tick(make_defs(media_dir), instance, sweep=True)
+
+    assert job_row(db, job)["status"] == "failed"
+    assert balances(db, user) == (Decimal(100), Decimal(50))
+
+
+def test_an_ambiguous_create_is_swept_once_the_orphan_sweep_looked_and_found_nothing(
+    db: sa.Engine, sandbox: SandboxServer, providers: ProvidersResource, user: uuid.UUID,
+    instance: dg.DagsterInstance, media_dir: str,
+) -> None:  # fmt: skip
+    job = make_job(db, user, status="processing", created_minutes_ago=200)
+    reserve(db, job, user, 30)
+    with db.begin() as conn:
+        intent = ledger.record_intent(
+            conn,
+            job,
+            provider="replicate",
+            kind="replicate-prediction",
+            fingerprint="nothing",
+            marker_sent=True,
+        )
+        ledger.record_outcome(conn, intent.id, ledger.CreateState.AMBIGUOUS, "answer lost")
+
+    tick(make_defs(media_dir), instance, sweep=True)
+    assert job_row(db, job)["status"] == "processing"
+    assert sweep(db, providers).looked == 1
+    tick(make_defs(media_dir), instance, sweep=True)
+
+    assert job_row(db, job)["status"] == "failed"
+    assert balances(db, user) == (Decimal(100), Decimal(50))
