@@ -8,10 +8,15 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import dagster as dg
 import pytest
 
+from recon_dagster.config import Settings
 from recon_dagster.db.ledger import marker_for
 from recon_dagster.db.spend import Charge
+from recon_dagster.defs.spend.assets import ANTHROPIC
+from recon_dagster.defs.spend.schedules import days_to_reconcile, spend_reconciliation_schedule
+from recon_dagster.defs.spend.summary import SUMMARY
 from recon_dagster.providers.anthropic_spend import UsageBucket
 from recon_dagster.providers.elevenlabs_spend import HistoryItem
 from recon_dagster.providers.upstream_tasks import TaskPhase, UpstreamTask
@@ -184,3 +189,32 @@ def test_kie_compares_the_balance_change_with_the_credits_our_live_jobs_took() -
     assert not report.passed
     first = match_kie(None, 970, charges, tolerance_credits=0)
     assert not first.final and first.passed
+
+
+@pytest.mark.parametrize(
+    "at, delay_s, expected",
+    [
+        ("2026-11-03T01:00:00", 86_400, ("2026-11-02", "2026-11-01")),  # the default: a day later
+        ("2026-11-03T01:00:00", 3600, ("2026-11-02", None)),  # final by the first run already
+        ("2026-11-03T01:00:00", 3 * 86_400, ("2026-11-02", "2026-10-30")),
+    ],
+)
+def test_the_daily_schedule_asks_for_yesterday_and_the_day_anthropic_just_finalised(
+    at: str, delay_s: float, expected: tuple[str, str | None]
+) -> None:
+    yesterday, final_day = days_to_reconcile(datetime.fromisoformat(at).replace(tzinfo=UTC), delay_s)
+    assert (yesterday.isoformat(), final_day.isoformat() if final_day else None) == expected
+
+
+def test_the_daily_schedule_runs_every_provider_for_yesterday_and_anthropic_again_for_the_final_day(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(Settings.spend_anthropic_final_after_s.name, raising=False)
+    context = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 11, 3, 1, tzinfo=UTC))
+    requests = list(spend_reconciliation_schedule(context))  # type: ignore[arg-type]
+    assert [(r.run_key, r.partition_key) for r in requests] == [
+        ("2026-11-02", "2026-11-02"),
+        ("2026-11-01/anthropic-final", "2026-11-01"),
+    ]
+    assert requests[0].asset_selection is None
+    assert set(requests[1].asset_selection or ()) == {ANTHROPIC, SUMMARY}
