@@ -20,8 +20,10 @@ from recon_dagster.defs.resources import (
 )
 from recon_dagster.defs.rollout import definitions as rollout_feature
 from recon_dagster.defs.settings_check import validate_settings
+from recon_dagster.defs.spend import definitions as spend_feature
 from recon_dagster.media.store import media_store_from_env
 from recon_dagster.providers import providers_from_env
+from recon_dagster.providers.anthropic.spend import anthropic_usage_from_env
 
 # Modules, not their Definitions objects: a code location module holds exactly one Definitions at
 # its top level (`dg check defs` refuses more), and each feature's module keeps its own.
@@ -33,6 +35,7 @@ FEATURES = (
     explain_feature,
     alerts_feature,
     orphans_feature,
+    spend_feature,
 )
 
 
@@ -44,6 +47,7 @@ def default_resources() -> dict[str, Any]:
         "media_store": media_store_from_env(),
         "reconcile_settings": ReconcileSettingsResource.from_config(),
         "alert_targets": alert_targets_from_env(),
+        "anthropic_usage": anthropic_usage_from_env(),
         HANDOFF_IO: dg.mem_io_manager,
     }
 

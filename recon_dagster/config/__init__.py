@@ -454,6 +454,41 @@ class Settings:
         0.5, 0, 0.999, "...and they are more than this share of the jobs it was asked about in the window.",
         group="provider health",
     )
+    # spend reconciliation
+    spend_replicate_tolerance_s = _number(
+        0, 0, DAY_S,
+        "Replicate compute seconds of a day billed for tasks nobody was charged for (unknown, orphaned or "
+        "refunded tasks) that `replicate_spend`'s check lets pass; a job charged whose task Replicate never "
+        "listed fails it whatever this says.",
+        group="spend reconciliation",
+    )
+    spend_elevenlabs_tolerance_chars = _whole(
+        0, 0, 1_000_000_000,
+        "Characters by which ElevenLabs' count of a day (its character stats) may differ from the characters "
+        "our jobs recorded (`usage_logs.metadata.characters`) before `elevenlabs_spend`'s check fails.",
+        group="spend reconciliation",
+    )
+    spend_anthropic_tolerance_tokens = _whole(
+        0, 0, 1_000_000_000_000,
+        "Tokens by which Anthropic's usage report of a day may differ, for any one model, from the tokens "
+        "our sync calls recorded (`usage_logs.metadata.input_tokens` + `output_tokens`) before "
+        "`anthropic_spend`'s check fails.",
+        group="spend reconciliation",
+    )
+    spend_anthropic_final_after_s = _number(
+        DAY_S, 0, _WEEK_S,
+        "Seconds after a day (or an hour) ends before Anthropic's usage report of it is final (Anthropic exports usage "
+        "in batches, usually within hours, at worst a day later); before, a difference is shown as "
+        "provisional and the check stays green.",
+        group="spend reconciliation",
+    )
+    spend_kie_tolerance_credits = _number(
+        0, 0, 1_000_000_000,
+        "KIE credits by which the account balance's change between two samples may differ from the "
+        "credits our KIE jobs of that window recorded (`usage_logs.metadata.provider_credits`) before "
+        "`kie_spend`'s check fails.",
+        group="spend reconciliation",
+    )
     # alerts
     alert_slack_webhook_url = _secret(
         "alerts",
@@ -593,6 +628,7 @@ def declare_provider(
     base_url_note: str = "",
     limits_shown: str,
     limits_doc: str,
+    extra_secrets: tuple[tuple[str, str, str], ...] = (),
 ) -> None:
     """Declare one provider's settings: ``RECON_LIMIT_<NAME>`` (an attribute of ``Settings``, like
     every ``RECON_*`` variable), its base URL and its key (the provider's own names)."""
@@ -607,8 +643,12 @@ def declare_provider(
         readers="providers/resource.py", shown_default=f"`{base_url}`", name=base_url_env,
     )  # fmt: skip
     key = _secret("providers", key_doc, readers="providers/resource.py", name=key_env)
-    _PROVIDER_VARS.extend((url, key))
-    for declared in (var, url, key):
+    extras: list[Var[Any]] = [
+        _secret("providers", doc, readers=readers, name=env) for env, doc, readers in extra_secrets
+    ]
+    _PROVIDER_VARS.extend((url, key, *extras))
+    every: list[Var[Any]] = [var, url, key, *extras]
+    for declared in every:
         _SETTINGS[declared.name] = declared
 
 

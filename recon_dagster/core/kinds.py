@@ -104,6 +104,8 @@ class ProviderSettings:
     # one-line ProviderConfigError) instead of every run failing on the unset variable. Providers
     # added after a deployment exists are optional, so an upgrade needs no new secret.
     key_optional: bool = False
+    # Other secrets of the provider's, each optional: (variable, what it is, the module reading it).
+    extra_secrets: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,7 @@ def _declare_settings(spec: ProviderSpec) -> None:
     declare_provider(
         spec.name, title=s.title, base_url=s.base_url, base_url_env=s.base_url_env, key_env=s.key_env,
         key_doc=s.key_doc, base_url_note=s.base_url_note, limits_shown=spec.limits_shown,
-        limits_doc=spec.limits_doc,
+        limits_doc=spec.limits_doc, extra_secrets=s.extra_secrets,
     )  # fmt: skip
 
 

@@ -116,6 +116,10 @@ class SandboxState:
             self.creates: Counter[str] = Counter()
             # (kind, task id or None, raw body) of every create and sync call, for creates_for.
             self.create_log: list[tuple[str, str | None, bytes]] = []
+            # When each create_log entry was made (the providers' usage and billing reports).
+            self.create_times: list[float] = []
+            # Knobs of the billing reports (routes/*_spend.py), e.g. a usage report's lag.
+            self.spend: dict[str, float] = {}
             self.polls: Counter[str] = Counter()
             self.media: Counter[str] = Counter()
             self.requests_total = 0
@@ -213,6 +217,19 @@ class SandboxState:
             self.creates[kind] += 1
             # Only the head is kept: enough to find a job id, not a whole uploaded file.
             self.create_log.append((kind, task_id, raw_body[:CREATE_LOG_BYTES]))
+            self.create_times.append(time.time())
+
+    def creates_of(self, kinds: frozenset[str]) -> list[tuple[int, float, str, str | None, bytes]]:
+        """(n-th of its kind from 1, time, kind, task id, body head) of every create of ``kinds``."""
+        with self._lock:
+            log = list(zip(self.create_times, self.create_log, strict=True))
+        seen: Counter[str] = Counter()
+        out = []
+        for at, (kind, task_id, body) in log:
+            seen[kind] += 1
+            if kind in kinds:
+                out.append((seen[kind], at, kind, task_id, body))
+        return out
 
     def log_request(self, provider: str, op: str) -> None:
         """Timestamp one provider API request (the account-limit benchmark reads these)."""

@@ -36,6 +36,8 @@ def test_definitions_load_with_every_job_sensor_and_schedule():
         "lora_training_migration_schedule",
         "shadow_agreement_schedule",
         "orphan_sweep_schedule",
+        "spend_reconciliation_schedule",
+        "anthropic_spend_hourly_schedule",
     }
     assert set(defs.resources) >= {
         "database",

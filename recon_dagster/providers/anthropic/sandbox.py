@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import secrets
 
+from recon_dagster.providers.anthropic import sandbox_spend
+from recon_dagster.providers.anthropic.sandbox_spend import REPLY_TEXT
 from recon_dagster.providers.anthropic.spec import NAME, SPEC
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.core import Route, SandboxCore
 from recon_dagster.sandbox.plugins import SandboxPlugin
 from recon_dagster.sandbox.refusals import ANTHROPIC, invalid, json_body, requested_scenario
 from recon_dagster.sandbox.wire import Request, Response, json_response
+
+# Every answer's text (its output tokens: one per word, as its usage says).
 
 
 def messages(sb: SandboxCore, req: Request) -> Response:
@@ -30,7 +34,7 @@ def messages(sb: SandboxCore, req: Request) -> Response:
         return json_response(
             400, shapes.anthropic_error("invalid_request_error", message), delay_s=sb.latency(sc)
         )
-    reply = shapes.anthropic_message(body["model"], "Sandbox reply.", len(req.body) // 4)
+    reply = shapes.anthropic_message(body["model"], REPLY_TEXT, len(req.body) // 4)
     return json_response(200, reply, {"request-id": "req_" + secrets.token_hex(12)}, delay_s=sb.latency(sc))
 
 
@@ -40,6 +44,6 @@ ROUTES = (Route("POST", "/anthropic/v1/messages".__eq__, messages, create=True),
 # provider are still the sandbox's built-in ones (recon_dagster/sandbox/: core, refusals, shapes).
 SANDBOX = SandboxPlugin(
     provider=NAME,
-    routes=ROUTES,
+    routes=(*ROUTES, *sandbox_spend.ROUTES),
     env=lambda base_url, key: {SPEC.settings.base_url_env: base_url, SPEC.settings.key_env: key},
 )

@@ -17,6 +17,15 @@ SPEC = ProviderSpec(
         base_url_env="ANTHROPIC_BASE_URL",
         key_env="ANTHROPIC_API_KEY",
         key_doc="Anthropic key.",
+        extra_secrets=(
+            (
+                "ANTHROPIC_ADMIN_API_KEY",
+                "Anthropic Admin API key (`sk-ant-admin...`), optional: `anthropic_spend` reads the "
+                'organization\'s usage report with it; unset, the asset reports "not configured" and '
+                "its check stays green.",
+                "providers/anthropic/spend.py",
+            ),
+        ),
     ),
     # Anthropic: requests per minute per tier (50 on tier 1); calls are billed creates.
     reads=None,

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from recon_dagster.providers.base import AsyncProviderResource
 from recon_dagster.providers.elevenlabs.spec import NAME, SPEC
+from recon_dagster.providers.elevenlabs.spend import ElevenLabsSpend
 from recon_dagster.providers.elevenlabs.tasks import ElevenLabsTasks
 from recon_dagster.providers.http import json_body
 from recon_dagster.providers.parse import parse_poll_response
@@ -34,7 +35,7 @@ def elevenlabs_error_message(response: httpx.Response) -> str | None:
     return None
 
 
-class ElevenLabsResource(ElevenLabsTasks, AsyncProviderResource):
+class ElevenLabsResource(ElevenLabsSpend, ElevenLabsTasks, AsyncProviderResource):
     """ElevenLabs client: ``elevenlabs-async`` dubbing and ``text_to_speech`` (``elevenlabs-sync``).
 
     Finished dubbings are bytes on ElevenLabs' own API, not signed URLs: their ``MediaRef`` has

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-import secrets
 
-from recon_dagster.providers.elevenlabs import sandbox_tasks
+from recon_dagster.providers.elevenlabs import sandbox_spend, sandbox_tasks
+from recon_dagster.providers.elevenlabs.sandbox_spend import request_id_of
 from recon_dagster.providers.elevenlabs.spec import NAME, SPEC, ElevenLabsFamily
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.core import Route, SandboxCore
@@ -106,7 +106,10 @@ def tts(sb: SandboxCore, req: Request) -> Response:
         return json_response(400, err, delay_s=sb.latency(sc))
     response = sb.stream(f"tts-{sb.state.create_count(kind)}", 0, "audio", sc, req.method)
     response.headers.update(
-        {"x-character-count": str(len(body["text"])), "request-id": secrets.token_hex(12)}
+        {
+            "x-character-count": str(len(body["text"])),
+            "request-id": request_id_of(sb.state.create_count(kind)),
+        }
     )
     return response
 
@@ -122,6 +125,6 @@ ROUTES = (
 # provider are still the sandbox's built-in ones (recon_dagster/sandbox/: core, refusals, shapes).
 SANDBOX = SandboxPlugin(
     provider=NAME,
-    routes=(*ROUTES, *sandbox_tasks.ROUTES),
+    routes=(*ROUTES, *sandbox_tasks.ROUTES, *sandbox_spend.ROUTES),
     env=lambda base_url, key: {SPEC.settings.base_url_env: base_url, SPEC.settings.key_env: key},
 )

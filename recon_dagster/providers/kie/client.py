@@ -12,6 +12,7 @@ from recon_dagster.providers.base import AsyncProviderResource
 from recon_dagster.providers.http import json_body
 from recon_dagster.providers.kie.parse import KIE_RETRYABLE_CODES, KieEnvelopeError, kie_envelope_message
 from recon_dagster.providers.kie.spec import NAME, SPEC, KieFamily
+from recon_dagster.providers.kie.spend import KieSpend
 from recon_dagster.providers.kie.tasks import KieTasks
 from recon_dagster.providers.parse import parse_poll_response
 from recon_dagster.providers.status import ProviderHTTPError, ProviderProtocolError, UpstreamStatus
@@ -36,7 +37,7 @@ def _safe_json(response: httpx.Response) -> Any:
         return None
 
 
-class KieResource(KieTasks, AsyncProviderResource):
+class KieResource(KieSpend, KieTasks, AsyncProviderResource):
     """KIE.ai client: ``create``/``poll``/``run``/``resume`` for the async kinds, ``chat`` for kie-llm.
 
     KIE reports most errors as HTTP 200 with an error ``code`` in its envelope; throttling and

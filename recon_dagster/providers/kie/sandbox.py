@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from recon_dagster.providers.kie import sandbox_spend
 from recon_dagster.providers.kie.spec import NAME, SPEC, KieFamily
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.core import Route, SandboxCore
@@ -132,6 +133,6 @@ ROUTES = (
 # provider are still the sandbox's built-in ones (recon_dagster/sandbox/: core, refusals, shapes).
 SANDBOX = SandboxPlugin(
     provider=NAME,
-    routes=ROUTES,
+    routes=(*ROUTES, *sandbox_spend.ROUTES),
     env=lambda base_url, key: {SPEC.settings.base_url_env: base_url, SPEC.settings.key_env: key},
 )
