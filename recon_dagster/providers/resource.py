@@ -24,6 +24,7 @@ from recon_dagster.providers.base import (
 )
 from recon_dagster.providers.limits import resource_limit_fields
 from recon_dagster.providers.status import MediaRef, UpstreamStatus
+from recon_dagster.providers.upstream_tasks import TaskListing
 
 
 def resource_class(spec: ProviderSpec) -> type[ProviderResource]:
@@ -33,6 +34,16 @@ def resource_class(spec: ProviderSpec) -> type[ProviderResource]:
     if not (isinstance(cls, type) and issubclass(cls, ProviderResource)):
         raise TypeError(f"{spec.name}: {spec.resource} is not a ProviderResource")
     return cls
+
+
+def listing_providers() -> frozenset[str]:
+    """The providers whose resource can list the account's tasks (``TaskListing``) and whose key is
+    set here: the ones the orphan sweep looks at. Read from the registry, without building a client."""
+    return frozenset(
+        spec.name
+        for spec in provider_specs()
+        if issubclass(resource_class(spec), TaskListing) and config.is_set(spec.settings.key_env)
+    )
 
 
 def api_key_env_vars() -> tuple[str, ...]:

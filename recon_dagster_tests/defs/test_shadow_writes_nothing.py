@@ -15,6 +15,7 @@ enforced job's impossible lease and records a shadowed job's as a decision.
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
@@ -121,6 +122,9 @@ def _launch_every_job(defs: dg.Definitions, instance: dg.DagsterInstance, job_id
         if job.name.startswith("__ASSET_JOB"):
             keys = sorted(job.asset_layer.executable_asset_keys, key=str)
             runs = [{"asset_selection": [k]} for k in keys]
+        elif isinstance(job.partitions_def, dg.TimeWindowPartitionsDefinition):
+            # A day or an hour is like any other: the latest two, not every one since the start.
+            runs = [{"partition_key": k} for k in job.partitions_def.get_partition_keys()[-2:]]
         elif job.partitions_def is not None:
             runs = [{"partition_key": k} for k in job.partitions_def.get_partition_keys()]
         elif _needs_a_job_id(job):
@@ -149,7 +153,13 @@ def _tick_every_schedule_and_sensor(defs: dg.Definitions, instance: dg.DagsterIn
     seen: set[str] = set()
     for schedule in repo.schedule_defs:
         resources = {k: defs.resources[k] for k in schedule.required_resource_keys}  # type: ignore[index]
-        with dg.build_schedule_context(instance=instance, resources=resources, repository_def=repo) as ctx:
+        # As the daemon ticks it: at a scheduled time.
+        with dg.build_schedule_context(
+            instance=instance,
+            resources=resources,
+            repository_def=repo,
+            scheduled_execution_time=datetime.now(UTC),
+        ) as ctx:
             data = schedule.evaluate_tick(ctx)
         _execute(defs, instance, data.run_requests, schedule.job_name)
         seen.add(schedule.name)

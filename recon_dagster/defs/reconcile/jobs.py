@@ -28,11 +28,11 @@ from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsReso
 from recon_dagster.defs.settings_check import breaker_policy, shadow_modes
 from recon_dagster.media.store import MediaStore
 from recon_dagster.providers import ProvidersResource
+from recon_dagster.providers.resource import listing_providers
 from recon_dagster.providers.status import MediaRef
 from recon_dagster.reconcile.batches import next_attempt
 from recon_dagster.reconcile.breaker import NotFoundBreaker
 from recon_dagster.reconcile.decide import Outcome
-from recon_dagster.reconcile.orphans import listable_providers
 from recon_dagster.reconcile.reconciler import JobOutcome, Polled, Reconciler, Step, Summary
 from recon_dagster.reconcile.shadow import make_reconciler
 from recon_dagster.reconcile.verdict import run_verdict
@@ -459,14 +459,14 @@ def sweep_unrecoverable_jobs(
     database: DatabaseResource,
     media_store: dg.ResourceParam[MediaStore],
     reconcile_settings: ReconcileSettingsResource,
-    providers: ProvidersResource,
 ) -> dg.Output[dict[str, Any]]:
     """Spec 5.6: fail + refund stale sync, task-less, legacy and unknown-kind rows (a row whose
     create's answer was lost at a provider that lists its tasks only once the orphan sweep looked)."""
     started = time.monotonic()
     outcome_log = _OutcomeLog(context)
-    # The sweep never polls (no upstream); it only needs to know which providers can be listed.
-    listable = listable_providers(providers)
+    # The sweep never polls (no upstream) and needs no provider's key: it only asks the registry
+    # which providers can list their tasks here.
+    listable = listing_providers()
     rec = _reconciler(
         context, database, None, media_store, reconcile_settings, outcome_log, listable=listable
     )
