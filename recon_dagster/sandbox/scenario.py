@@ -8,45 +8,17 @@ from typing import Any, Literal
 
 from recon_dagster.core.kinds import get_kind
 from recon_dagster.sandbox import plugins
-from recon_dagster.sandbox.families import Family
 
 OUTCOMES = ("succeed", "fail", "run_forever")
 MEDIA_KINDS = ("image", "video", "audio", "weights", "text")
 MALFORMED_KINDS = ("truncated", "not_json", "unknown_state", "missing_state")
 
-# The media a family produces when the scenario does not say.
-FAMILY_MEDIA_KIND: dict[str, str] = {
-    Family.KIE_MARKET: "image",
-    Family.KIE_VEO: "video",
-    Family.KIE_SUNO: "audio",
-    Family.KIE_KONTEXT: "image",
-    Family.KIE_LUMA: "video",
-    Family.KIE_RUNWAY: "video",
-    Family.KIE_LLM: "text",
-    Family.REPLICATE_PREDICTION: "image",
-    Family.REPLICATE_TRAINING: "weights",
-    Family.ELEVENLABS_DUBBING: "audio",
-    Family.ELEVENLABS_TTS: "audio",
-    Family.ANTHROPIC: "text",
-}
+# The media a family produces when the scenario does not say (filled by the plugins).
+FAMILY_MEDIA_KIND: dict[str, str] = {}
 
 # Documented failure values a scenario may pick with ``fail_state`` (first one is the default).
-FAMILY_FAIL_STATES: dict[str, tuple[str, ...]] = {
-    Family.KIE_MARKET: ("fail",),
-    Family.KIE_VEO: ("3", "2"),
-    Family.KIE_SUNO: (
-        "GENERATE_AUDIO_FAILED",
-        "CREATE_TASK_FAILED",
-        "CALLBACK_EXCEPTION",
-        "SENSITIVE_WORD_ERROR",
-    ),
-    Family.KIE_KONTEXT: ("3", "2"),
-    Family.KIE_LUMA: ("3", "2"),
-    Family.KIE_RUNWAY: ("fail",),
-    Family.REPLICATE_PREDICTION: ("failed", "canceled", "aborted"),
-    Family.REPLICATE_TRAINING: ("failed", "canceled", "aborted"),
-    Family.ELEVENLABS_DUBBING: ("failed",),
-}
+# Filled by the plugins.
+FAMILY_FAIL_STATES: dict[str, tuple[str, ...]] = {}
 
 
 class ScenarioError(ValueError):

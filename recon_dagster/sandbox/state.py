@@ -6,8 +6,6 @@ write responses outside it, so thousands of concurrent calls do not queue behind
 
 from __future__ import annotations
 
-import secrets
-import string
 import threading
 import time
 import uuid
@@ -17,11 +15,8 @@ from typing import Any
 
 from recon_dagster.core.kinds import get_kind
 from recon_dagster.sandbox import plugins
-from recon_dagster.sandbox.families import Family
 from recon_dagster.sandbox.scenario import Scenario, create_action, injected
 
-_ALNUM_LOWER = string.ascii_lowercase + string.digits
-_ALNUM = string.ascii_letters + string.digits
 CREATE_LOG_BYTES = 16 * 1024
 REQUEST_LOG_MAX = 2_000_000
 
@@ -42,12 +37,6 @@ def new_task_id(family: str) -> str:
     plugin_family = plugins.family(family)
     if plugin_family is not None:
         return plugin_family.new_task_id()
-    if family == Family.KIE_RUNWAY:
-        return str(uuid.uuid4())
-    if family in (Family.REPLICATE_PREDICTION, Family.REPLICATE_TRAINING):
-        return "".join(secrets.choice(_ALNUM_LOWER) for _ in range(26))
-    if family == Family.ELEVENLABS_DUBBING:
-        return "".join(secrets.choice(_ALNUM) for _ in range(20))
     return uuid.uuid4().hex
 
 
