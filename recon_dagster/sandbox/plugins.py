@@ -68,6 +68,8 @@ class SandboxPlugin:
     key_header: str = "Authorization"
     # The API's root under ``/<provider>`` (e.g. ``/v1``), for the clients' base URL.
     base_path: str = ""
+    # Scenario fields only this provider reads, by the provider's JSON name -> ``Scenario`` attribute.
+    scenario_fields: Mapping[str, str] = field(default_factory=dict)
 
 
 def refusals_of(provider: str) -> Refusals:
@@ -118,6 +120,7 @@ def _plug_in(found: dict[str, SandboxPlugin]) -> None:
     from recon_dagster.sandbox import scenario, shapes
 
     for plugin in found.values():
+        scenario.FIELD_NAMES.update(plugin.scenario_fields)
         for name, fam in plugin.families.items():
             scenario.FAMILY_MEDIA_KIND[name] = fam.media_kind
             if fam.fail_states:

@@ -21,6 +21,16 @@ FAMILY_MEDIA_KIND: dict[str, str] = {}
 FAMILY_FAIL_STATES: dict[str, tuple[str, ...]] = {}
 
 
+# A provider's own name for a field it alone reads (JSON name -> attribute; filled by the plugins).
+FIELD_NAMES: dict[str, str] = {}
+
+
+def _json_names() -> dict[str, str]:
+    """Attribute -> JSON name, for the fields a provider names."""
+    plugins.plugins()
+    return {attribute: name for name, attribute in FIELD_NAMES.items()}
+
+
 class ScenarioError(ValueError):
     """A scenario that cannot be honoured, with what was wrong in the message."""
 
@@ -64,8 +74,9 @@ class Scenario:
     retry_after_s: int = 1
     # Status of injected server errors; None: 503 for Replicate, 500 elsewhere.
     server_error_status: int | None = None
-    # KIE: send injected 429/5xx as HTTP 200 with the error in the envelope's ``code``.
-    kie_http200_errors: bool = False
+    # A provider that reports errors inside an HTTP 200 body (KIE's envelope ``code``): send the
+    # injected 429/5xx that way. Its JSON name is the provider's (``FIELD_NAMES``).
+    http200_errors: bool = False
     # KIE market: running polls already carry a filled resultJson (as a documented example does).
     early_result: bool = False
     # Replicate predictions: ``output`` is one URL string instead of a list.
@@ -146,7 +157,8 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (the inverse of ``from_dict``)."""
-        return asdict(self)
+        names = _json_names()
+        return {names.get(k, k): v for k, v in asdict(self).items()}
 
     def key(self) -> str:
         """A stable identity, used to count create/sync attempts made under one scenario."""
@@ -159,14 +171,15 @@ class Scenario:
             return cls()
         if not isinstance(data, dict):
             raise ScenarioError(f"a scenario must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
+        names = _json_names()
+        known = {names.get(f.name, f.name) for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ScenarioError(
                 f"unknown scenario field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
         try:
-            return cls(**data)
+            return cls(**{FIELD_NAMES.get(k, k): v for k, v in data.items()})
         except TypeError as exc:
             raise ScenarioError(f"bad scenario: {exc}") from None
 

@@ -141,6 +141,7 @@ SANDBOX = SandboxPlugin(
     env=lambda base_url, key: {SPEC.settings.base_url_env: base_url, SPEC.settings.key_env: key},
     presented_key=lambda req: bearer(req.headers.get("Authorization")),
     refusals=KieRefusals(),
+    scenario_fields={"kie_http200_errors": "http200_errors"},
     families={
         KieFamily.MARKET: PluginFamily(
             "image",

@@ -42,13 +42,13 @@ class KieRefusals(Refusals):
         return json_response(200, kie_error(401, message), delay_s=delay_s)
 
     def throttled(self, sc: Scenario, delay_s: float) -> Response:
-        status = 200 if sc.kie_http200_errors else 429
+        status = 200 if sc.http200_errors else 429
         body: Json = kie_error(429, "Rate limited: too many requests, please retry later")
         return json_response(status, body, {"Retry-After": str(sc.retry_after_s)}, delay_s=delay_s)
 
     def server_error(self, sc: Scenario, delay_s: float) -> Response:
         status = sc.server_error_status or 500
-        http = 200 if sc.kie_http200_errors else status
+        http = 200 if sc.http200_errors else status
         body: Json = kie_error(status, "Server error, please try again later")
         return json_response(http, body, delay_s=delay_s)
 
