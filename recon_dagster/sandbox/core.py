@@ -1,7 +1,8 @@
 """What every provider route shares: the sandbox's state, auth, latency, poll answers and streams.
 
-``SandboxCore`` holds no routes; the provider modules under ``routes/`` take it as their first
-argument, and ``app.Sandbox`` adds the routing table on top.
+``SandboxCore`` holds no routes; the providers' plugins (``providers/<name>/sandbox.py``) take it
+as their routes' first argument, and ``app.Sandbox`` adds the routing table on top. What differs by
+provider (its key, refusals, families) is asked of its plugin (``plugins.py``).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def max_in_window(times: list[float], window_s: float) -> int:
 
 
 def new_task_id(family: str) -> str:
-    """An id shaped like the provider's own (KIE hex, Runway UUID, Replicate base32-ish, ...)."""
+    """An id shaped like the provider's own (its family's ``new_task_id``; hex by default)."""
     plugin_family = plugins.family(family)
     if plugin_family is not None:
         return plugin_family.new_task_id()
