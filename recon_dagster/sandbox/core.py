@@ -1,7 +1,8 @@
 """What every provider route shares: the sandbox's state, auth, latency, poll answers and streams.
 
-``SandboxCore`` holds no routes; the provider modules under ``routes/`` take it as their first
-argument, and ``app.Sandbox`` adds the routing table on top.
+``SandboxCore`` holds no routes; the providers' plugins (``providers/<name>/sandbox.py``) take it
+as their routes' first argument, and ``app.Sandbox`` adds the routing table on top. What differs by
+provider (its key, refusals, families) is asked of its plugin (``plugins.py``).
 """
 
 from __future__ import annotations
@@ -16,13 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from recon_dagster.sandbox import plugins, shapes
-from recon_dagster.sandbox.families import Family
 from recon_dagster.sandbox.media import MEDIA_TYPES, iter_media, media_length
 from recon_dagster.sandbox.refusals import (
-    ANTHROPIC,
-    ELEVENLABS,
-    KIE,
-    REPLICATE,
     echo_key,
     gzip_bomb,
     invalid,
@@ -56,43 +52,27 @@ class SandboxCore:
         return self.latency_s
 
     def check_auth(self, provider: str, req: Request) -> None:
-        if provider in (KIE, REPLICATE):
-            # Replicate still accepts its older "Token" scheme.
-            presented = bearer(
-                req.headers.get("Authorization"), also=("Token",) if provider == REPLICATE else ()
-            )
-        elif provider == ELEVENLABS:
-            presented = req.headers.get("xi-api-key")
-        elif (plugin := plugins.plugins().get(provider)) is not None and plugin.presented_key is not None:
-            presented = plugin.presented_key(req)
-        else:
-            # Anthropic takes x-api-key (our client, older SDKs) or a Bearer token (its SDK since
-            # the 2026-10-21 API version); x-api-key wins when both are sent.
-            presented = req.headers.get("x-api-key") or bearer(req.headers.get("Authorization"))
+        read_key = plugins.plugins()[provider].presented_key
+        presented = read_key(req) if read_key is not None else bearer(req.headers.get("Authorization"))
         if not presented or not hmac.compare_digest(presented.encode(), self.api_key.encode()):
             raise BadRequest(unauthorized(provider, missing=not presented))
 
     def links(self, task: Task) -> shapes.Links:
         kind = media_kind_for(task.family, task.scenario)
         ext = MEDIA_TYPES[kind][0]
-        count = (
-            1
-            if task.family in (Family.KIE_KONTEXT, Family.KIE_RUNWAY, Family.REPLICATE_TRAINING)
-            else task.scenario.media_count
-        )
+        family = plugins.family(task.family)
+        count = 1 if family is not None and family.single_media else task.scenario.media_count
         return shapes.Links(
             media=tuple(f"{self.base_url}/media/{task.task_id}/{i}.{ext}" for i in range(count)),
             covers=tuple(f"{self.base_url}/media/{task.task_id}/cover-{i}.png" for i in range(count)),
-            replicate_base=f"{self.base_url}/replicate/v1",
+            base=self.base_url,
         )
 
     def media_urls(self, task: Task) -> list[str]:
-        """Where a client fetches this task's media (ElevenLabs: the audio endpoint)."""
-        if task.family == Family.ELEVENLABS_DUBBING:
-            return [
-                f"{self.base_url}/elevenlabs/v1/dubbing/{task.task_id}/audio/{lang}"
-                for lang in task.target_languages
-            ]
+        """Where a client fetches this task's media (the media host, unless its family says)."""
+        family = plugins.family(task.family)
+        if family is not None and family.media_urls is not None:
+            return family.media_urls(task, self.base_url)
         return list(self.links(task).media)
 
     def answer_poll(
@@ -155,18 +135,7 @@ class SandboxCore:
         if action == "rejected":
             status = sc.create_reject_status or 400
             message = sc.error_message or "Request rejected by the provider"
-            error = plugins.refusal(provider)
-            if error is not None:
-                return action, error(status, "request_rejected", message, {}, delay)
-            if provider == KIE:
-                return action, json_response(200, shapes.kie_error(status, message), delay_s=delay)
-            if provider == REPLICATE:
-                body = shapes.replicate_problem(status, "Request rejected", message)
-                return action, json_response(
-                    status, body, content_type="application/problem+json", delay_s=delay
-                )
-            body = shapes.elevenlabs_error("invalid_request", "request_rejected", message)
-            return action, json_response(status, body, delay_s=delay)
+            return action, plugins.refusals_of(provider).rejected(status, message, delay)
         return action, None
 
     def scenario_for(self, kind: str, requested: Scenario | None, provider: str) -> Scenario:
@@ -188,13 +157,7 @@ class SandboxCore:
         self.state.record_create(kind, None, req.body)
         if sc.outcome == "run_forever":
             self.release.wait(SYNC_HANG_S)
-            status = 504
-            if provider == ANTHROPIC:
-                return json_response(status, shapes.anthropic_error("timeout_error", "Request timed out"))
-            if provider == ELEVENLABS:
-                body = shapes.elevenlabs_error("timeout", "request_timeout", "Request timed out")
-                return json_response(status, body)
-            return json_response(status, shapes.kie_error(504, "Request timed out"))
+            return plugins.refusals_of(provider).timed_out()
         return None
 
     def stream(self, key: str, n: int, kind: str, sc: Scenario, method: str) -> Response:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,28 +20,38 @@ from recon_dagster.core.kinds import provider_specs
 
 if TYPE_CHECKING:
     from recon_dagster.sandbox.core import Route
+    from recon_dagster.sandbox.refusals import ErrorShape, Refusals
     from recon_dagster.sandbox.shapes import Links
     from recon_dagster.sandbox.state import Task
     from recon_dagster.sandbox.wire import Request, Response
 
 
+def _hex_id() -> str:
+    return uuid.uuid4().hex
+
+
 @dataclass(frozen=True)
 class PluginFamily:
-    """One endpoint family of a plugin provider, as the sandbox's shared tables need it."""
+    """One endpoint family of a plugin provider, as the sandbox's shared tables need it. A sync
+    family (no task to poll) sets only ``media_kind``."""
 
     media_kind: str  # what a task produces unless its scenario says otherwise
-    fail_states: tuple[str, ...]  # documented failure values (the first is the default)
-    running_values: tuple[Any, ...]  # the state values of a running task, in order
-    state_path: tuple[str, ...]  # where the state lives in a poll body (for malformed bodies)
-    render: Callable[[Task, str, int, Links], dict[str, Any]]  # a poll body in a phase
-    new_task_id: Callable[[], str]
+    fail_states: tuple[str, ...] = ()  # documented failure values (the first is the default)
+    running_values: tuple[Any, ...] = ()  # the state values of a running task, in order
+    state_path: tuple[str, ...] = ()  # where the state lives in a poll body (for malformed bodies)
+    render: Callable[[Task, str, int, Links], dict[str, Any]] | None = None  # a poll body in a phase
+    new_task_id: Callable[[], str] = _hex_id
+    # One media object per task whatever the scenario's media_count (an edit, a video, weights).
+    single_media: bool = False
+    # Where a client fetches a task's media, given the sandbox's base URL (None: the media host).
+    media_urls: Callable[[Task, str], list[str]] | None = None
 
 
 @dataclass(frozen=True)
 class SandboxPlugin:
-    """A provider's sandbox, served under ``/<provider>/``. A provider whose auth, refusals and poll
-    bodies are still the sandbox's built-in ones (the four that predate the kit) leaves
-    ``presented_key``, ``error`` and ``families`` unset."""
+    """A provider's sandbox, served under ``/<provider>/``: its routes, how a request presents the
+    key, its refusals (one ``error`` shape, or ``refusals`` when each refusal has its own documented
+    body) and its endpoint families."""
 
     provider: str
     routes: tuple[Route, ...]
@@ -51,12 +62,27 @@ class SandboxPlugin:
     # A refusal in the provider's error shape: (status, error type, message, extra headers, delay).
     error: Callable[[int, str, str, Mapping[str, str], float], Response] | None = None
     families: Mapping[str, PluginFamily] = field(default_factory=dict)
+    # Every refusal in the provider's own shapes (None: each one built from ``error``).
+    refusals: Refusals | None = None
+    # The header a key-echoing gateway reads the key from (``Authorization``: after its scheme).
+    key_header: str = "Authorization"
+    # The API's root under ``/<provider>`` (e.g. ``/v1``), for the clients' base URL.
+    base_path: str = ""
+    # Scenario fields only this provider reads, by the provider's JSON name -> ``Scenario`` attribute.
+    scenario_fields: Mapping[str, str] = field(default_factory=dict)
 
 
-def refusal(provider: str | None) -> Callable[[int, str, str, Mapping[str, str], float], Response] | None:
-    """A plugin provider's own error shape (None: the sandbox's built-in one for that provider)."""
-    plugin = plugins().get(provider) if provider is not None else None
-    return plugin.error if plugin is not None else None
+def refusals_of(provider: str) -> Refusals:
+    """How ``provider`` refuses a request, in its own shapes."""
+    from recon_dagster.sandbox.refusals import Refusals
+
+    plugin = plugins()[provider]
+    return plugin.refusals or Refusals(plugin.error)
+
+
+def error_shape(provider: str) -> ErrorShape | None:
+    """A provider's one error shape (None when it has documented refusals instead)."""
+    return plugins()[provider].error
 
 
 _lock = threading.Lock()
@@ -94,9 +120,14 @@ def _plug_in(found: dict[str, SandboxPlugin]) -> None:
     from recon_dagster.sandbox import scenario, shapes
 
     for plugin in found.values():
+        scenario.FIELD_NAMES.update(plugin.scenario_fields)
         for name, fam in plugin.families.items():
             scenario.FAMILY_MEDIA_KIND[name] = fam.media_kind
-            scenario.FAMILY_FAIL_STATES[name] = fam.fail_states
-            shapes.RUNNING_VALUES[name] = fam.running_values
-            shapes.STATE_PATH[name] = fam.state_path
-            shapes.register_renderer(name, fam.render)
+            if fam.fail_states:
+                scenario.FAMILY_FAIL_STATES[name] = fam.fail_states
+            if fam.running_values:
+                shapes.RUNNING_VALUES[name] = fam.running_values
+            if fam.state_path:
+                shapes.STATE_PATH[name] = fam.state_path
+            if fam.render is not None:
+                shapes.register_renderer(name, fam.render)

@@ -1,7 +1,8 @@
 """How each provider answers a request it refuses or cannot serve, in its own error shape.
 
-One switch per refusal (unauthorized, throttled, server error, invalid, not found) over the four
-providers, plus the request-body parsing that answers bad input in the same shapes.
+Each refusal (unauthorized, throttled, server error, invalid, not found, rejected, timed out) is
+asked of the provider's ``Refusals`` (its plugin's, or one built from its plugin's single error
+shape), plus the request-body parsing that answers bad input in the same shapes.
 """
 
 from __future__ import annotations
@@ -11,59 +12,79 @@ import email.parser
 import email.policy
 import json
 import zlib
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qs, quote
 
-from recon_dagster.sandbox import plugins, shapes
+from recon_dagster.sandbox import plugins
 from recon_dagster.sandbox.scenario import Scenario, ScenarioError
 from recon_dagster.sandbox.wire import BadRequest, Json, Request, Response, json_response
 
 # -- provider error responses ----------------------------------------------------------------
 
-KIE, REPLICATE, ELEVENLABS, ANTHROPIC = "kie", "replicate", "elevenlabs", "anthropic"
+# (status, error type, message, extra headers, delay) -> a refusal in the provider's error shape.
+ErrorShape = Callable[[int, str, str, Mapping[str, str], float], Response]
+
+
+class Refusals:
+    """How a provider refuses a request. The base class builds every refusal from the provider's
+    one ``error`` shape; a provider whose refusals each have their own documented body (status,
+    headers, wording) overrides them."""
+
+    def __init__(self, error: ErrorShape | None = None) -> None:
+        self._error = error
+
+    def error(
+        self, status: int, error_type: str, message: str, headers: Mapping[str, str], delay_s: float
+    ) -> Response:
+        if self._error is None:
+            raise NotImplementedError("a provider plugin needs `error` or `refusals`")
+        return self._error(status, error_type, message, headers, delay_s)
+
+    def unauthorized(self, missing: bool) -> Response:
+        return self.error(401, "authentication_error", "No key" if missing else "Invalid key", {}, 0.0)
+
+    def echo_key(self, message: str, delay_s: float) -> Response:
+        """A gateway's rejection that echoes the key in ``message``."""
+        return self.error(401, "authentication_error", message, {}, delay_s)
+
+    def throttled(self, sc: Scenario, delay_s: float) -> Response:
+        return self.error(
+            429, "rate_limited", "Too many requests", {"Retry-After": str(sc.retry_after_s)}, delay_s
+        )
+
+    def server_error(self, sc: Scenario, delay_s: float) -> Response:
+        status = sc.server_error_status or 500
+        return self.error(status, "internal_error", "Internal server error", {}, delay_s)
+
+    def invalid(self, message: str) -> Response:
+        return self.error(422, "validation_error", message, {}, 0.0)
+
+    def not_found(self, message: str) -> Response:
+        return self.error(404, "not_found", message, {}, 0.0)
+
+    def rejected(self, status: int, message: str, delay_s: float) -> Response:
+        """A create the provider refuses (``create_reject_status``, e.g. 402 out of credits)."""
+        return self.error(status, "request_rejected", message, {}, delay_s)
+
+    def timed_out(self) -> Response:
+        """A sync call held open until the gateway gave up (504)."""
+        return self.error(504, "timeout", "Request timed out", {}, 0.0)
 
 
 def unauthorized(provider: str, missing: bool) -> Response:
-    error = plugins.refusal(provider)
-    if error is not None:
-        return error(401, "authentication_error", "No key" if missing else "Invalid key", {}, 0.0)
-    if provider == KIE:
-        return json_response(401, shapes.kie_error(401, "You do not have access permissions"))
-    if provider == REPLICATE:
-        return json_response(
-            401,
-            shapes.replicate_problem(401, "Unauthenticated", "You did not pass a valid authentication token"),
-            content_type="application/problem+json",
-        )
-    if provider == ELEVENLABS:
-        code = "missing_api_key" if missing else "invalid_api_key"
-        message = "Missing xi-api-key header" if missing else "Invalid API key"
-        return json_response(401, shapes.elevenlabs_error("authentication_error", code, message))
-    message = "x-api-key header is required" if missing else "invalid x-api-key"  # the service's words
-    return json_response(401, shapes.anthropic_error("authentication_error", message))
+    return plugins.refusals_of(provider).unauthorized(missing)
 
 
 def echo_key(provider: str, req: Request, delay_s: float, escaped: bool = False) -> Response:
     """A gateway that rejects the key and echoes it back, as sent and URL-encoded (or escaped)."""
-    header = (
-        "xi-api-key" if provider == ELEVENLABS else "x-api-key" if provider == ANTHROPIC else "Authorization"
-    )
+    header = plugins.plugins()[provider].key_header
     presented = req.headers.get(header) or ""
     token = presented.partition(" ")[2] if header == "Authorization" else presented
     if escaped:
         return escaped_echo(token, delay_s)
     message = f"Invalid API key {presented} (rejected {req.path}?api_key={quote(token, safe='')})"
-    error = plugins.refusal(provider)
-    if error is not None:
-        return error(401, "authentication_error", message, {}, delay_s)
-    if provider == KIE:
-        return json_response(200, shapes.kie_error(401, message), delay_s=delay_s)
-    if provider == REPLICATE:
-        body = shapes.replicate_problem(401, "Unauthenticated", message)
-        return json_response(401, body, content_type="application/problem+json", delay_s=delay_s)
-    return json_response(
-        401, shapes.elevenlabs_error("authentication_error", "invalid_api_key", message), delay_s=delay_s
-    )
+    return plugins.refusals_of(provider).echo_key(message, delay_s)
 
 
 def escaped_echo(token: str, delay_s: float) -> Response:
@@ -99,80 +120,22 @@ def gzip_bomb(decoded_bytes: int) -> bytes:
 
 
 def throttled(provider: str, sc: Scenario, delay_s: float) -> Response:
-    retry = str(sc.retry_after_s)
-    headers = {"Retry-After": retry}
-    error = plugins.refusal(provider)
-    if error is not None:
-        return error(429, "rate_limited", "Too many requests", headers, delay_s)
-    if provider == KIE:
-        status = 200 if sc.kie_http200_errors else 429
-        body: Json = shapes.kie_error(429, "Rate limited: too many requests, please retry later")
-        return json_response(status, body, headers, delay_s=delay_s)
-    if provider == REPLICATE:
-        headers.update({"ratelimit-remaining": "0", "ratelimit-reset": retry})
-        body = {
-            "detail": f"Request was throttled. Expected available in {retry} second.",
-            "status": 429,
-        }
-        return json_response(429, body, headers, "application/problem+json", delay_s)
-    if provider == ELEVENLABS:
-        body = shapes.elevenlabs_error(
-            "rate_limit_error", "rate_limit_exceeded", "Too many requests, please slow down"
-        )
-        return json_response(429, body, headers, delay_s=delay_s)
-    body = shapes.anthropic_error("rate_limit_error", "Number of requests has exceeded your rate limit")
-    return json_response(429, body, {"retry-after": retry}, delay_s=delay_s)
+    return plugins.refusals_of(provider).throttled(sc, delay_s)
 
 
 def server_error(provider: str, sc: Scenario, delay_s: float) -> Response:
-    status = sc.server_error_status or (503 if provider == REPLICATE else 500)
-    error = plugins.refusal(provider)
-    if error is not None:
-        return error(status, "internal_error", "Internal server error", {}, delay_s)
-    if provider == KIE:
-        http = 200 if sc.kie_http200_errors else status
-        body: Json = shapes.kie_error(status, "Server error, please try again later")
-        return json_response(http, body, delay_s=delay_s)
-    if provider == REPLICATE:
-        body = shapes.replicate_problem(status, "Service Unavailable", "Please retry shortly")
-        return json_response(status, body, content_type="application/problem+json", delay_s=delay_s)
-    if provider == ELEVENLABS:
-        body = shapes.elevenlabs_error("internal_server_error", "internal_error", "Internal error")
-        return json_response(status, body, delay_s=delay_s)
-    anthropic_type = {529: "overloaded_error", 504: "timeout_error"}.get(status, "api_error")
-    body = shapes.anthropic_error(anthropic_type, "Internal server error")
-    return json_response(status, body, delay_s=delay_s)
+    return plugins.refusals_of(provider).server_error(sc, delay_s)
 
 
 def invalid(provider: str, message: str) -> Response:
     """A request our client got wrong, in the provider's validation-error shape."""
-    error = plugins.refusal(provider)
-    if error is not None:
-        return error(422, "validation_error", message, {}, 0.0)
-    if provider == KIE:
-        return json_response(200, shapes.kie_error(422, message))
-    if provider == REPLICATE:
-        body = shapes.replicate_problem(422, "Input validation failed", message)
-        return json_response(422, body, content_type="application/problem+json")
-    if provider == ELEVENLABS:
-        return json_response(422, shapes.elevenlabs_error("validation_error", "invalid_request", message))
-    return json_response(400, shapes.anthropic_error("invalid_request_error", message))
+    return plugins.refusals_of(provider).invalid(message)
 
 
 def not_found(provider: str | None, message: str) -> Response:
-    error = plugins.refusal(provider)
-    if error is not None:
-        return error(404, "not_found", message, {}, 0.0)
-    if provider == KIE:
-        return json_response(404, shapes.kie_error(404, message))
-    if provider == REPLICATE:
-        body = shapes.replicate_problem(404, "Not found", message)
-        return json_response(404, body, content_type="application/problem+json")
-    if provider == ELEVENLABS:
-        return json_response(404, shapes.elevenlabs_error("not_found", "not_found", message))
-    if provider == ANTHROPIC:
-        return json_response(404, shapes.anthropic_error("not_found_error", message))
-    return json_response(404, {"error": message})
+    if provider is None or provider not in plugins.plugins():
+        return json_response(404, {"error": message})
+    return plugins.refusals_of(provider).not_found(message)
 
 
 _S3_ERRORS = {

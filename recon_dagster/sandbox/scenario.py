@@ -8,45 +8,27 @@ from typing import Any, Literal
 
 from recon_dagster.core.kinds import get_kind
 from recon_dagster.sandbox import plugins
-from recon_dagster.sandbox.families import Family
 
 OUTCOMES = ("succeed", "fail", "run_forever")
 MEDIA_KINDS = ("image", "video", "audio", "weights", "text")
 MALFORMED_KINDS = ("truncated", "not_json", "unknown_state", "missing_state")
 
-# The media a family produces when the scenario does not say.
-FAMILY_MEDIA_KIND: dict[str, str] = {
-    Family.KIE_MARKET: "image",
-    Family.KIE_VEO: "video",
-    Family.KIE_SUNO: "audio",
-    Family.KIE_KONTEXT: "image",
-    Family.KIE_LUMA: "video",
-    Family.KIE_RUNWAY: "video",
-    Family.KIE_LLM: "text",
-    Family.REPLICATE_PREDICTION: "image",
-    Family.REPLICATE_TRAINING: "weights",
-    Family.ELEVENLABS_DUBBING: "audio",
-    Family.ELEVENLABS_TTS: "audio",
-    Family.ANTHROPIC: "text",
-}
+# The media a family produces when the scenario does not say (filled by the plugins).
+FAMILY_MEDIA_KIND: dict[str, str] = {}
 
 # Documented failure values a scenario may pick with ``fail_state`` (first one is the default).
-FAMILY_FAIL_STATES: dict[str, tuple[str, ...]] = {
-    Family.KIE_MARKET: ("fail",),
-    Family.KIE_VEO: ("3", "2"),
-    Family.KIE_SUNO: (
-        "GENERATE_AUDIO_FAILED",
-        "CREATE_TASK_FAILED",
-        "CALLBACK_EXCEPTION",
-        "SENSITIVE_WORD_ERROR",
-    ),
-    Family.KIE_KONTEXT: ("3", "2"),
-    Family.KIE_LUMA: ("3", "2"),
-    Family.KIE_RUNWAY: ("fail",),
-    Family.REPLICATE_PREDICTION: ("failed", "canceled", "aborted"),
-    Family.REPLICATE_TRAINING: ("failed", "canceled", "aborted"),
-    Family.ELEVENLABS_DUBBING: ("failed",),
-}
+# Filled by the plugins.
+FAMILY_FAIL_STATES: dict[str, tuple[str, ...]] = {}
+
+
+# A provider's own name for a field it alone reads (JSON name -> attribute; filled by the plugins).
+FIELD_NAMES: dict[str, str] = {}
+
+
+def _json_names() -> dict[str, str]:
+    """Attribute -> JSON name, for the fields a provider names."""
+    plugins.plugins()
+    return {attribute: name for name, attribute in FIELD_NAMES.items()}
 
 
 class ScenarioError(ValueError):
@@ -92,8 +74,9 @@ class Scenario:
     retry_after_s: int = 1
     # Status of injected server errors; None: 503 for Replicate, 500 elsewhere.
     server_error_status: int | None = None
-    # KIE: send injected 429/5xx as HTTP 200 with the error in the envelope's ``code``.
-    kie_http200_errors: bool = False
+    # A provider that reports errors inside an HTTP 200 body (KIE's envelope ``code``): send the
+    # injected 429/5xx that way. Its JSON name is the provider's (``FIELD_NAMES``).
+    http200_errors: bool = False
     # KIE market: running polls already carry a filled resultJson (as a documented example does).
     early_result: bool = False
     # Replicate predictions: ``output`` is one URL string instead of a list.
@@ -174,7 +157,8 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (the inverse of ``from_dict``)."""
-        return asdict(self)
+        names = _json_names()
+        return {names.get(k, k): v for k, v in asdict(self).items()}
 
     def key(self) -> str:
         """A stable identity, used to count create/sync attempts made under one scenario."""
@@ -187,14 +171,15 @@ class Scenario:
             return cls()
         if not isinstance(data, dict):
             raise ScenarioError(f"a scenario must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
+        names = _json_names()
+        known = {names.get(f.name, f.name) for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ScenarioError(
                 f"unknown scenario field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
         try:
-            return cls(**data)
+            return cls(**{FIELD_NAMES.get(k, k): v for k, v in data.items()})
         except TypeError as exc:
             raise ScenarioError(f"bad scenario: {exc}") from None
 

@@ -240,21 +240,13 @@ class SandboxServer:
             raise RuntimeError("the sandbox is not started: call start() or use it as a context manager")
         return self.sandbox.base_url
 
-    @property
-    def kie_base_url(self) -> str:
-        return f"{self.base_url}/kie"
-
-    @property
-    def replicate_base_url(self) -> str:
-        return f"{self.base_url}/replicate/v1"
-
-    @property
-    def elevenlabs_base_url(self) -> str:
-        return f"{self.base_url}/elevenlabs"
-
-    @property
-    def anthropic_base_url(self) -> str:
-        return f"{self.base_url}/anthropic"
+    def __getattr__(self, name: str) -> str:
+        """``<provider>_base_url``: a registered provider's API root on the sandbox (``/<provider>``
+        plus its plugin's ``base_path``), e.g. ``server.fal_base_url``."""
+        provider = name.removesuffix("_base_url")
+        if provider == name or provider.startswith("_") or provider not in plugins.plugins():
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return self.provider_base_url(provider) + plugins.plugins()[provider].base_path
 
     @property
     def admin_url(self) -> str:

@@ -6,8 +6,6 @@ write responses outside it, so thousands of concurrent calls do not queue behind
 
 from __future__ import annotations
 
-import secrets
-import string
 import threading
 import time
 import uuid
@@ -17,11 +15,8 @@ from typing import Any
 
 from recon_dagster.core.kinds import get_kind
 from recon_dagster.sandbox import plugins
-from recon_dagster.sandbox.families import Family
 from recon_dagster.sandbox.scenario import Scenario, create_action, injected
 
-_ALNUM_LOWER = string.ascii_lowercase + string.digits
-_ALNUM = string.ascii_letters + string.digits
 CREATE_LOG_BYTES = 16 * 1024
 REQUEST_LOG_MAX = 2_000_000
 
@@ -38,16 +33,10 @@ def max_in_window(times: list[float], window_s: float) -> int:
 
 
 def new_task_id(family: str) -> str:
-    """An id shaped like the provider's own (KIE hex, Runway UUID, Replicate base32-ish, ...)."""
+    """An id shaped like the provider's own (its family's ``new_task_id``; hex by default)."""
     plugin_family = plugins.family(family)
     if plugin_family is not None:
         return plugin_family.new_task_id()
-    if family == Family.KIE_RUNWAY:
-        return str(uuid.uuid4())
-    if family in (Family.REPLICATE_PREDICTION, Family.REPLICATE_TRAINING):
-        return "".join(secrets.choice(_ALNUM_LOWER) for _ in range(26))
-    if family == Family.ELEVENLABS_DUBBING:
-        return "".join(secrets.choice(_ALNUM) for _ in range(20))
     return uuid.uuid4().hex
 
 

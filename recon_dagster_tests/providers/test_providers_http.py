@@ -198,7 +198,7 @@ def test_5xx_is_retried(sb, kind):
 def test_kie_in_envelope_errors_are_retried(sb, code_kind):
     counts = {"rate_limit_first": 1} if code_kind == "rate" else {"server_error_first": 1}
     task_id = sb.add_task(
-        "kie-veo", Scenario(polls_before_done=0, kie_http200_errors=True, retry_after_s=0, **counts)
+        "kie-veo", Scenario(polls_before_done=0, http200_errors=True, retry_after_s=0, **counts)
     )
     assert make(sb).poll("kie-veo", task_id).state is UpstreamState.SUCCEEDED
     assert sb.poll_count(task_id) == 2
@@ -492,7 +492,7 @@ def test_provider_http_repr_hides_headers():
 @pytest.mark.slow
 def test_kie_in_envelope_429_honours_retry_after_header(sb, caplog):
     caplog.set_level(logging.WARNING, logger="recon_dagster.providers")
-    scenario = Scenario(polls_before_done=0, kie_http200_errors=True, rate_limit_first=1, retry_after_s=1)
+    scenario = Scenario(polls_before_done=0, http200_errors=True, rate_limit_first=1, retry_after_s=1)
     task_id = sb.add_task("kie-standard", scenario)
     assert make(sb).poll("kie-standard", task_id).state is UpstreamState.SUCCEEDED
     assert _retry_waits(caplog)[0] >= 1.0

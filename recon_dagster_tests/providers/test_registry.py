@@ -34,15 +34,6 @@ PROVIDERS = PACKAGE / "providers"
 # docstrings aside). A provider added through the kit is named only by the registry. The four that
 # predate it are also named where a feature is about that provider itself; the lists are exact (a
 # module that stops naming its provider must leave the list), so they can only shrink.
-_SANDBOX_BUILTIN = (  # their auth, refusal and poll-body branches, still the sandbox's own
-    "recon_dagster/sandbox/core.py",
-    "recon_dagster/sandbox/families.py",
-    "recon_dagster/sandbox/refusals.py",
-    "recon_dagster/sandbox/scenario.py",
-    "recon_dagster/sandbox/server.py",
-    "recon_dagster/sandbox/shapes.py",
-    "recon_dagster/sandbox/state.py",
-)
 _COMMON = (
     "recon_dagster/providers/registry.py",  # the one list
     "recon_dagster/providers/__init__.py",  # public import paths of the resource classes
@@ -51,12 +42,11 @@ _COMMON = (
 )
 ALLOWED: dict[str, frozenset[str]] = {
     "kie": frozenset(
-        (*_COMMON, *_SANDBOX_BUILTIN, "recon_dagster/cli/demo.py", "recon_dagster/reconcile/spend.py")
+        (*_COMMON, "recon_dagster/cli/demo.py", "recon_dagster/reconcile/spend.py")
     ),  # the demo's incident; its credit-balance rule
     "replicate": frozenset(
         (
             *_COMMON,
-            *_SANDBOX_BUILTIN,
             "recon_dagster/reconcile/spend.py",  # its compute-seconds rule
             # the app's LoRA feature: its characters.replicate_training_id column
             "recon_dagster/cli/demo.py",
@@ -68,13 +58,10 @@ ALLOWED: dict[str, frozenset[str]] = {
             "recon_dagster/reconcile/shadow.py",
         )
     ),
-    "elevenlabs": frozenset(
-        (*_COMMON, *_SANDBOX_BUILTIN, "recon_dagster/reconcile/spend_usage.py")
-    ),  # its characters rule
+    "elevenlabs": frozenset((*_COMMON, "recon_dagster/reconcile/spend_usage.py")),  # its characters rule
     "anthropic": frozenset(
         (
             *_COMMON,
-            *[m for m in _SANDBOX_BUILTIN if m != "recon_dagster/sandbox/state.py"],
             "recon_dagster/reconcile/spend_usage.py",  # its tokens rule and reporting delay
             # its usage report is read with its own admin key, hourly as well as daily
             "recon_dagster/definitions.py",

@@ -218,9 +218,7 @@ def test_throttle_then_server_error_then_answer_in_order(client: httpx.Client, s
 
 
 def test_kie_errors_in_http_200_envelope(client: httpx.Client, sb: SandboxServer) -> None:
-    tid = sb.add_task(
-        "kie-kontext", Scenario(rate_limit_first=1, server_error_first=1, kie_http200_errors=True)
-    )
+    tid = sb.add_task("kie-kontext", Scenario(rate_limit_first=1, server_error_first=1, http200_errors=True))
     first, second = poll(client, "kie-kontext", tid), poll(client, "kie-kontext", tid)
     assert (first.status_code, first.json()["code"]) == (200, 429)
     assert (second.status_code, second.json()["code"]) == (200, 500)

@@ -10,8 +10,9 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from recon_dagster.providers.anthropic.spec import NAME
 from recon_dagster.sandbox.core import Route, SandboxCore
-from recon_dagster.sandbox.refusals import ANTHROPIC, invalid
+from recon_dagster.sandbox.refusals import invalid
 from recon_dagster.sandbox.wire import Request, Response, json_response
 
 SYNC_KIND = "anthropic-sync"
@@ -67,13 +68,13 @@ def usage_report(sb: SandboxCore, req: Request) -> Response:
     start, end = _time(req.q("starting_at")), _time(req.q("ending_at"))
     width_name = req.q("bucket_width") or "1d"
     if start is None or width_name not in WIDTHS:
-        return invalid(ANTHROPIC, "starting_at (RFC 3339) is required; bucket_width is 1h or 1d")
+        return invalid(NAME, "starting_at (RFC 3339) is required; bucket_width is 1h or 1d")
     width = WIDTHS[width_name]
     try:
         limit = min(int(req.q("limit") or MAX_LIMIT[width_name]), MAX_LIMIT[width_name])
         first = int((req.q("page") or "page_0").removeprefix("page_"))
     except ValueError:
-        return invalid(ANTHROPIC, "limit must be a whole number and page a next_page token")
+        return invalid(NAME, "limit must be a whole number and page a next_page token")
     group_by = set(req.query.get("group_by[]", []))
     end = end or start + limit * width
     calls = _calls(sb)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import hashlib
 import json
 
+from recon_dagster.providers.elevenlabs.spec import NAME
 from recon_dagster.sandbox.core import Route, SandboxCore
-from recon_dagster.sandbox.refusals import ELEVENLABS, invalid
+from recon_dagster.sandbox.refusals import invalid
 from recon_dagster.sandbox.wire import Request, Response, json_response
 
 TTS_KIND = "elevenlabs-sync"
@@ -58,7 +59,7 @@ def _int(req: Request, name: str) -> int | None:
 def history(sb: SandboxCore, req: Request) -> Response:
     size = _int(req, "page_size") or 100
     if not 1 <= size <= 1000:
-        return invalid(ELEVENLABS, "page_size must be between 1 and 1000")
+        return invalid(NAME, "page_size must be between 1 and 1000")
     after, before = _int(req, "date_after_unix"), _int(req, "date_before_unix")
     items = [
         i for i in reversed(_items(sb))
@@ -80,7 +81,7 @@ def history(sb: SandboxCore, req: Request) -> Response:
 def character_stats(sb: SandboxCore, req: Request) -> Response:
     start, end = _int(req, "start_unix"), _int(req, "end_unix")
     if start is None or end is None or end < start:
-        return invalid(ELEVENLABS, "start_unix and end_unix (milliseconds) are required, start <= end")
+        return invalid(NAME, "start_unix and end_unix (milliseconds) are required, start <= end")
     width = _SECONDS.get(req.q("aggregation_interval") or "day", 86_400) * 1000
     first = start - start % width
     times = list(range(first, end, width)) or [first]

@@ -11,11 +11,11 @@ from __future__ import annotations
 import re
 import time
 
-from recon_dagster.providers.elevenlabs.spec import ElevenLabsFamily
-from recon_dagster.sandbox import shapes
+from recon_dagster.providers.elevenlabs import sandbox_shapes
+from recon_dagster.providers.elevenlabs.spec import NAME, ElevenLabsFamily
 from recon_dagster.sandbox.core import Route, SandboxCore
 from recon_dagster.sandbox.listing import decode_cursor, encode_cursor, listed_body
-from recon_dagster.sandbox.refusals import ELEVENLABS, invalid
+from recon_dagster.sandbox.refusals import invalid
 from recon_dagster.sandbox.wire import Request, Response, json_response
 
 MAX_PAGE = 200
@@ -27,9 +27,9 @@ def list_dubs(sb: SandboxCore, req: Request) -> Response:
         size = int(req.q("page_size") or 100)
         offset = decode_cursor(req.q("cursor") or encode_cursor(0))
     except ValueError:
-        return invalid(ELEVENLABS, "page_size and cursor must be valid")
+        return invalid(NAME, "page_size and cursor must be valid")
     if not 1 <= size <= MAX_PAGE:
-        return invalid(ELEVENLABS, f"page_size must be 1-{MAX_PAGE}")
+        return invalid(NAME, f"page_size must be 1-{MAX_PAGE}")
     dubs = sb.state.listed((ElevenLabsFamily.DUBBING,))
     if (req.q("order_direction") or "DESCENDING").upper() == "ASCENDING":
         dubs.reverse()
@@ -50,8 +50,8 @@ def delete_dub(sb: SandboxCore, req: Request) -> Response:
     ticket = sb.state.task_request(match["id"], (ElevenLabsFamily.DUBBING,))
     if ticket is None or ticket.task.meta.get("deleted"):
         message = f"Dubbing {match['id']} not found"
-        return json_response(404, shapes.elevenlabs_error("not_found", "dubbing_not_found", message))
-    refusal = sb.ticket_response(ticket, ELEVENLABS)
+        return json_response(404, sandbox_shapes.elevenlabs_error("not_found", "dubbing_not_found", message))
+    refusal = sb.ticket_response(ticket, NAME)
     if refusal is not None:
         return refusal
     sb.state.cancel(ticket.task)

@@ -6,8 +6,8 @@ scenario fails (KIE does not bill a failed generation); the balance starts at
 from __future__ import annotations
 
 from recon_dagster.core.kinds import KINDS
+from recon_dagster.providers.kie import sandbox_shapes
 from recon_dagster.providers.kie.spec import NAME
-from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.core import Route, SandboxCore
 from recon_dagster.sandbox.wire import Request, Response, json_response
 
@@ -32,7 +32,7 @@ def balance(sb: SandboxCore) -> float:
 
 
 def credit(sb: SandboxCore, req: Request) -> Response:
-    return json_response(200, shapes.kie_envelope(balance(sb)), delay_s=sb.latency_s)
+    return json_response(200, sandbox_shapes.kie_envelope(balance(sb)), delay_s=sb.latency_s)
 
 
 ROUTES = (Route("GET", "/kie/api/v1/chat/credit".__eq__, credit),)

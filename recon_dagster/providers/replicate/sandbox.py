@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import re
+import secrets
+import string
 
-from recon_dagster.providers.replicate import sandbox_tasks
+from recon_dagster.providers.replicate import sandbox_shapes, sandbox_tasks
+from recon_dagster.providers.replicate.sandbox_shapes import ReplicateRefusals
 from recon_dagster.providers.replicate.spec import NAME, SPEC, ReplicateFamily
 from recon_dagster.sandbox import shapes
 from recon_dagster.sandbox.core import Route, SandboxCore
-from recon_dagster.sandbox.plugins import SandboxPlugin
-from recon_dagster.sandbox.refusals import REPLICATE, invalid, json_body, not_found, requested_scenario
+from recon_dagster.sandbox.plugins import PluginFamily, SandboxPlugin
+from recon_dagster.sandbox.refusals import invalid, json_body, not_found, requested_scenario
 from recon_dagster.sandbox.scenario import poll_phase
 from recon_dagster.sandbox.state import Task
-from recon_dagster.sandbox.wire import Request, Response, json_response
+from recon_dagster.sandbox.wire import Request, Response, bearer, json_response
 
 _RE_REP_MODEL_PRED = re.compile(r"^/replicate/v1/models/(?P<owner>[^/]+)/(?P<name>[^/]+)/predictions$")
 _RE_REP_TRAIN_CREATE = re.compile(
@@ -31,16 +34,16 @@ def _created(sb: SandboxCore, task: Task, action: str) -> Response:
 
 
 def predict(sb: SandboxCore, req: Request) -> Response:
-    body = json_body(req, REPLICATE)
+    body = json_body(req, NAME)
     match = _RE_REP_MODEL_PRED.match(req.path)
     version = body.get("version")
     if match is None and not version:
-        return invalid(REPLICATE, "version is required")
+        return invalid(NAME, "version is required")
     if not isinstance(body.get("input"), dict):
-        return invalid(REPLICATE, "input is required and must be an object")
+        return invalid(NAME, "input is required and must be an object")
     kind = "replicate-prediction"
-    sc = sb.scenario_for(kind, requested_scenario(body.get("sandbox_scenario"), REPLICATE), REPLICATE)
-    action, refusal = sb.create_gate(REPLICATE, kind, sc)
+    sc = sb.scenario_for(kind, requested_scenario(body.get("sandbox_scenario"), NAME), NAME)
+    action, refusal = sb.create_gate(NAME, kind, sc)
     if refusal is not None:
         return refusal
     model = f"{match['owner']}/{match['name']}" if match else None
@@ -60,14 +63,14 @@ def predict(sb: SandboxCore, req: Request) -> Response:
 def train(sb: SandboxCore, req: Request) -> Response:
     match = _RE_REP_TRAIN_CREATE.match(req.path)
     assert match is not None
-    body = json_body(req, REPLICATE)
+    body = json_body(req, NAME)
     if not body.get("destination"):
-        return invalid(REPLICATE, "destination is required")
+        return invalid(NAME, "destination is required")
     if not isinstance(body.get("input"), dict):
-        return invalid(REPLICATE, "input is required and must be an object")
+        return invalid(NAME, "input is required and must be an object")
     kind = "replicate-training"
-    sc = sb.scenario_for(kind, requested_scenario(body.get("sandbox_scenario"), REPLICATE), REPLICATE)
-    action, refusal = sb.create_gate(REPLICATE, kind, sc)
+    sc = sb.scenario_for(kind, requested_scenario(body.get("sandbox_scenario"), NAME), NAME)
+    action, refusal = sb.create_gate(NAME, kind, sc)
     if refusal is not None:
         return refusal
     task = sb.state.add_task(
@@ -91,11 +94,11 @@ def get(sb: SandboxCore, req: Request) -> Response:
     assert match is not None
     ticket = sb.state.poll(match["id"], (_family(match["coll"]),))
     if ticket is None:
-        return not_found(REPLICATE, "The requested resource could not be found.")
-    refusal = sb.ticket_response(ticket, REPLICATE)
+        return not_found(NAME, "The requested resource could not be found.")
+    refusal = sb.ticket_response(ticket, NAME)
     if refusal is not None:
         return refusal
-    return sb.answer_poll(ticket.task, ticket.answered_index, REPLICATE, req)
+    return sb.answer_poll(ticket.task, ticket.answered_index, NAME, req)
 
 
 def cancel(sb: SandboxCore, req: Request) -> Response:
@@ -103,8 +106,8 @@ def cancel(sb: SandboxCore, req: Request) -> Response:
     assert match is not None
     ticket = sb.state.task_request(match["id"], (_family(match["coll"]),))
     if ticket is None:
-        return not_found(REPLICATE, "The requested resource could not be found.")
-    refusal = sb.ticket_response(ticket, REPLICATE)
+        return not_found(NAME, "The requested resource could not be found.")
+    refusal = sb.ticket_response(ticket, NAME)
     if refusal is not None:
         return refusal
     task = ticket.task
@@ -120,6 +123,16 @@ def _create_prediction_path(path: str) -> bool:
     return path == "/replicate/v1/predictions" or _RE_REP_MODEL_PRED.match(path) is not None
 
 
+_FAILS = ("failed", "canceled", "aborted")
+_RUNNING = ("starting", "processing")
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def _new_id() -> str:
+    """Replicate's ids: 26 lower-case letters and digits."""
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(26))
+
+
 ROUTES = (
     Route("POST", _create_prediction_path, predict, create=True),
     Route("POST", _RE_REP_TRAIN_CREATE.match, train, create=True),
@@ -127,10 +140,27 @@ ROUTES = (
     Route("POST", _RE_REP_CANCEL.match, cancel),
 )
 
-# Loaded by the sandbox by name (``SPEC.sandbox``). Auth, refusals, poll bodies and scenarios of this
-# provider are still the sandbox's built-in ones (recon_dagster/sandbox/: core, refusals, shapes).
+# Loaded by the sandbox by name (``SPEC.sandbox``): routes, auth, refusals and families.
 SANDBOX = SandboxPlugin(
     provider=NAME,
     routes=(*ROUTES, *sandbox_tasks.ROUTES),
     env=lambda base_url, key: {SPEC.settings.base_url_env: f"{base_url}/v1", SPEC.settings.key_env: key},
+    # Replicate still accepts its older "Token" scheme.
+    presented_key=lambda req: bearer(req.headers.get("Authorization"), also=("Token",)),
+    refusals=ReplicateRefusals(),
+    base_path="/v1",
+    families={
+        ReplicateFamily.PREDICTION: PluginFamily(
+            "image", _FAILS, _RUNNING, ("status",), sandbox_shapes.render, new_task_id=_new_id
+        ),
+        ReplicateFamily.TRAINING: PluginFamily(
+            "weights",
+            _FAILS,
+            _RUNNING,
+            ("status",),
+            sandbox_shapes.render,
+            new_task_id=_new_id,
+            single_media=True,
+        ),
+    },
 )

@@ -12,10 +12,10 @@ import re
 import time
 from urllib.parse import urlencode
 
-from recon_dagster.providers.replicate.spec import ReplicateFamily
+from recon_dagster.providers.replicate.spec import NAME, ReplicateFamily
 from recon_dagster.sandbox.core import Route, SandboxCore
 from recon_dagster.sandbox.listing import decode_cursor, encode_cursor, listed_body, parse_when
-from recon_dagster.sandbox.refusals import REPLICATE, invalid
+from recon_dagster.sandbox.refusals import invalid
 from recon_dagster.sandbox.wire import Request, Response, json_response
 
 PAGE_SIZE = 100
@@ -30,7 +30,7 @@ def list_tasks(sb: SandboxCore, req: Request) -> Response:
         after, before = parse_when(req.q("created_after")), parse_when(req.q("created_before"))
         offset = decode_cursor(req.q("cursor") or encode_cursor(0))
     except ValueError:
-        return invalid(REPLICATE, "created_after, created_before and cursor must be valid")
+        return invalid(NAME, "created_after, created_before and cursor must be valid")
     tasks = [
         t
         for t in sb.state.listed((family,))
