@@ -121,7 +121,9 @@ def outage(engine: sa.Engine, database_url: str, tmp_path_factory: pytest.TempPa
 
 @pytest.fixture(scope="module")
 def console(outage: dict) -> Iterator[Console]:
-    with open_console(outage["url"], 1400, 900) as c:
+    # Tall enough that the catalog, which renders only the rows in view, shows every asset of the
+    # location (the spend and orphan assets put the health assets below a 900-pixel window).
+    with open_console(outage["url"], 1400, 2000) as c:
         yield c
 
 

@@ -18,25 +18,24 @@ from typing import Any
 
 import httpx
 
-from recon_dagster.sandbox import DEFAULT_API_KEY, Scenario
+from recon_dagster.config import Settings
+from recon_dagster.sandbox import DEFAULT_API_KEY, Scenario, plugins
 from recon_dagster_tests.support.harness import HarnessError, read_tail, stop_tree, tree_cpu_seconds, wait_for
 
 _LISTENING = re.compile(r"sandbox listening on (http://\S+)")
 
 
 def sandbox_env(base_url: str, api_key: str = DEFAULT_API_KEY) -> dict[str, str]:
-    """The client environment for a sandbox at ``base_url`` (same names as ``SandboxServer.env()``)."""
+    """The client environment for a sandbox at ``base_url``: what ``SandboxServer.env()`` gives, for
+    every registered provider's plugin."""
     hostport = httpx.URL(base_url).netloc.decode()
     return {
-        "KIE_BASE_URL": f"{base_url}/kie",
-        "KIE_API_KEY": api_key,
-        "REPLICATE_BASE_URL": f"{base_url}/replicate/v1",
-        "REPLICATE_API_TOKEN": api_key,
-        "ELEVENLABS_BASE_URL": f"{base_url}/elevenlabs",
-        "ELEVENLABS_API_KEY": api_key,
-        "ANTHROPIC_BASE_URL": f"{base_url}/anthropic",
-        "ANTHROPIC_API_KEY": api_key,
-        "RECON_MEDIA_ALLOWED_HOSTS": hostport,
+        **{
+            var: value
+            for name, plugin in plugins.plugins().items()
+            for var, value in plugin.env(f"{base_url}/{name}", api_key).items()
+        },
+        Settings.media_allowed_hosts.name: hostport,
     }
 
 
