@@ -108,9 +108,10 @@ def database_version(conn: sa.Connection) -> int | None:
     return int(conn.execute(sql(f"SELECT {SCHEMA}.contract_version()")).scalar_one())
 
 
-def check(version: int | None, wanted: int = CONTRACT_VERSION) -> str | None:
-    """Why a worker built for contract ``wanted`` cannot start on a database answering
-    ``version``, in one line; None when it can."""
+def check(version: int | None, wanted: int | None = None) -> str | None:
+    """Why a worker built for contract ``wanted`` (default: this library's) cannot start on a
+    database answering ``version``, in one line; None when it can."""
+    wanted = CONTRACT_VERSION if wanted is None else wanted
     if version is None:
         return (
             f"the app's database has no recon_dagster contract functions ({SCHEMA}.contract_version() "
