@@ -247,20 +247,27 @@ BEGIN
 END
 $$;
 
--- One anomaly per (job, reason), as db/credits.py's log_credit_anomaly writes it: the key row
--- first (a concurrent writer of the same pair waits for this transaction), then the anomaly only
--- if none exists (a new statement: a fresh snapshot that sees what such a writer committed).
-CREATE OR REPLACE FUNCTION recon.credit_anomaly(p_job uuid, p_user uuid, p_reason text, p_details jsonb) RETURNS boolean
+-- One anomaly per (job, reason), for every writer of one (the worker's functions here and
+-- db/credits.py's log_credit_anomaly): credit_anomalies is the app's table and need not have a
+-- unique index on (job_id, reason), so the (job, reason)'s key row in recon_credit_anomaly_keys
+-- (migration 145) comes first (a concurrent writer of the same pair waits for this transaction),
+-- then the anomaly only if none exists (a new statement: a fresh snapshot that sees what such a
+-- writer committed). An anomaly without a job is always written. True if newly written.
+CREATE OR REPLACE FUNCTION recon.credit_anomaly(
+  p_job uuid, p_user uuid, p_reason text, p_details jsonb DEFAULT '{}'::jsonb, p_amount numeric DEFAULT NULL
+) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
   v_new boolean;
 BEGIN
-  INSERT INTO recon_credit_anomaly_keys (job_id, reason) VALUES (p_job, p_reason)
-  ON CONFLICT (job_id, reason) DO UPDATE SET created_at = recon_credit_anomaly_keys.created_at;
+  IF p_job IS NOT NULL THEN
+    INSERT INTO recon_credit_anomaly_keys (job_id, reason) VALUES (p_job, p_reason)
+    ON CONFLICT (job_id, reason) DO UPDATE SET created_at = recon_credit_anomaly_keys.created_at;
+  END IF;
   INSERT INTO credit_anomalies (job_id, user_id, reason, amount, details)
-  SELECT p_job, p_user, p_reason, NULL, coalesce(p_details, '{}'::jsonb)
-  WHERE NOT EXISTS (SELECT 1 FROM credit_anomalies c WHERE c.job_id = p_job AND c.reason = p_reason)
+  SELECT p_job, p_user, p_reason, p_amount, coalesce(p_details, '{}'::jsonb)
+  WHERE p_job IS NULL OR NOT EXISTS (SELECT 1 FROM credit_anomalies c WHERE c.job_id = p_job AND c.reason = p_reason)
   RETURNING true INTO v_new;
   RETURN coalesce(v_new, false);
 END

@@ -71,6 +71,15 @@ FUNCTIONS: dict[str, tuple[tuple[str, str], ...]] = {
     "renew_slots": (("account", "text"), ("holders", "text[]"), ("ttl_s", "double precision")),
     "release_slot": (("account", "text"), ("slot", "integer"), ("holder", "text")),
     "record_retry_after": (("account", "text"), ("seconds", "double precision")),
+    # Not a step of a worker's own: the one writer of a credit anomaly (attach_task's, and
+    # db/credits.py's for the reconciler).
+    "credit_anomaly": (
+        ("job", "uuid"),
+        ("user", "uuid"),
+        ("reason", "text"),
+        ("details", "jsonb"),
+        ("amount", "numeric"),
+    ),
 }
 
 
@@ -88,8 +97,12 @@ def call_sql(function: str, names: tuple[str, ...]) -> str:
 def call(conn: sa.Connection, function: str, **params: Any) -> dict[str, Any]:
     """Run ``recon.<function>`` with ``params`` (by name; left out: the function's default) in
     the caller's transaction; its answer."""
-    answer = conn.execute(sql(call_sql(function, tuple(params))), params).scalar_one()
-    return dict(answer)
+    return dict(value(conn, function, **params))
+
+
+def value(conn: sa.Connection, function: str, **params: Any) -> Any:
+    """What ``recon.<function>`` returns, as the driver reads it (``call``'s answers are jsonb)."""
+    return conn.execute(sql(call_sql(function, tuple(params))), params).scalar_one()
 
 
 def fix_call(answer: dict[str, Any]) -> None:
@@ -154,4 +167,5 @@ __all__ = [
     "database_version",
     "fix_call",
     "require",
+    "value",
 ]
