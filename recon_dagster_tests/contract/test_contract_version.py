@@ -93,3 +93,38 @@ def test_the_sql_create_id_is_the_librarys(engine: sa.Engine, job: uuid.UUID, se
     with engine.connect() as conn:
         got = conn.execute(sa.text("SELECT recon.create_id(:j, :s)"), {"j": str(job), "s": seq}).scalar_one()
     assert uuid.UUID(str(got)) == ledger.create_id(job, seq)
+
+
+def test_a_role_granted_recon_app_worker_keeps_the_contract_and_public_cannot_call_it(db: sa.Engine) -> None:
+    """The app's workers' role needs only recon_app_worker (and what it already has on the app's
+    own tables); a role without it cannot call the functions."""
+    worker, stranger = (f"recon_test_{secrets.token_hex(4)}" for _ in range(2))
+    job = uuid.uuid4()
+    with db.begin() as conn:
+        conn.execute(sa.text("INSERT INTO jobs (id, user_id, job_type, status) VALUES (:j, :u, 'image', 'processing')"),
+                     {"j": str(job), "u": str(uuid.uuid4())})  # fmt: skip
+    try:
+        with db.begin() as conn:
+            conn.exec_driver_sql(f'CREATE ROLE "{worker}" NOLOGIN IN ROLE recon_app_worker')
+            conn.exec_driver_sql(f'CREATE ROLE "{stranger}" NOLOGIN')
+            # What the app's workers already have on the app's own tables.
+            conn.exec_driver_sql(f'GRANT SELECT, UPDATE ON jobs TO "{worker}"')
+            conn.exec_driver_sql(f'GRANT SELECT, INSERT ON credit_anomalies TO "{worker}"')
+        with db.begin() as conn:
+            conn.exec_driver_sql(f'SET LOCAL ROLE "{worker}"')
+            intent = contract.call(
+                conn, "create_intent", job=str(job), provider="replicate", kind="replicate-prediction"
+            )
+            answer = contract.call(
+                conn, "create_answered", job=str(job), provider="replicate", kind="replicate-prediction",
+                task_id="t-1", create=intent["create_id"],
+            )  # fmt: skip
+        assert answer["next"] == "poll"
+        with pytest.raises(sa.exc.ProgrammingError, match="permission denied"), db.begin() as conn:
+            conn.exec_driver_sql(f'SET LOCAL ROLE "{stranger}"')
+            contract.call(conn, "resume_point", job=str(job))
+    finally:
+        with db.begin() as conn:
+            for role in (worker, stranger):
+                conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
+                conn.exec_driver_sql(f'DROP ROLE IF EXISTS "{role}"')
