@@ -37,6 +37,8 @@ class Alert:
     links: tuple[tuple[str, str], ...] = ()  # (text, url)
     at: str = ""  # ISO 8601, UTC
     source: str = "recon_dagster"
+    first_step: str = ""  # what to do first (``recon_dagster.alerting.runbook``)
+    runbook: str = ""  # its section of docs/operations.md, when RECON_ALERT_RUNBOOK_BASE_URL is set
 
     def as_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -454,6 +454,22 @@ class Settings:
         0.5, 0, 0.999, "...and they are more than this share of the jobs it was asked about in the window.",
         group="provider health",
     )
+    health_degraded_min_jobs = _whole(
+        2, 1, 100_000,
+        "A provider that is not DOWN is DEGRADED when at least this many of its jobs in flight got no answer "
+        "at their latest poll in the window (`provider_health`'s check fails at WARN severity)...",
+        group="provider health",
+    )
+    health_degraded_share = _number(
+        0.2, 0, 0.999, "...and they are at least this share of its jobs in flight polled in the window.",
+        group="provider health",
+    )
+    health_slow_poll_s = _number(
+        10, 0.1, 3600,
+        "A provider whose answered polls in the window take this long or longer (90th percentile) is shown "
+        "slow in `provider_health` (never DOWN: it answers).",
+        group="provider health",
+    )
     # spend reconciliation
     spend_replicate_tolerance_s = _number(
         0, 0, DAY_S,
@@ -539,6 +555,13 @@ class Settings:
         "callable when the definitions load and when the CLI starts: a missing module or a non-callable is a "
         "load error naming the variable.",
         parse=importable_hook, bounds="an importable callable", shown_default="—",
+    )
+    alert_runbook_base_url = _s(
+        "alerts", "URL", None,
+        "Where this project's `docs/` are served (e.g. `https://github.com/<org>/recon_dagster/blob/main/docs/`): "
+        "every alert links its runbook as `<this>operations.md#<section>` next to its first step.",
+        parse=http_url, bounds="http:// or https://",
+        shown_default="the first step only, no link",
     )
     # operators
     dagster_ui_url = _s(

@@ -94,7 +94,7 @@ def _check_signal(
             f": {shown}" if shown else ""
         )
     title = (
-        f"{key.name} is DOWN (provider_health)"
+        f"{key.name} is {'DEGRADED' if severity == 'warning' else 'DOWN'} (provider_health)"
         if provider and failing
         else f"{provider} (provider_health)"
         if provider

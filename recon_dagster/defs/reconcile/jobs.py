@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import dagster as dg
 import pydantic
 
+from recon_dagster.config import settings as read_settings
 from recon_dagster.core.kinds import KINDS
 from recon_dagster.core.runtags import NOT_SENT_TAG, OUTCOME_TAG, ROLE_TAG, RUN_KEY_TAG, job_tags, kind_tags
 from recon_dagster.db import jobs as jobs_db
@@ -412,7 +413,7 @@ def record_outcomes(
     output = _report(context, flat, summary)
     if summary.not_sent:  # claimed, but no attempt left on them: never "ended before claiming"
         _tag_run(context, {NOT_SENT_TAG: str(summary.not_sent)})
-    verdict = run_verdict(flat)
+    verdict = run_verdict(flat, degraded_share=read_settings().health_degraded_share)
     if verdict.tag is not None:
         _tag_run(context, {OUTCOME_TAG: verdict.tag})
     outage = None
