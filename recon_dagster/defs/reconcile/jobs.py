@@ -409,7 +409,7 @@ def record_outcomes(
     flat = [o for group in outcomes for o in group]
     summary = Summary(scanned=len(flat)).add(flat)
     report_outcomes(context, flat, database)
-    flag_money(context, flat)
+    flag_money(context, flat, database)
     report_health(context, database, {o.provider_kind for o in flat} | _partition(context))
     if any(o.outcome not in (Outcome.SKIPPED, Outcome.NOT_SENT) for o in flat):
         report_stuck(context, database)  # what this run changed, shown now
