@@ -1,10 +1,10 @@
 """Which provider is down: each provider judged by what it answers now, over distinct jobs.
 
-Every job **still in flight** polled within the window (``RECON_HEALTH_WINDOW_S``, 30 minutes)
-counts once, by its latest poll: answered (any state: running, succeeded, failed, not found) or not
-(a 5xx, a 429, a timeout, a refused connection, a rejected key). A job that ended (completed,
-force-failed, cancelled) is history: what its last poll said is not what the provider says now, so
-it is never judged (an outage's force-failed jobs do not page again after the recovery).
+Every job polled within the window (``RECON_HEALTH_WINDOW_S``, 30 minutes) counts once, by its
+latest poll: answered (any state: running, succeeded, failed, not found) or not (a 5xx, a 429, a
+timeout, a refused connection, a rejected key). A job that ended (completed, force-failed,
+cancelled) counts only if that poll was answered: its unanswered polls are history, not what the
+provider says now, so an outage's force-failed jobs never page again after the recovery.
 
 - **DOWN** when at least ``RECON_HEALTH_MIN_JOBS`` (3) of those jobs got no answer and they are
   more than ``RECON_HEALTH_DOWN_SHARE`` (half) of them: the check fails at ERROR severity;
@@ -12,11 +12,13 @@ it is never judged (an outage's force-failed jobs do not page again after the re
   they are at least ``RECON_HEALTH_DEGRADED_SHARE`` (a fifth) of them: the check fails at WARN
   severity (an alert of severity ``warning`` with ``RECON_ALERT_MIN_SEVERITY=warn``; by default a
   DOWN provider turning DEGRADED resolves its page with the line saying what still fails);
-- **IDLE** when no job of it in flight was polled in the window; **healthy** otherwise.
+- **IDLE** when no job of it is judged (none in flight polled in the window, none answered);
+  **healthy** otherwise.
 
 Slow is shown, never judged: the 90th percentile of its answered polls' latency in the window
-(``slow`` from ``RECON_HEALTH_SLOW_POLL_S``) and its oldest job in flight, per provider. A job's own bad result (unusable media, another task's
-result, an answer unreadable for that job) and our own errors are not answers of the provider
+(``slow`` from ``RECON_HEALTH_SLOW_POLL_S``) and its oldest job in flight, per provider.
+
+A job's own bad result (unusable media, another task's result, an answer unreadable for that job) and our own errors are not answers of the provider
 (``recon_dagster.reconcile.cause``): two jobs whose media is text where an image was promised,
 retried at every cadence, never make KIE look down.
 """
@@ -73,7 +75,7 @@ class HealthPolicy:
 
 @dataclass
 class ProviderFigures:
-    """One provider's jobs in flight polled in the window, each by its latest poll (and the jobs
+    """One provider's judged jobs polled in the window, each by its latest poll (and the jobs
     whose own result failed them, which are shown but never judged), with how slow it answers."""
 
     provider: str
@@ -100,8 +102,9 @@ class Verdict:
 
 
 # Each job's latest poll in the window among the rows health reads (the (outcome, cause) pairs of
-# reconcile.cause), of jobs still in flight; then per kind: jobs, unanswered jobs, the latest
-# unanswered reason and the oldest job's age.
+# reconcile.cause), of jobs still in flight or answered (a job that ended is judged only by an
+# answer it got); then per kind: jobs, unanswered jobs, the latest unanswered reason and the oldest
+# job in flight's age.
 _JUDGED = sql(
     """
     WITH counted AS (
@@ -110,17 +113,17 @@ _JUDGED = sql(
         AS p(outcome, cause, answered)
     ), latest AS (
       SELECT DISTINCT ON (e.job_id) e.provider_kind, e.created_at, e.detail, c.answered,
-             j.created_at AS job_created_at
+             j.created_at AS job_created_at, coalesce(j.status IN ('pending', 'processing'), false) AS inflight
       FROM reconcile_events e JOIN counted c ON c.outcome = e.outcome AND c.cause = e.cause
-        JOIN jobs j ON j.id = e.job_id AND j.status IN ('pending', 'processing')
+        LEFT JOIN jobs j ON j.id = e.job_id
       WHERE e.created_at > now() - make_interval(secs => :window_s) AND e.provider_kind IS NOT NULL
       ORDER BY e.job_id, e.created_at DESC, e.id DESC
     )
     SELECT provider_kind, count(*) AS jobs, count(*) FILTER (WHERE NOT answered) AS unanswered,
            (array_agg(detail ORDER BY created_at DESC) FILTER (WHERE NOT answered))[1] AS last_reason,
            max(created_at) FILTER (WHERE NOT answered) AS last_reason_at,
-           extract(epoch FROM now() - min(job_created_at)) AS oldest_s
-    FROM latest GROUP BY provider_kind
+           extract(epoch FROM now() - min(job_created_at) FILTER (WHERE inflight)) AS oldest_s
+    FROM latest WHERE inflight OR answered GROUP BY provider_kind
     """
 )
 
@@ -217,7 +220,7 @@ def judge(f: ProviderFigures, policy: HealthPolicy) -> Verdict:
     share = f"{f.unanswered / f.jobs:.0%}"
     shown = "healthy" if state is State.HEALTHY else state.value.upper()
     line = (
-        f"{f.provider} {shown}: {f.unanswered} of {f.jobs} job(s) in flight got no answer "
+        f"{f.provider} {shown}: {f.unanswered} of {f.jobs} job(s) got no answer "
         f"({share}) in the last {policy.window}"
     )
     if state is not State.HEALTHY and f.last_reason:

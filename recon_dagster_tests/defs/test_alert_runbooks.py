@@ -59,7 +59,7 @@ def test_a_resolve_says_what_is_still_wrong():
     book.observe(
         Signal("check:provider_health:replicate", True, "replicate is DOWN", "replicate DOWN: 6 of 6", 0)
     )
-    still = "replicate DEGRADED: 4 of 15 job(s) in flight got no answer (27%) in the last 30 min"
+    still = "replicate DEGRADED: 4 of 15 job(s) got no answer (27%) in the last 30 min"
     [resolve] = book.observe(Signal("check:provider_health:replicate", False, "replicate", still, 600))
     resolve = with_runbook(resolve, BASE)
     assert resolve.action == "resolve" and still in resolve.summary

@@ -113,15 +113,15 @@ def test_each_target_gets_one_alert_and_one_resolve_per_incident(instance, media
     ticks = AlertTicks(make_defs(media_dir), instance, _targets(receivers, target))
     ticks()  # the first look: nothing failing yet
 
-    _check(instance, "elevenlabs", False, "elevenlabs DOWN: 8 of 8 job(s) in flight got no answer (100%)")
+    _check(instance, "elevenlabs", False, "elevenlabs DOWN: 8 of 8 job(s) got no answer (100%)")
     ticks()
-    _check(instance, "elevenlabs", False, "elevenlabs DOWN: 9 of 9 job(s) in flight got no answer (100%)")
-    _check(instance, "kie", False, "kie DOWN: 3 of 4 job(s) in flight got no answer (75%)")
+    _check(instance, "elevenlabs", False, "elevenlabs DOWN: 9 of 9 job(s) got no answer (100%)")
+    _check(instance, "kie", False, "kie DOWN: 3 of 4 job(s) got no answer (75%)")
     ticks()
     _check(instance, "elevenlabs", False, "still down")
     ticks()
-    _check(instance, "kie", True, "kie healthy: 0 of 4 job(s) in flight got no answer")
-    _check(instance, "elevenlabs", True, "elevenlabs healthy: 0 of 9 job(s) in flight got no answer")
+    _check(instance, "kie", True, "kie healthy: 0 of 4 job(s) got no answer")
+    _check(instance, "elevenlabs", True, "elevenlabs healthy: 0 of 9 job(s) got no answer")
     ticks()
     _check(instance, "elevenlabs", True, "elevenlabs healthy")
     ticks()
@@ -144,7 +144,7 @@ def test_the_pagerduty_events_carry_one_dedup_key_per_check_and_provider_and_a_r
     instance, media_dir, receivers
 ):
     ticks = AlertTicks(make_defs(media_dir), instance, _targets(receivers, "pagerduty"))
-    _check(instance, "replicate", False, "replicate DOWN: 5 of 6 job(s) in flight got no answer (83%)")
+    _check(instance, "replicate", False, "replicate DOWN: 5 of 6 job(s) got no answer (83%)")
     ticks()
     _check(instance, "replicate", True, "replicate healthy")
     ticks()
@@ -262,7 +262,7 @@ def test_an_outage_pages_once_names_the_provider_and_resolves_when_it_answers(
     assert [(b["action"], b["key"]) for b in opened] == [("trigger", "check:provider_health:elevenlabs")], (
         ticks.messages
     )
-    assert "elevenlabs DOWN: 4 of 4 job(s) in flight got no answer" in opened[0]["summary"]
+    assert "elevenlabs DOWN: 4 of 4 job(s) got no answer" in opened[0]["summary"]
     failed_runs = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
     assert failed_runs and {r.tags["recon/provider"] for r in failed_runs} == {"elevenlabs"}
     assert ticks.open.keys() == {"check:provider_health:elevenlabs"}
@@ -407,7 +407,7 @@ def test_a_down_provider_that_turns_idle_resolves_at_the_next_health_run(db, ins
     its check passes, saying it is idle (nothing in flight fails)."""
     defs = make_defs(media_dir)
     ticks = AlertTicks(defs, instance, _targets(receivers, "webhook"))
-    _check(instance, "elevenlabs", False, "elevenlabs DOWN: 6 of 6 job(s) in flight got no answer")
+    _check(instance, "elevenlabs", False, "elevenlabs DOWN: 6 of 6 job(s) got no answer")
     ticks()
     assert defs.resolve_job_def("provider_health_job").execute_in_process(instance=instance).success
     ticks()

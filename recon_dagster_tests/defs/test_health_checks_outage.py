@@ -87,6 +87,6 @@ def test_a_down_provider_reads_down_after_every_run_of_an_outage(
     assert run.tags["recon/outcome"] == "provider_outage" and run.tags["recon/provider"] == "replicate"
     [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert (
-        "replicate DOWN: 4 of 4 job(s) in flight got no answer"
+        "replicate DOWN: 4 of 4 job(s) got no answer"
         in failure.step_failure_data.user_failure_data.description
     )

@@ -2,8 +2,8 @@
 
 1. healthy / DEGRADED / DOWN by documented thresholds (a property over every count), a degraded
    provider's check failing at WARN severity, a down one's at ERROR;
-2. only jobs still in flight are judged: a job that ended (force-failed, recovered, cancelled) is
-   history, never evidence that the provider is down now;
+2. a job that ended (force-failed, recovered, cancelled) is judged only by an answer it got: its
+   unanswered polls are history, never evidence that the provider is down now;
 3. slow (the answered polls' latency, the oldest job in flight) is shown per provider, never down.
 """
 
@@ -48,7 +48,7 @@ def test_the_state_follows_the_documented_thresholds(
 def test_four_of_fifteen_jobs_without_answer_is_degraded_not_healthy():
     v = judge(ProviderFigures("replicate", jobs=15, unanswered=4, last_reason="HTTP 503"), POLICY)
     assert v.state is State.DEGRADED
-    assert v.line.startswith("replicate DEGRADED: 4 of 15 job(s) in flight got no answer (27%)"), v.line
+    assert v.line.startswith("replicate DEGRADED: 4 of 15 job(s) got no answer (27%)"), v.line
     assert "last: HTTP 503" in v.line
 
 
@@ -95,13 +95,23 @@ def test_jobs_that_ended_are_never_evidence_that_the_provider_is_down_now(db):
 
     v = _verdict(db, "replicate")
     assert v.state is State.HEALTHY, v.line
-    assert v.line.startswith("replicate healthy: 0 of 2 job(s) in flight got no answer"), v.line
+    assert v.line.startswith("replicate healthy: 0 of 2 job(s) got no answer"), v.line
 
 
-def test_a_provider_with_no_job_in_flight_is_idle_whatever_its_ended_jobs_said(db):
+def test_a_provider_with_no_job_in_flight_is_idle_whatever_its_ended_jobs_did_not_get(db):
     for _ in range(4):
         _poll(db, _job(db, "replicate-prediction", status="failed"), "replicate-prediction", answered=False)
     assert _verdict(db, "replicate").state is State.IDLE
+
+
+def test_a_job_that_ended_by_an_answer_still_says_the_provider_answers(db):
+    # After the recovery: 4 force-failed without an answer, 2 completed on an answer, none in flight.
+    for _ in range(4):
+        _poll(db, _job(db, "replicate-prediction", status="failed"), "replicate-prediction", answered=False)
+    for _ in range(2):
+        _poll(db, _job(db, "replicate-prediction", status="completed"), "replicate-prediction", answered=True)
+    v = _verdict(db, "replicate")
+    assert v.state is State.HEALTHY and v.line.startswith("replicate healthy: 0 of 2 job(s)"), v.line
 
 
 def test_a_degraded_provider_reads_degraded_from_its_jobs_in_flight(db):
