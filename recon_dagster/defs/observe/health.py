@@ -165,19 +165,21 @@ def report_health(
         dg.AssetSpec(
             HEALTH,
             group_name="reconciliation",
-            description="Each provider DOWN, healthy or idle, judged by its answers to reconcile polls "
-            f"over the distinct jobs polled in the last {Settings.health_window_s.name} (30 min): a check per "
-            "provider fails while most of them got no answer (5xx, 429, timeouts, refused connections; "
-            f"from {Settings.health_min_jobs.name} jobs on). A job's own bad result never counts. An idle provider's "
-            "check is skipped. The checks are re-evaluated by every reconcile run, this table by the "
-            "health schedule.",
+            description="Each provider DOWN, DEGRADED, healthy or idle, judged by its answers to reconcile "
+            f"polls over the distinct jobs polled in the last {Settings.health_window_s.name} (30 min), a job "
+            "that ended only by an answer it got: a check per provider fails while most of them got no "
+            f"answer (5xx, 429, timeouts, refused connections; from {Settings.health_min_jobs.name} jobs on), "
+            f"at WARN while a fifth did ({Settings.health_degraded_share.name}). A job's own bad result never "
+            "counts. Slow answers are shown per provider, never DOWN. The checks are re-evaluated by every "
+            "reconcile run, this table by the health schedule, whose run fails while a provider is DOWN.",
         )
     ],
     check_specs=[
         dg.AssetCheckSpec(
             p,
             asset=HEALTH,
-            description=f"{p} answers reconcile polls (fails while it is DOWN; skipped while idle)",
+            description=f"{p} answers reconcile polls (fails while it is DOWN, at WARN while DEGRADED; "
+            "not evaluated while idle)",
         )
         for p in provider_names()
     ],
