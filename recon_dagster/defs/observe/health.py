@@ -216,7 +216,7 @@ def provider_health(context: dg.AssetExecutionContext, database: DatabaseResourc
 def _tag(context: dg.AssetExecutionContext, tags: dict[str, str]) -> None:
     """What the Runs page shows on the health run's row (a tag is a convenience: never fatal)."""
     try:
-        context.instance.add_run_tags(context.run_id, tags)
+        context.instance.add_run_tags(context.run.run_id, tags)
     except Exception as exc:
         context.log.warning(f"could not tag this run with {tags}: {exc}")
 
