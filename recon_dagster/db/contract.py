@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from recon_dagster.db.sqltext import sql
 
 # The contract this library was built for; the database answers its own (recon.contract_version()).
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2  # 2: migration 161 (recon.open_create)
 SCHEMA = "recon"
 MIGRATE_HINT = "run `recon-dagster migrate`"
 
