@@ -1,0 +1,110 @@
+/**
+ * The design's incident, end to end: a real BullMQ queue on the machine's Redis, worker processes
+ * running the spec-5.3 handler with this package, the loopback provider sandbox over HTTP, real
+ * PostgreSQL. Each case counts the creates that reached the sandbox and the charges in the
+ * database. Redis, Node, the sandbox and PostgreSQL missing make these fail, never skip.
+ */
+import { after, before, describe, it } from "node:test";
+import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import type { Queue } from "bullmq";
+import { createDb, type TestDb } from "./support/db.js";
+import { createsAt, newQueue, startSandbox, startWorker, until, type Sandbox, type WorkerProcess, REDIS_PORT } from "./support/world.js";
+
+let db: TestDb;
+let sb: Sandbox;
+let q: { queue: Queue; name: string; prefix: string };
+const workers: WorkerProcess[] = [];
+
+before(async () => {
+  [db, sb] = await Promise.all([createDb("recon_node_e2e"), startSandbox()]);
+  q = newQueue();
+});
+after(async () => {
+  for (const w of workers) if (w.child.exitCode === null && w.child.signalCode === null) w.child.kill("SIGKILL");
+  await q?.queue.obliterate({ force: true }).catch(() => undefined);
+  await q?.queue.close();
+  sb?.stop();
+  await db?.drop();
+});
+
+function worker(extra: Record<string, string> = {}): WorkerProcess {
+  const w = startWorker({
+    DATABASE_URL: db.url, KIE_URL: sb.env.KIE_BASE_URL ?? `${sb.base}/kie`, KIE_KEY: sb.env.KIE_API_KEY ?? "sandbox-key",
+    QUEUE: q.name, PREFIX: q.prefix, REDIS_PORT: String(REDIS_PORT), ...extra,
+  });
+  workers.push(w);
+  return w;
+}
+
+/** A `jobs` row in flight with its credits reserved, as the app's route leaves it. */
+async function appJob(): Promise<string> {
+  const id = randomUUID();
+  const user = randomUUID();
+  await db.pool.query("INSERT INTO jobs (id, user_id, job_type, status, started_at) VALUES ($1, $2, 'image', 'processing', now())", [id, user]);
+  await db.pool.query("INSERT INTO usage_logs (job_id, user_id, status, amount) VALUES ($1, $2, 'reserved', 10)", [id, user]);
+  return id;
+}
+
+async function settled(jobId: string) {
+  const { rows: [job] } = await db.pool.query("SELECT status, provider_task_id FROM jobs WHERE id = $1", [jobId]);
+  const { rows: logs } = await db.pool.query("SELECT status FROM usage_logs WHERE job_id = $1", [jobId]);
+  const { rows: creates } = await db.pool.query("SELECT seq, state, task_id FROM upstream_creates WHERE job_id = $1 ORDER BY seq", [jobId]);
+  return { status: job.status as string, taskId: job.provider_task_id as string | null, charges: logs.filter((l) => l.status === "committed").length, creates };
+}
+
+async function bullState(jobId: string) {
+  return (await q.queue.getJob(jobId))?.getState();
+}
+
+describe("a BullMQ worker running the spec-5.3 handler with the package", () => {
+  it("killed mid-poll: the stalled check re-runs the job, the retry resumes the same task; one create, charged once", async () => {
+    const jobId = await appJob();
+    const a = worker();
+    await a.next((e) => e.event === "ready");
+    await q.queue.add("generate", { jobId, prompt: "a cat", scenario: { polls_before_done: 15 } }, { jobId, attempts: 3 });
+    const polling = await a.next((e) => e.event === "polling" && e.jobId === jobId && e.attempt >= 2);
+    a.child.kill("SIGKILL"); // the worker recycled mid-poll
+    await a.exited;
+    assert.equal((await settled(jobId)).status, "processing");
+
+    const b = worker();
+    const done = await b.next((e) => e.event === "done" && e.jobId === jobId);
+    await until(async () => (await bullState(jobId)) === "completed", "the BullMQ job to complete");
+
+    assert.equal(done.how, "resumed");
+    assert.equal(done.taskId, polling.taskId);
+    assert.equal(await createsAt(sb, jobId), 1);
+    const s = await settled(jobId);
+    assert.equal(s.status, "completed");
+    assert.equal(s.charges, 1);
+    assert.deepEqual(s.creates, [{ seq: 1, state: "created", task_id: polling.taskId }]);
+    b.child.kill("SIGTERM");
+    await b.exited;
+  });
+
+  it("a poll longer than the lock: two workers hold the job at once; one create, one charge", async () => {
+    const jobId = await appJob();
+    // a's lock is never renewed (renewal slower than the lock): mid-create, the stalled check hands
+    // the job to b while a still runs, the design's double-billing case.
+    const a = worker({ E2E_LOCK_MS: "1000", E2E_LOCK_RENEW_MS: "600000", E2E_STALLED_MS: "500", E2E_MAX_STALLED: "5" });
+    await a.next((e) => e.event === "ready");
+    await q.queue.add("generate", { jobId, prompt: "a dog", scenario: { latency_s: 2.5, polls_before_done: 2 } }, { jobId, attempts: 5, backoff: { type: "fixed", delay: 3000 } });
+    await a.next((e) => e.event === "start" && e.jobId === jobId);
+    const b = worker({ E2E_STALLED_MS: "500" });
+    const bStart = await b.next((e) => e.event === "start" && e.jobId === jobId);
+    const aDone = await a.next((e) => (e.event === "done" || e.event === "error") && e.jobId === jobId);
+    const bEnd = await b.next((e) => e.jobId === jobId && ["done", "error", "stopped"].includes(e.event) && e !== bStart);
+
+    assert.equal(aDone.event, "done", JSON.stringify(aDone));
+    // b ran while a held the job: a's create was in flight, so b refused to create a second
+    assert.ok(bEnd.event === "error" ? bEnd.name === "AmbiguousCreate" : true, JSON.stringify(bEnd));
+    await until(async () => (await settled(jobId)).status === "completed", "the job to complete");
+    assert.equal(await createsAt(sb, jobId), 1);
+    const s = await settled(jobId);
+    assert.equal(s.charges, 1);
+    assert.equal(s.creates.length, 1);
+    for (const w of [a, b]) w.child.kill("SIGTERM");
+    await Promise.all([a.exited, b.exited]);
+  });
+});
