@@ -98,7 +98,8 @@ describe("a BullMQ worker running the spec-5.3 handler with the package", () => 
 
     assert.equal(aDone.event, "done", JSON.stringify(aDone));
     // b ran while a held the job: a's create was in flight, so b refused to create a second
-    assert.ok(bEnd.event === "error" ? bEnd.name === "AmbiguousCreate" : true, JSON.stringify(bEnd));
+    assert.equal(bEnd.event, "error", JSON.stringify(bEnd));
+    assert.equal(bEnd.name, "AmbiguousCreate", JSON.stringify(bEnd));
     await until(async () => (await settled(jobId)).status === "completed", "the job to complete");
     assert.equal(await createsAt(sb, jobId), 1);
     const s = await settled(jobId);
