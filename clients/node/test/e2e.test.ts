@@ -8,7 +8,9 @@ import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import type { Queue } from "bullmq";
-import { createDb, type TestDb } from "./support/db.js";
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+import { createDb, tool, REPO, type TestDb } from "./support/db.js";
 import { createsAt, newQueue, startSandbox, startWorker, until, type Sandbox, type WorkerProcess, REDIS_PORT } from "./support/world.js";
 
 let db: TestDb;
@@ -51,6 +53,14 @@ async function settled(jobId: string) {
   const { rows: logs } = await db.pool.query("SELECT status FROM usage_logs WHERE job_id = $1", [jobId]);
   const { rows: creates } = await db.pool.query("SELECT seq, state, task_id FROM upstream_creates WHERE job_id = $1 ORDER BY seq", [jobId]);
   return { status: job.status as string, taskId: job.provider_task_id as string | null, charges: logs.filter((l) => l.status === "committed").length, creates };
+}
+
+/** `recon-dagster <args>` against the test's database and the sandbox (its provider env). */
+async function reconDagster(...args: string[]): Promise<string> {
+  const { stdout } = await promisify(execFile)(tool("recon-dagster"), args, {
+    cwd: REPO, env: { ...process.env, ...sb.env, RECON_DATABASE_URL: db.url },
+  });
+  return stdout;
 }
 
 async function bullState(jobId: string) {
@@ -107,5 +117,39 @@ describe("a BullMQ worker running the spec-5.3 handler with the package", () => 
     assert.equal(s.creates.length, 1);
     for (const w of [a, b]) w.child.kill("SIGTERM");
     await Promise.all([a.exited, b.exited]);
+  });
+
+  it("killed and never retried (maxStalledCount reached): the reconciler recovers the row from its task id", async () => {
+    const jobId = await appJob();
+    const a = worker({ E2E_MAX_STALLED: "0" });
+    await a.next((e) => e.event === "ready");
+    await q.queue.add("generate", { jobId, prompt: "a bird", scenario: { polls_before_done: 3 } }, { jobId, attempts: 3 });
+    const polling = await a.next((e) => e.event === "polling" && e.jobId === jobId);
+    a.child.kill("SIGKILL");
+    await a.exited;
+    const b = worker({ E2E_MAX_STALLED: "0" }); // its stalled check fails the job for good
+    await until(async () => (await bullState(jobId)) === "failed", "BullMQ to give the stalled job up");
+    assert.equal(b.events.filter((e) => e.event === "start" && e.jobId === jobId).length, 0);
+    const stuck = await settled(jobId);
+    assert.equal(stuck.status, "processing");
+    assert.equal(stuck.taskId, polling.taskId);
+
+    // Hours pass (the kind's stale threshold): nobody writes the row meanwhile.
+    await db.pool.query(
+      "UPDATE jobs SET started_at = started_at - interval '3 hours', provider_call_started_at = provider_call_started_at - interval '3 hours', created_at = created_at - interval '3 hours', updated_at = updated_at - interval '3 hours' WHERE id = $1",
+      [jobId],
+    );
+    await until(async () => {
+      // due now (the task is still running upstream after a tick; the next tick comes at once)
+      await reconDagster("retry", jobId, "--reason", "node e2e: the next tick now");
+      await reconDagster("reconcile", "--once", "--no-sweep");
+      return (await settled(jobId)).status !== "processing";
+    }, "the reconciler to settle the job", 60_000).catch(async (e) => { console.log(await reconDagster("explain", jobId)); throw e; });
+    const s = await settled(jobId);
+    assert.equal(s.status, "completed");
+    assert.equal(s.charges, 1);
+    assert.equal(await createsAt(sb, jobId), 1);
+    b.child.kill("SIGTERM");
+    await b.exited;
   });
 });
