@@ -52,6 +52,38 @@ async function createKieTask(body: Record<string, unknown>, marker: string): Pro
   return { taskId: answer.data.taskId };
 }
 
+const REP = env("REPLICATE_URL", "");
+const REP_KEY = env("REPLICATE_KEY", "");
+
+/** The app's own Replicate client: create (the marker rides on the webhook URL). */
+async function createPrediction(body: Record<string, unknown>, marker: string): Promise<{ taskId: string }> {
+  const res = await fetch(`${REP}/predictions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${REP_KEY}`, "content-type": "application/json" },
+    body: JSON.stringify({ ...body, webhook: `http://127.0.0.1:9/rep-hook?recon_create=${marker}` }),
+  });
+  const answer = (await res.json()) as { id?: string; detail?: string };
+  if (!res.ok || !answer.id) throw new KieError(res.status, `Replicate create: ${answer.detail}`);
+  tell({ event: "created", taskId: answer.id });
+  if (process.env.E2E_DIE === "after_create") process.kill(process.pid, "SIGKILL");
+  return { taskId: answer.id };
+}
+
+function pollPrediction(jobId: string, taskId: string): Promise<Record<string, unknown>> {
+  let attempt = 0;
+  return pollLoop({
+    taskId, everyMs: Number(env("E2E_POLL_EVERY_MS", "200")), maxAttempts: Number(env("E2E_POLL_MAX", "200")),
+    once: async () => {
+      tell({ event: "polling", jobId, taskId, attempt: ++attempt });
+      const res = await fetch(`${REP}/predictions/${encodeURIComponent(taskId)}`, { headers: { authorization: `Bearer ${REP_KEY}` } });
+      const p = (await res.json()) as { status?: string; output?: unknown; error?: string };
+      if (p.status === "succeeded") return { taskId, output: p.output };
+      if (p.status === "failed" || p.status === "canceled") throw new KieError(500, `prediction ${taskId} ${p.status}: ${p.error}`);
+      return undefined;
+    },
+  });
+}
+
 /** The app's own KIE client: poll to the end, each poll under the account's read budget. */
 function pollKieTask(jobId: string, taskId: string): Promise<Record<string, unknown>> {
   let attempt = 0;
@@ -93,8 +125,25 @@ async function finalizeJobWithMedia(jobId: string, result: Record<string, unknow
 }
 
 /** The handler: spec 5.3's retry guard, with the contract. */
-async function handleGenerateImage(job: Job<{ jobId: string; prompt: string; scenario?: Record<string, unknown> }>) {
+async function handleGenerateImage(job: Job<{ jobId: string; prompt: string; scenario?: Record<string, unknown>; provider?: string }>) {
   const { jobId, prompt, scenario } = job.data;
+  if (job.data.provider === "replicate") {
+    const body = { version: "sandbox-v1", input: { prompt }, sandbox_scenario: scenario };
+    tell({ event: "start", jobId, attempt: job.attemptsMade });
+    try {
+      const out = await runOrResume(caller, {
+        jobId, kind: "replicate-prediction", provider: "replicate", payload: body,
+        create: (marker) => createPrediction(body, marker),
+        poll: (taskId) => pollPrediction(jobId, taskId),
+      });
+      const finalized = await finalizeJobWithMedia(jobId, out.result);
+      tell({ event: "done", jobId, how: out.how, taskId: out.taskId, finalized });
+      return { how: out.how, taskId: out.taskId, finalized };
+    } catch (e) {
+      tell({ event: "error", jobId, name: (e as Error).name, message: (e as Error).message });
+      throw e;
+    }
+  }
   const body = { model: "google/nano-banana-pro", input: { prompt }, sandbox_scenario: scenario };
   tell({ event: "start", jobId, attempt: job.attemptsMade });
   try {
