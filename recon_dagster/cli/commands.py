@@ -79,10 +79,13 @@ def require_migrated() -> str:
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    from recon_dagster.db.engine import describe, get_engine, redact, resolve_database_url
-    from recon_dagster.db.migrate import DEFAULT_RETRY_FOR_S, MigrationError, migrate
+    from recon_dagster.db.engine import describe, get_engine, normalize_url, redact
+    from recon_dagster.db.migrate import DEFAULT_RETRY_FOR_S, MigrationError, migrate, resolve_migrate_url
 
-    url = resolve_database_url()
+    # --database-url, else its own URL when set (PostgreSQL itself, the owner role), else the app's.
+    url, source = (
+        (normalize_url(args.database_url), "--database-url") if args.database_url else resolve_migrate_url()
+    )
     if args.plan:
         from recon_dagster.db.migration_plan import plan, render
 
@@ -94,7 +97,7 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
     try:
         retry_for = DEFAULT_RETRY_FOR_S if args.retry_for is None else args.retry_for
-        applied = migrate(get_engine(url), retry_for_s=retry_for, say=say)
+        applied = migrate(get_engine(url), retry_for_s=retry_for, say=say, source=source)
     except MigrationError as exc:
         for line in exc.details:  # the baseline's gaps, one line each, before the one-line error
             print(f"migrate: gap: {line}", file=sys.stderr)
@@ -251,6 +254,21 @@ def _command(
     return p
 
 
+def _version() -> str:
+    """The installed distribution's version and Dagster's (what a bug report needs first)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ours = version("recon_dagster")
+    except PackageNotFoundError:
+        ours = "(not installed)"
+    try:
+        dagster = version("dagster")
+    except PackageNotFoundError:
+        dagster = "?"
+    return f"{ours} (dagster {dagster})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="recon-dagster",
@@ -258,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("--debug", action="store_true", help=f"show tracebacks (also {DEBUG_ENV}=1)")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     mg = _command(sub, "migrate", _cmd_migrate, "apply migrations/ to the database", database=True)

@@ -195,8 +195,9 @@ class Settings:
         return var.parse(var.name, raw) if raw else var.default
 
     def is_set(self, var: Var[Any]) -> bool:
-        """Whether ``var`` has a value (for optional ``dg.EnvVar`` wiring; never reads it out)."""
-        return bool(self._env().get(var.name))
+        """Whether ``var`` has a value (for optional ``dg.EnvVar`` wiring; never reads it out). A
+        value of only whitespace is none: a key read from an empty secret file is not a key."""
+        return bool(self._env().get(var.name, "").strip())
 
     def limit_overrides(self, provider: str) -> dict[str, Any]:
         """``RECON_LIMIT_<PROVIDER>``: the fields of ``provider``'s budget it overrides."""
@@ -212,6 +213,15 @@ class Settings:
         "starts; only `recon-dagster demo` / `dev`, the tests and `RECON_EMBEDDED_POSTGRES=1` use the "
         "embedded server instead. Under pytest: the server on which each session creates its own database.",
         parse=text, bounds="postgresql / postgres / postgresql+psycopg(2) scheme", shown_default="required",
+    )
+    migrate_database_url = _s(
+        "database", "PostgreSQL URL", None,
+        "The URL `recon-dagster migrate` uses: PostgreSQL itself (never a transaction pooler: migrate holds "
+        "a session advisory lock and session settings), as the role that owns the app's tables "
+        "([deploying.md](deploying.md#roles-and-grants)). Unset: `RECON_DATABASE_URL`, which migrate then "
+        "refuses when `RECON_DB_TRANSACTION_POOLER=1` or when it finds a transaction pooler behind it.",
+        parse=text, bounds="postgresql / postgres / postgresql+psycopg(2) scheme",
+        shown_default="`RECON_DATABASE_URL`",
     )
     embedded_postgres = _s(
         "database", "flag", False,
@@ -241,7 +251,8 @@ class Settings:
         "database", "flag", False,
         "`1`: `RECON_DATABASE_URL` points at a connection pooler in transaction mode (PgBouncer `pool_mode = "
         "transaction`): psycopg's server-side prepared statements are off, since each transaction may run on "
-        "another server connection. Run `recon-dagster migrate` against PostgreSQL itself.",
+        "another server connection. `recon-dagster migrate` refuses such a URL: give it PostgreSQL itself in "
+        "`RECON_MIGRATE_DATABASE_URL`.",
         parse=choice(FLAG_VALUES, "1 or 0"), bounds=FLAG_BOUNDS, shown_default="`0`",
     )
     # reconcile
@@ -642,7 +653,12 @@ def declare_provider(
         "providers", "URL", None, f"{title} API base URL{base_url_note}; passed as dg.EnvVar.",
         readers="providers/resource.py", shown_default=f"`{base_url}`", name=base_url_env,
     )  # fmt: skip
-    key = _secret("providers", key_doc, readers="providers/resource.py", name=key_env)
+    # Every provider's key is optional: its secret concerns its own kinds only.
+    not_configured = (
+        f" Unset or blank: {title} is not configured (its kinds are left in flight, untouched, and "
+        "every other provider works)."
+    )
+    key = _secret("providers", key_doc + not_configured, readers="providers/resource.py", name=key_env)
     extras: list[Var[Any]] = [
         _secret("providers", doc, readers=readers, name=env) for env, doc, readers in extra_secrets
     ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -486,6 +486,29 @@ def renew_lease(conn: sa.Connection, job_id: uuid.UUID, owner: str, ttl: timedel
         .first()
     )
     return _row(r) if r else None
+
+
+def release_leases_of(
+    conn: sa.Connection, owner: str, job_ids: Sequence[uuid.UUID] | None, *, expiring_by: datetime
+) -> list[uuid.UUID]:
+    """Release the leases ``owner`` holds on ``job_ids`` (None: on any in-flight job) that expire
+    by ``expiring_by``: a lease renewed after the owner's run ended belongs to a re-execution under
+    the same run key and is kept. The attempt counter is untouched: the run that died never
+    finished its attempt. Returns the jobs released."""
+    ids = sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))
+    rows = conn.execute(
+        sql(
+            """
+            UPDATE jobs SET reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL, updated_at = now()
+            WHERE reconcile_lease_owner = :owner AND status IN ('pending', 'processing')
+              AND reconcile_lease_expires_at <= :by
+              AND (CAST(:all AS boolean) OR id = ANY(:ids))
+            RETURNING id
+            """
+        ).bindparams(ids),
+        {"owner": owner, "by": expiring_by, "all": job_ids is None, "ids": [str(j) for j in job_ids or []]},
+    )
+    return [uuid.UUID(str(r.id)) for r in rows]
 
 
 def release_lease(conn: sa.Connection, job_id: uuid.UUID, owner: str) -> bool:

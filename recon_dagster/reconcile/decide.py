@@ -44,6 +44,11 @@ class Outcome(StrEnum):
     # out waiting for a token or a slot): no attempt counted, the job rescheduled. The reason is
     # the first word of the outcome's detail (``not_sent_reason``).
     NOT_SENT = "not_sent"
+    # A fault of ours, not the job's (our configuration: a provider key missing or refused; our
+    # storage: the media store refused the write; our database: a blip mid-attempt): no attempt
+    # counted, nothing refunded, the job due again after a cadence. The fault is the first word of
+    # the detail (``reconcile.cause.OurFault``).
+    OUR_FAULT = "our_fault"
 
 
 @dataclass(frozen=True)

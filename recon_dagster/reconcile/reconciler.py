@@ -29,7 +29,7 @@ from recon_dagster.providers.status import MediaRef, NotSent, UpstreamState, Ups
 from recon_dagster.reconcile import lora
 from recon_dagster.reconcile.batches import claim_at_start, claim_isolated, renew_leases
 from recon_dagster.reconcile.breaker import NotFoundBreaker
-from recon_dagster.reconcile.cause import Cause, finalize_error_cause, poll_error_cause
+from recon_dagster.reconcile.cause import Cause, finalize_error_cause, our_fault, poll_error_cause
 from recon_dagster.reconcile.decide import (
     Action,
     Outcome,
@@ -263,6 +263,12 @@ class Reconciler:
                 not_sent=exc.reason.value,
             )
         except Exception as exc:
+            fault = our_fault(exc)
+            if fault is not None:  # a key missing or refused: ours to fix, not the job's attempt
+                return Polled(
+                    row, Step.DEFER, f"poll failed: {type(exc).__name__}: {exc}", outcome=Outcome.OUR_FAULT,
+                    poll_ms=_ms(started), not_sent=fault.value, cause=Cause.INTERNAL,
+                )  # fmt: skip
             self.breaker.record_error(row.provider_kind, exc)
             return Polled(
                 row,
@@ -405,6 +411,12 @@ class Reconciler:
             deferred = Polled(row, Step.DEFER, str(exc), retry_in_s=exc.retry_in_s, not_sent=exc.reason.value)
             return self._reschedule(row, owner, deferred, started)
         except Exception as exc:
+            fault = our_fault(exc)
+            if fault is not None:  # our storage or database failed, not the job: no attempt counted
+                ours = Polled(
+                    row, Step.DEFER, finalize_failure(exc), outcome=Outcome.OUR_FAULT, not_sent=fault.value
+                )
+                return self._reschedule(row, owner, ours, started)
             # An expired signed URL or a refused host: never complete without the media.
             return self._attempt_failed(
                 row, owner, finalize_failure(exc), Outcome.ERROR, started, finalize_error_cause(exc)
@@ -522,8 +534,10 @@ class Reconciler:
 
     def _reschedule(self, row: JobRow, owner: str, p: Polled, started: float) -> JobOutcome:
         """A poll that was never sent: the lease released and the job due again when its account
-        will let a poll out (at most one cadence away); the attempt counter untouched."""
-        delay = self.not_sent_delay(p.retry_in_s)
+        will let a poll out (at most one cadence away); the attempt counter untouched. A fault of
+        ours (``Outcome.OUR_FAULT``) is released the same way, due again after a cadence."""
+        ours = p.outcome is Outcome.OUR_FAULT
+        delay = self.settings.cadence if ours else self.not_sent_delay(p.retry_in_s)
         with self.engine.begin() as conn:
             won = jobs_db.reschedule_not_sent(
                 conn, row.id, expected_attempts=row.reconcile_attempts, owner=owner, next_in=delay
@@ -535,6 +549,11 @@ class Reconciler:
                 f"row moved on while the unsent poll was rescheduled ({p.reason})", started,
             )  # fmt: skip
         detail = not_sent_detail(p.not_sent or "not_sent", p.reason, delay.total_seconds())
+        if ours:
+            log.error("job %s: %s", row.id, redact_secrets(detail))
+            return self._outcome(
+                row.id, row.provider_kind, Outcome.OUR_FAULT, attempt, detail, started, Cause.INTERNAL
+            )
         return self._outcome(
             row.id, row.provider_kind, Outcome.NOT_SENT, attempt, detail, started, Cause.NOT_ASKED
         )
@@ -564,7 +583,17 @@ class Reconciler:
     def _settle_failed(
         self, row: JobRow, owner: str, step: str, exc: Exception, started: float
     ) -> JobOutcome:
-        """A fail/refund/sweep that raised: an anomaly, and the attempt counted (capped)."""
+        """A fail/refund/sweep that raised: an anomaly, and the attempt counted (capped); our
+        database failing us (a blip) counts nothing and is retried after a cadence."""
+        fault = our_fault(exc)
+        if fault is not None:
+            why = f"settle step {step} raised {type(exc).__name__}: {exc}"
+            return self._reschedule(
+                row,
+                owner,
+                Polled(row, Step.DEFER, why, outcome=Outcome.OUR_FAULT, not_sent=fault.value),
+                started,
+            )
         self._settle_anomaly(row, step, exc, row.reconcile_attempts + 1)
         return self._attempt_failed(
             row,

@@ -12,6 +12,7 @@ from recon_dagster.defs.observe.backlog import (
     reconcile_health_schedule,
 )
 from recon_dagster.defs.observe.health import provider_health, provider_health_at_startup, provider_health_job
+from recon_dagster.defs.observe.ours import no_faults_of_ours
 from recon_dagster.defs.observe.outcomes import (
     credit_anomalies,
     no_new_exhausted_jobs,
@@ -38,6 +39,7 @@ defs = dg.Definitions(
         no_not_found_burst,
         no_new_exhausted_jobs,
         no_settle_errors,
+        no_faults_of_ours,
     ],
     jobs=[reconcile_health_job, retry_job_now, fail_and_refund_job, provider_health_job],
     sensors=[provider_health_at_startup],

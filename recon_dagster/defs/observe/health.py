@@ -73,6 +73,7 @@ def _metadata(judged: list[Verdict], policy: HealthPolicy) -> dict[str, Any]:
         "down": named(State.DOWN),
         "healthy": named(State.HEALTHY),
         "idle": named(State.IDLE),
+        "not_configured": named(State.NOT_CONFIGURED),
         "providers": dg.MetadataValue.md(_table(judged)),
         "window_s": policy.window_s,
     }

@@ -21,6 +21,7 @@ from recon_dagster.core.runtags import NOT_SENT_TAG, OUTCOME_TAG, ROLE_TAG, RUN_
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim
 from recon_dagster.defs.observe.health import report_health
+from recon_dagster.defs.observe.ours import flag_ours
 from recon_dagster.defs.observe.outcomes import provider_kind_partitions, report_outcomes
 from recon_dagster.defs.observe.severity import flag_money
 from recon_dagster.defs.reconcile.console import CONSOLE_RUN_CONFIG, concise_console_logger
@@ -408,10 +409,11 @@ def record_outcomes(
     summary = Summary(scanned=len(flat)).add(flat)
     report_outcomes(context, flat, database)
     flag_money(context, flat)
+    flag_ours(context, flat)
     report_health(context, database, {o.provider_kind for o in flat} | _partition(context))
     output = _report(context, flat, summary)
-    if summary.not_sent:  # claimed, but no attempt left on them: never "ended before claiming"
-        _tag_run(context, {NOT_SENT_TAG: str(summary.not_sent)})
+    if summary.not_sent or summary.our_faults:  # claimed, no attempt left: never "ended before claiming"
+        _tag_run(context, {NOT_SENT_TAG: str(summary.not_sent + summary.our_faults)})
     verdict = run_verdict(flat)
     if verdict.tag is not None:
         _tag_run(context, {OUTCOME_TAG: verdict.tag})
