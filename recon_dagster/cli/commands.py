@@ -55,10 +55,12 @@ def require_migrated() -> str:
     import sqlalchemy as sa
 
     from recon_dagster.db.engine import describe, get_engine, resolve_database_url
+    from recon_dagster.db.grants import check_grants
     from recon_dagster.db.migrate import BOOKKEEPING_TABLE, MigrationError, discover
 
     url = resolve_database_url()
     with get_engine(url).connect() as conn:
+        check_grants(conn)  # the runtime role's privileges: one line naming a missing GRANT
         tracked = conn.execute(sa.text(f"SELECT to_regclass('{BOOKKEEPING_TABLE}') IS NOT NULL")).scalar()
         applied = (
             set(conn.execute(sa.text(f"SELECT version FROM {BOOKKEEPING_TABLE}")).scalars())

@@ -91,6 +91,15 @@ def as_cli_error(exc: BaseException) -> CliError:
 
     if isinstance(exc, CliError):
         return exc
+    from recon_dagster.db.grants import DOC as GRANTS_DOC
+    from recon_dagster.db.grants import MissingGrant
+
+    if isinstance(exc, MissingGrant):
+        return CliError(exc.what, exc.fix)
+    if isinstance(exc, sa.exc.ProgrammingError) and type(exc.orig).__name__ == "InsufficientPrivilege":
+        return CliError(
+            _one_line(str(exc.orig)), f"grant it to the runtime role, as deploy/roles.sql does ({GRANTS_DOC})"
+        )
     if isinstance(exc, InvalidDatabaseUrl):
         return CliError(str(exc), FIX_URL)
     if isinstance(exc, DatabaseNotConfigured):

@@ -202,9 +202,14 @@ def check_drift(migrations: list[Migration], applied: dict[int, tuple[str, str]]
 
 # --- which database, and never through a transaction pooler ------------------------------------------
 
+OWNER_FIX = (
+    "run migrate as the role that owns the app's tables (jobs among them), in "
+    f"{Settings.migrate_database_url.name} (docs/deploying.md#roles-and-grants), then run "
+    "`recon-dagster migrate` again"
+)
 POOLER_FIX = (
-    "set RECON_MIGRATE_DATABASE_URL to PostgreSQL itself (not the pooler; the role that owns the app's "
-    "tables), then run `recon-dagster migrate` again"
+    f"set {Settings.migrate_database_url.name} to PostgreSQL itself (not the pooler; the role that owns "
+    "the app's tables), then run `recon-dagster migrate` again"
 )
 
 
@@ -248,21 +253,12 @@ def shared_server_session(engine: sa.Engine, tries: int = 3) -> int | None:
     ends its transaction before the other asks, handing the server connection back to such a
     pooler, which gives the most recently freed one out next (PgBouncer's default)."""
     for _ in range(tries):
-        first = engine.raw_connection()
-        try:
-            second = engine.raw_connection()
-            try:
-                pids = []
-                for conn in (first, second):
-                    cur = conn.cursor()
-                    cur.execute("SELECT pg_backend_pid()")
-                    pids.append(int(cur.fetchone()[0]))  # type: ignore[index]  # one row
-                    cur.close()
-                    conn.rollback()  # back to the pooler before the other connection asks
-            finally:
-                second.close()
-        finally:
-            first.close()
+        # Through the engine's connections, so a failure to connect is its one-line DatabaseUnavailable.
+        with engine.connect() as first, engine.connect() as second:
+            pids = []
+            for conn in (first, second):
+                pids.append(int(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()))
+                conn.rollback()  # back to the pooler before the other connection asks
         if pids[0] == pids[1]:
             return pids[0]
     return None
@@ -507,8 +503,11 @@ def _execute(pg: psycopg.Connection, migration: Migration, st: Statement) -> Non
         line = st.line
         if diag.statement_position:
             line += st.text.count("\n", 0, int(diag.statement_position) - 1)
+        # A permission refused is the role's, not the migration's: say which role to run it as.
+        ours = isinstance(exc, pg_errors.InsufficientPrivilege)
         raise MigrationError(
-            f"migration {migration.filename} failed at line {line} ({st.first_line}): {message}"
+            f"migration {migration.filename} failed at line {line} ({st.first_line}): {message}",
+            fix=OWNER_FIX if ours else None,
         ) from None
 
 

@@ -29,8 +29,8 @@ OURS_CHECK = "no_faults_of_ours"
 # What to do about each fault, named in the check's one line.
 FIX = {
     OurFault.CONFIGURATION.value: "set or correct the provider's key for the code server, daemon and run workers",
-    OurFault.STORAGE.value: "make the media store writable by the run worker's user (RECON_MEDIA_DIR's "
-    "owner, or the bucket's policy)",
+    OurFault.STORAGE.value: "make the media store writable by the run worker's user "
+    f"({Settings.media_dir.name}'s owner, or the bucket's policy)",
     OurFault.DATABASE.value: "the app's database dropped or refused connections: check the server and "
     "its connection limit",
 }
