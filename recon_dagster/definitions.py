@@ -1,6 +1,7 @@
 """The recon_dagster code location: each feature's definitions under ``defs/``, merged here, with
 the resources every feature shares wired in one place."""
 
+import sys
 from typing import Any
 
 import dagster as dg
@@ -63,4 +64,19 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
     return dg.Definitions.merge(*(feature.defs for feature in FEATURES), wired)
 
 
-defs = build_defs()
+def _load() -> dg.Definitions:
+    try:
+        return build_defs()
+    except Exception as exc:
+        # Dagster shows a load error under a long traceback: its one line goes first, on stderr,
+        # where the code server's or `dg check defs`'s output starts.
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(
+            f"recon_dagster: the code location did not load: {type(exc).__name__}: {first}",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise
+
+
+defs = _load()

@@ -5,6 +5,8 @@ command fails with one line and the traceback only with ``--debug`` or ``RECON_D
 """
 
 import importlib
+import os
+import re
 import warnings
 
 from recon_dagster.config import PREFIX, Settings
@@ -125,9 +127,32 @@ def as_cli_error(exc: BaseException) -> CliError:
         "UndefinedColumn",
     ):
         return CliError(f"the database schema is behind this code ({_one_line(str(exc.orig))})", FIX_MIGRATE)
+    missing = _unset_instance_variable(exc)
+    if missing is not None:
+        return CliError(
+            f"{missing} is not set, and $DAGSTER_HOME/dagster.yaml reads it ({os.environ.get('DAGSTER_HOME', '?')})",
+            f"set {missing} (docs/deploying.md#2-secrets-and-settings), or unset DAGSTER_HOME for a "
+            "throwaway instance",
+        )
     if isinstance(exc, ValueError) and str(exc).startswith((PREFIX, "DAGSTER_")):
         return CliError(str(exc), "fix that environment variable (docs/configuration.md)")
     return CliError(f"unexpected {type(exc).__name__}: {_one_line(str(exc))}", FIX_DEBUG)
 
 
 # --- the database: URL, reachable, migrated ----------------------------------------------------------
+
+
+_ENV_VAR_RE = re.compile(r'environment variable "([A-Za-z_][A-Za-z0-9_]*)" which is not set')
+
+
+def _unset_instance_variable(exc: BaseException) -> str | None:
+    """The variable a Dagster instance's configuration reads and the environment lacks (Dagster
+    says so deep inside a DagsterInvalidConfigError's errors, after a repr of the config schema)."""
+    if type(exc).__name__ != "DagsterInvalidConfigError":
+        return None
+    texts = [str(getattr(e, "message", e)) for e in getattr(exc, "errors", None) or []] + [str(exc)]
+    for text in texts:
+        found = _ENV_VAR_RE.search(text)
+        if found:
+            return found.group(1)
+    return None
