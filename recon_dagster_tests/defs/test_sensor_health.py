@@ -83,3 +83,37 @@ def test_a_sensor_that_stopped_ticking_fails_its_check(instance) -> None:
     _tick(instance, state, TickStatus.SKIPPED, 3600, skip="no stale job due")
     failing = _evaluate(instance)
     assert not failing.passed and "has not ticked for" in failing.description
+
+
+def test_a_failed_first_health_run_gets_a_successor_until_one_succeeds(
+    db, instance, media_dir, monkeypatch
+) -> None:
+    """The incident a failed first ``provider_health_job`` opened closes: that job is launched again
+    (a fresh key each time) until a run of it succeeds, which resolves the incident."""
+    from recon_dagster.defs.observe.health import provider_health_at_startup
+    from recon_dagster.defs.resources import DatabaseResource
+    from recon_dagster_tests.support.reconcile import make_defs
+
+    defs = make_defs(media_dir)
+    job = defs.resolve_job_def("provider_health_job")
+
+    def tick() -> list[dg.RunRequest]:
+        with dg.build_sensor_context(instance=instance, repository_def=defs.get_repository_def()) as ctx:
+            return list(provider_health_at_startup.evaluate_tick(ctx).run_requests or [])
+
+    [first] = tick()
+
+    def down(self):  # first boot: the app's database not there yet
+        raise RuntimeError("database unavailable at 127.0.0.1:1: connection refused")
+
+    monkeypatch.setattr(DatabaseResource, "get_engine", down)
+    failed = job.execute_in_process(
+        instance=instance, tags={"dagster/run_key": first.run_key}, raise_on_error=False
+    )
+    assert not failed.success
+    monkeypatch.undo()
+
+    [again] = tick()
+    assert again.run_key != first.run_key  # a key Dagster has not launched yet
+    assert job.execute_in_process(instance=instance, tags={"dagster/run_key": again.run_key}).success
+    assert tick() == []
