@@ -117,3 +117,19 @@ def test_a_failed_first_health_run_gets_a_successor_until_one_succeeds(
     assert again.run_key != first.run_key  # a key Dagster has not launched yet
     assert job.execute_in_process(instance=instance, tags={"dagster/run_key": again.run_key}).success
     assert tick() == []
+
+
+def test_a_code_server_restart_does_not_fail_queued_runs(tmp_path) -> None:
+    """The shipped run queues retry a queued run while its code server is unreachable (a deploy)
+    for a minute instead of failing it at once (a failed run pages)."""
+    import yaml
+
+    from recon_dagster.core.paths import project_root
+
+    root = project_root() or tmp_path
+    shipped = yaml.safe_load((root / "dagster.yaml").read_text())
+    with dg.instance_for_test(overrides={"run_queue": shipped["run_queue"]}) as inst:
+        config = inst.get_concurrency_config().run_queue_config
+    assert config.max_user_code_failure_retries * config.user_code_failure_retry_delay >= 60
+    k8s = yaml.safe_load((root / "deploy" / "dagster-k8s.yaml").read_text())["run_coordinator"]["config"]
+    assert k8s["max_user_code_failure_retries"] * k8s["user_code_failure_retry_delay"] >= 60
