@@ -52,12 +52,12 @@ def window_s() -> float:
 def ours_line(faults: Sequence[tuple[str, int, str]], window: str) -> str:
     """One line: how many jobs each fault stopped, the last detail, and the fix."""
     if not faults:
-        return f"no job stopped by a fault of ours in the last {window}"
+        return f"no job stopped by a fault of ours {window}"
     total = sum(n for _, n, _ in faults)
     fault, _, last = faults[0]
     parts = ", ".join(f"{f} {n}" for f, n, _ in faults)
     return (
-        f"{total} job(s) stopped by a fault of ours in the last {window} ({parts}), no attempt counted, "
+        f"{total} job(s) stopped by a fault of ours {window} ({parts}), no attempt counted, "
         f"nothing refunded; fix: {FIX.get(fault, 'see the last detail')}; last: {short_reason(last, 240)}"
     )
 
@@ -84,7 +84,7 @@ def no_faults_of_ours(database: DatabaseResource) -> dg.AssetCheckResult:
     with database.get_engine().connect() as conn:
         rows = conn.execute(sa.text(_RECENT), {"window_s": seconds}).all()
     faults = [(str(r.fault), int(r.jobs), str(r.last)) for r in rows]
-    return dg.AssetCheckResult(**_evaluation(faults, f"{seconds:g} s"))
+    return dg.AssetCheckResult(**_evaluation(faults, f"in the last {seconds:g} s"))
 
 
 def flag_ours(context: dg.OpExecutionContext, outcomes: Sequence[JobOutcome]) -> None:
@@ -97,7 +97,7 @@ def flag_ours(context: dg.OpExecutionContext, outcomes: Sequence[JobOutcome]) ->
     for o in hits:
         by_fault.setdefault(o.detail.split(":", 1)[0], []).append(o)
     faults = [(f, len(os), os[-1].detail) for f, os in sorted(by_fault.items(), key=lambda kv: -len(kv[1]))]
-    line = ours_line(faults, "this run")
+    line = ours_line(faults, "in this run")
     context.log.error(line)
     # log_event takes a check evaluation at runtime (Dagster's own annotation lags behind it).
     context.log_event(
