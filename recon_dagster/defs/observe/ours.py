@@ -102,6 +102,6 @@ def flag_ours(context: dg.OpExecutionContext, outcomes: Sequence[JobOutcome]) ->
     # log_event takes a check evaluation at runtime (Dagster's own annotation lags behind it).
     context.log_event(
         dg.AssetCheckEvaluation(
-            asset_key=ERROR_RATES, check_name=OURS_CHECK, **_evaluation(faults, "this run")
+            asset_key=ERROR_RATES, check_name=OURS_CHECK, **_evaluation(faults, "in this run")
         )  # type: ignore[arg-type]
     )
