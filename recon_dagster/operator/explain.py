@@ -58,6 +58,11 @@ class Attempt:
         return self.outcome == Outcome.NOT_SENT.value
 
     @property
+    def counted(self) -> bool:
+        """Whether this was an attempt: a poll never sent and a fault of ours are not."""
+        return self.outcome not in (Outcome.NOT_SENT.value, Outcome.OUR_FAULT.value)
+
+    @property
     def not_sent_reason(self) -> str | None:
         return not_sent_reason(self.detail) if self.not_sent else None
 
@@ -429,7 +434,7 @@ def to_markdown(story: JobStory, base_url: str | None) -> str:
     lines += ["", "| when | attempt | outcome | what upstream said | run |", "|---|---:|---|---|---|"]
     for a in story.attempts:
         run = f"[{a.run_id[:8]}]({run_url(a.run_id, base_url)})" if a.run_id else _cell(a.run_key)
-        number = "-" if a.not_sent else str(a.attempt)  # not an attempt: nothing was sent
+        number = str(a.attempt) if a.counted else "-"  # not an attempt: not sent, or our fault
         lines.append(f"| {_ts(a.at)} | {number} | {a.outcome} | {_cell(a.detail)} | {run} |")
     if not story.attempts:
         lines.append("| - | - | never reconciled | - | - |")
@@ -445,11 +450,16 @@ def to_text(story: JobStory, base_url: str | None) -> str:
     out = [f"{k:<{width}}  {v}" for k, v in facts(story)]
     out.append("")
     unsent = sum(a.not_sent for a in story.attempts)
-    counted = f"{len(story.attempts) - unsent}" + (f", and {unsent} poll(s) not sent" if unsent else "")
+    ours = sum(not a.counted and not a.not_sent for a in story.attempts)
+    counted = (
+        f"{len(story.attempts) - unsent - ours}"
+        + (f", and {unsent} poll(s) not sent" if unsent else "")
+        + (f", and {ours} stopped by a fault of ours (not counted)" if ours else "")
+    )
     out.append(f"attempts ({counted}):" if story.attempts else "attempts: never reconciled")
     for a in story.attempts:
         run = run_url(a.run_id, base_url) if a.run_id else f"run key {a.run_key} (run not found)"
-        number = "-" if a.not_sent else str(a.attempt)  # not an attempt: nothing was sent
+        number = str(a.attempt) if a.counted else "-"  # not an attempt: not sent, or our fault
         out.append(f"  {_ts(a.at)}  #{number:<3} {a.outcome:<13} {a.detail or '-'}")
         out.append(f"  {'':19}        run: {run}")
     if story.creates:
@@ -463,7 +473,7 @@ def to_json(story: JobStory, base_url: str | None) -> dict[str, Any]:
     data["outcome"] = story.outcome
     for a, raw in zip(story.attempts, data["attempts"], strict=True):
         raw["run_url"] = run_url(a.run_id, base_url) if a.run_id else None
-        raw["counted"] = not a.not_sent
+        raw["counted"] = a.counted
         raw["not_sent_reason"] = a.not_sent_reason
     jsonable: dict[str, Any] = _jsonable(data)
     return jsonable

@@ -89,6 +89,11 @@ def test_an_unwritable_media_store_never_costs_the_job_an_attempt_nor_refunds_it
             {"j": str(job)},
         ).scalar_one()
     assert detail.startswith("our_storage: ") and "no attempt counted" in detail
+    # explain shows it as no attempt (no number), and why.
+    from recon_dagster.operator.explain import load_story, to_text
+
+    text = to_text(load_story(db, job), None)
+    assert "1 stopped by a fault of ours (not counted)" in text and "#-   our_fault" in text
 
     # The folder fixed: the next attempt completes the job, charged once.
     _due_now(db, job)
