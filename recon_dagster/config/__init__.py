@@ -540,6 +540,26 @@ class Settings:
         "load error naming the variable.",
         parse=importable_hook, bounds="an importable callable", shown_default="—",
     )
+    # telemetry
+    telemetry = _s(
+        "telemetry", "flag", False,
+        "`1`: metrics and traces through OpenTelemetry's SDK (the `telemetry` extra): OTLP/HTTP to the "
+        "standard `OTEL_*` endpoint when one is set, and the Prometheus endpoint below when its port is "
+        "([operations.md](operations.md#metrics-and-traces)). Unset: every instrument is a no-op.",
+        parse=lenient_flag, bounds="`1`/`true`/`yes` = on", shown_default="off",
+    )
+    metrics_port = _s(
+        "telemetry", "port", None,
+        "With `RECON_TELEMETRY`: the long-lived process (the code server that evaluates the sensors, or "
+        "`dagster dev`) serves Prometheus' `/metrics` on this port (`0`: a free one, logged). Run workers "
+        "never serve it: they push by OTLP at run end.",
+        parse=knob(int, 0, 65535), bounds="0-65535", shown_default="— (no endpoint)",
+    )
+    metrics_host = _s(
+        "telemetry", "host", "127.0.0.1",
+        "Address the Prometheus endpoint listens on (`0.0.0.0` for a scrape from another host or pod).",
+        parse=text,
+    )
     # operators
     dagster_ui_url = _s(
         "operators", "URL", None,
@@ -589,6 +609,25 @@ _OTHERS: tuple[Var[Any], ...] = (
     _named(
         "media", "text", None, "S3 region.", readers="media/store.py", shown_default="boto3 chain",
         name="AWS_REGION",
+    ),
+    # OpenTelemetry's own variables, read by its SDK (with RECON_TELEMETRY=1)
+    _named(
+        "telemetry", "URL", None,
+        "OTLP/HTTP collector base URL (`/v1/metrics` and `/v1/traces` appended); unset (and no "
+        "`OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` / `..._TRACES_ENDPOINT`): nothing is pushed.",
+        readers="telemetry/sdk.py", shown_default="— (no push)", name="OTEL_EXPORTER_OTLP_ENDPOINT",
+    ),
+    _secret(
+        "telemetry", "Headers of every OTLP request (`key=value,...`, e.g. the collector's token).",
+        readers="telemetry/sdk.py", name="OTEL_EXPORTER_OTLP_HEADERS",
+    ),
+    _named(
+        "telemetry", "text", "recon_dagster", "The `service.name` resource attribute of every metric and span.",
+        readers="telemetry/sdk.py", name="OTEL_SERVICE_NAME",
+    ),
+    _named(
+        "telemetry", "milliseconds", 60000, "How often a long-lived process pushes its metrics by OTLP.",
+        readers="telemetry/sdk.py", name="OTEL_METRIC_EXPORT_INTERVAL",
     ),
     # Dagster
     _named(

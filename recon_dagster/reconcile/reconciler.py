@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Protocol, TypeVar
 
 import sqlalchemy as sa
+from opentelemetry.context import Context
 
 from recon_dagster.core.crashpoints import crash_point
 from recon_dagster.core.kinds import KINDS, MAX_ATTEMPTS, RECONCILE_CADENCE
@@ -60,6 +61,8 @@ from recon_dagster.reconcile.outcome import (
     outcomes_since,
 )
 from recon_dagster.reconcile.poison import clamp_impossible_waits
+from recon_dagster.telemetry.instruments import FORCE_FAILS, OUTCOMES
+from recon_dagster.telemetry.tracing import current_context, span
 
 # Passed on from reconcile.outcome: the runs import them here.
 __all__ = ["EventLog", "JobOutcome", "Polled", "Step", "Summary", "make_outcome", "outcomes_since"]
@@ -144,7 +147,7 @@ class Reconciler:
         """Lease the planned jobs to ``owner``; returns the rows to work and the outcomes already
         settled here: jobs not won (skipped) and takeovers that reached the cap (force-failed)."""
         started = time.monotonic()
-        with self.engine.begin() as conn:
+        with span("claim", {"recon.jobs": len(planned)}), self.engine.begin() as conn:
             won, errors = claim_at_start(
                 conn, planned, owner, self.settings.lease_ttl, cap=self.settings.max_attempts
             )
@@ -174,8 +177,9 @@ class Reconciler:
                 why = row.reconcile_last_error or "lease expired before the run finished"
                 try:
                     won_fail = force_fail_and_refund(
-                        self.engine, row.id, attempts=row.reconcile_attempts, last_error=why
-                    )
+                        self.engine, row.id, attempts=row.reconcile_attempts, last_error=why,
+                        kind=row.provider_kind,
+                    )  # fmt: skip
                 except Exception as exc:  # isolated: an anomaly, retried at the next takeover
                     self._settle_anomaly(row, "force_fail", exc, row.reconcile_attempts)
                     settled.append(
@@ -213,15 +217,17 @@ class Reconciler:
     def poll(self, rows: Sequence[JobRow]) -> list[Polled]:
         """Poll every job concurrently (the provider resource enforces its own rate limits)."""
         self._poll_phase_started = time.monotonic()
+        parent = current_context()  # the run's span, handed to the poll threads
         try:
-            return self._map(self._poll_guarded, rows)
+            return self._map(lambda row: self._poll_guarded(row, parent), rows)
         finally:
             self.flush()
 
-    def _poll_guarded(self, row: JobRow) -> Polled:
+    def _poll_guarded(self, row: JobRow, parent: Context | None = None) -> Polled:
         started = time.monotonic()
         try:
-            return self._poll_one(row)
+            with span("poll", _job_attributes(row), parent=parent):
+                return self._poll_one(row)
         except Exception as exc:  # one bad job never takes the batch down
             log.exception("poll of job %s failed unexpectedly", row.id)
             return Polled(
@@ -332,19 +338,25 @@ class Reconciler:
         try:
             for o in lost:
                 self._record(o, owner)
+            parent = current_context()  # the run's span, handed to the settle threads
             return lost + self._map(
-                lambda p: self._act_recorded(p, owner, snapshots.get(p.row.id)),
+                lambda p: self._act_recorded(p, owner, snapshots.get(p.row.id), parent),
                 [p for p in polled if p.row.id in ours],
             )
         finally:
             self.flush()
 
     def _act_recorded(
-        self, p: Polled, owner: str, snapshot: jobs_db.RowAndReservation | None = None
+        self,
+        p: Polled,
+        owner: str,
+        snapshot: jobs_db.RowAndReservation | None = None,
+        parent: Context | None = None,
     ) -> JobOutcome:
         started = time.monotonic() - p.poll_ms / 1000
         try:
-            outcome = self._act_one(p, owner, started, snapshot)
+            with span("settle", {**_job_attributes(p.row), "recon.step": p.step.value}, parent=parent):
+                outcome = self._act_one(p, owner, started, snapshot)
         except Exception as exc:  # one bad job never takes the batch down
             log.exception("reconcile of job %s failed unexpectedly", p.row.id)
             outcome = self._attempt_failed(
@@ -360,7 +372,7 @@ class Reconciler:
         attempt = row.reconcile_attempts + 1
         if p.step is Step.SWEEP:
             try:
-                won = sweep_no_recovery(self.engine, row.id)
+                won = sweep_no_recovery(self.engine, row.id, kind=row.provider_kind)
             except Exception as exc:
                 return self._settle_failed(row, owner, "sweep", exc, started)
             return self._outcome(
@@ -374,7 +386,7 @@ class Reconciler:
             )
         if p.step is Step.FAIL:
             try:
-                won = fail_and_refund(self.engine, row.id, failure_message(p.reason))
+                won = fail_and_refund(self.engine, row.id, failure_message(p.reason), kind=row.provider_kind)
             except Exception as exc:
                 return self._settle_failed(row, owner, "fail_and_refund", exc, started)
             return self._outcome(
@@ -500,7 +512,9 @@ class Reconciler:
             )
         if decide_after_attempt(attempts, self.settings.max_attempts) is Action.FORCE_FAIL:
             try:
-                won = force_fail_and_refund(self.engine, row.id, attempts=attempts, last_error=why)
+                won = force_fail_and_refund(
+                    self.engine, row.id, attempts=attempts, last_error=why, kind=row.provider_kind
+                )
             except Exception as exc:
                 # Left in flight at the cap (bump_attempts never climbs past it): retried next cadence.
                 self._settle_anomaly(row, "force_fail", exc, attempts)
@@ -664,6 +678,7 @@ class Reconciler:
 
     def _record(self, o: JobOutcome, owner: str) -> None:
         self.events.add(o, owner)
+        count_outcome(o)
         if self.on_outcome is not None:
             self.on_outcome(o)
 
@@ -673,6 +688,22 @@ class Reconciler:
             self.breaker.flush()
         finally:
             self.events.flush()
+
+
+def count_outcome(o: JobOutcome) -> None:
+    """The outcome's metrics (no-ops while telemetry is off)."""
+    OUTCOMES.add(1, kind=o.provider_kind, outcome=o.outcome.value)
+    if o.outcome is Outcome.EXHAUSTED:
+        FORCE_FAILS.add(1, kind=o.provider_kind)
+
+
+def _job_attributes(row: JobRow) -> dict[str, str | int]:
+    """A job's span attributes (a trace may name the job; a metric label never does)."""
+    return {
+        "recon.job_id": str(row.id),
+        "recon.provider_kind": row.provider_kind or "none",
+        "recon.attempt": row.reconcile_attempts + 1,
+    }
 
 
 def _ms(started: float) -> int:
