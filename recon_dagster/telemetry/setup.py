@@ -106,3 +106,9 @@ def shutdown() -> None:
         server.server_close()
     if sdk is not None:
         sdk.shutdown()
+
+
+def prometheus_port() -> int | None:
+    """The port ``serve_prometheus`` listens on in this process (None: not serving)."""
+    port = _state.get("port")
+    return int(port) if port is not None else None
