@@ -83,7 +83,11 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
             names |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return {n for n in names if n.split(".")[0] not in set(sys.stdlib_module_names) | {"recon_dagster", "__future__"}}
+    return {
+        n
+        for n in names
+        if n.split(".")[0] not in set(sys.stdlib_module_names) | {"recon_dagster", "__future__"}
+    }
 
 
 def _owners(module: str, dists: dict[str, list[str]]) -> list[str]:
