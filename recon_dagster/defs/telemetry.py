@@ -14,6 +14,7 @@ Two kinds of process, two ways a value reaches the platform:
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -41,6 +42,7 @@ from recon_dagster.telemetry.instruments import (
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger("recon_dagster.telemetry")
 # One reading of the database serves every gauge of one collection (and a scrape and an OTLP
 # push close together): at most one set of queries per CACHE_S.
 CACHE_S = 5.0
@@ -116,7 +118,10 @@ def timed_tick(sensor: str) -> Callable[[F], F]:
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            ensure_process_telemetry()
+            try:
+                ensure_process_telemetry()
+            except Exception:  # telemetry never stops a tick (a port taken, an exporter's error)
+                log.exception("telemetry could not start in this process; the tick goes on without it")
             started = time.monotonic()
             try:
                 return fn(*args, **kwargs)

@@ -62,11 +62,19 @@ def serve_prometheus() -> int | None:
     if sdk is None or sdk.prometheus is None or port is None:
         return None
     with _lock:
-        if "port" in _state:
-            return int(_state["port"])
+        if "port" in _state:  # served already, or tried and refused: once per process
+            return _state["port"] and int(_state["port"])
         from prometheus_client import start_http_server
 
-        server, _thread = start_http_server(port, addr=settings().metrics_host)
+        try:
+            server, _thread = start_http_server(port, addr=settings().metrics_host)
+        except OSError as exc:  # the port is taken (another process of this host serves it)
+            _state["port"] = None
+            log.error(
+                "Prometheus endpoint not served: %s:%s: %s (%s)",
+                settings().metrics_host, port, exc, Settings.metrics_port.name,
+            )  # fmt: skip
+            return None
         _state["server"] = server
         _state["port"] = server.server_port
         log.info("Prometheus metrics on http://%s:%d/metrics", settings().metrics_host, server.server_port)
