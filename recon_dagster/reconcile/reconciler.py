@@ -50,6 +50,7 @@ from recon_dagster.reconcile.finalize import (
     force_fail_and_refund,
     sweep_no_recovery,
 )
+from recon_dagster.reconcile.observed import count_outcome, current_context, job_attributes, span
 from recon_dagster.reconcile.orphans import listable_providers
 from recon_dagster.reconcile.outcome import (
     EventLog,
@@ -61,8 +62,6 @@ from recon_dagster.reconcile.outcome import (
     outcomes_since,
 )
 from recon_dagster.reconcile.poison import clamp_impossible_waits
-from recon_dagster.telemetry.instruments import FORCE_FAILS, OUTCOMES
-from recon_dagster.telemetry.tracing import current_context, span
 
 # Passed on from reconcile.outcome: the runs import them here.
 __all__ = ["EventLog", "JobOutcome", "Polled", "Step", "Summary", "make_outcome", "outcomes_since"]
@@ -226,7 +225,7 @@ class Reconciler:
     def _poll_guarded(self, row: JobRow, parent: Context | None = None) -> Polled:
         started = time.monotonic()
         try:
-            with span("poll", _job_attributes(row), parent=parent):
+            with span("poll", job_attributes(row), parent=parent):
                 return self._poll_one(row)
         except Exception as exc:  # one bad job never takes the batch down
             log.exception("poll of job %s failed unexpectedly", row.id)
@@ -355,7 +354,7 @@ class Reconciler:
     ) -> JobOutcome:
         started = time.monotonic() - p.poll_ms / 1000
         try:
-            with span("settle", {**_job_attributes(p.row), "recon.step": p.step.value}, parent=parent):
+            with span("settle", {**job_attributes(p.row), "recon.step": p.step.value}, parent=parent):
                 outcome = self._act_one(p, owner, started, snapshot)
         except Exception as exc:  # one bad job never takes the batch down
             log.exception("reconcile of job %s failed unexpectedly", p.row.id)
@@ -688,22 +687,6 @@ class Reconciler:
             self.breaker.flush()
         finally:
             self.events.flush()
-
-
-def count_outcome(o: JobOutcome) -> None:
-    """The outcome's metrics (no-ops while telemetry is off)."""
-    OUTCOMES.add(1, kind=o.provider_kind, outcome=o.outcome.value)
-    if o.outcome is Outcome.EXHAUSTED:
-        FORCE_FAILS.add(1, kind=o.provider_kind)
-
-
-def _job_attributes(row: JobRow) -> dict[str, str | int]:
-    """A job's span attributes (a trace may name the job; a metric label never does)."""
-    return {
-        "recon.job_id": str(row.id),
-        "recon.provider_kind": row.provider_kind or "none",
-        "recon.attempt": row.reconcile_attempts + 1,
-    }
 
 
 def _ms(started: float) -> int:
