@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from opentelemetry.trace import Span
+
 from recon_dagster.core.types import JobRow
+from recon_dagster.db.jobs import Claim
 from recon_dagster.reconcile.decide import Outcome
 from recon_dagster.reconcile.outcome import JobOutcome
 from recon_dagster.telemetry.instruments import FORCE_FAILS, OUTCOMES
 from recon_dagster.telemetry.tracing import current_context, span
 
-__all__ = ["count_outcome", "current_context", "job_attributes", "span"]
+__all__ = ["claimed_events", "count_outcome", "current_context", "job_attributes", "span"]
 
 
 def count_outcome(o: JobOutcome) -> None:
@@ -26,3 +31,10 @@ def job_attributes(row: JobRow) -> dict[str, str | int]:
         "recon.provider_kind": row.provider_kind or "none",
         "recon.attempt": row.reconcile_attempts + 1,
     }
+
+
+def claimed_events(claiming: Span | None, won: Sequence[Claim]) -> None:
+    """One ``claimed`` event per job on the batch's claim span (nothing while tracing is off)."""
+    if claiming is not None:
+        for c in won:
+            claiming.add_event("claimed", {"recon.job_id": str(c.job_id), "recon.attempt": c.attempt})

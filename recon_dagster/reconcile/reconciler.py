@@ -50,7 +50,13 @@ from recon_dagster.reconcile.finalize import (
     force_fail_and_refund,
     sweep_no_recovery,
 )
-from recon_dagster.reconcile.observed import count_outcome, current_context, job_attributes, span
+from recon_dagster.reconcile.observed import (
+    claimed_events,
+    count_outcome,
+    current_context,
+    job_attributes,
+    span,
+)
 from recon_dagster.reconcile.orphans import listable_providers
 from recon_dagster.reconcile.outcome import (
     EventLog,
@@ -146,11 +152,13 @@ class Reconciler:
         """Lease the planned jobs to ``owner``; returns the rows to work and the outcomes already
         settled here: jobs not won (skipped) and takeovers that reached the cap (force-failed)."""
         started = time.monotonic()
-        with span("claim", {"recon.jobs": len(planned)}), self.engine.begin() as conn:
+        # One statement claims the whole batch: one span, with an event per job it won.
+        with span("claim", {"recon.jobs": len(planned)}) as claiming, self.engine.begin() as conn:
             won, errors = claim_at_start(
                 conn, planned, owner, self.settings.lease_ttl, cap=self.settings.max_attempts
             )
             rows = {r.id: r for r in jobs_db.load_jobs(conn, [c.job_id for c in won])}
+            claimed_events(claiming, won)
         won_ids = {c.job_id for c in won}
         settled = [
             self._outcome(

@@ -51,6 +51,7 @@ class Span:
     parent_id: str
     kind: int
     attributes: dict[str, Any]
+    events: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
 def _attrs(kvs: Any) -> dict[str, Any]:
@@ -108,7 +109,8 @@ class OtlpReceiver:
                                 s.parent_span_id.hex(),
                                 s.kind,
                                 _attrs(s.attributes),
-                            )  # fmt: skip
+                                tuple((e.name, _attrs(e.attributes)) for e in s.events),
+                            )
                         )
         return out
 

@@ -74,6 +74,9 @@ def test_a_reconcile_tick_pushes_its_metrics_and_one_trace_per_run(
             names = [s.name for s in mine]
             assert names.count("reconcile run") == 1, names  # the root, from the sensor
             assert {"claim_and_poll", "claim", "poll"} <= set(names), names
+            claim = next(s for s in mine if s.name == "claim")  # one statement: an event per job won
+            job_ids = run.run_config["ops"]["claim_and_poll"]["config"]["job_ids"]
+            assert [e[1]["recon.job_id"] for e in claim.events if e[0] == "claimed"] == job_ids
             by_id = {s.span_id: s for s in mine}
             root = next(s for s in mine if s.name == "reconcile run")
             assert root.parent_id == ""
