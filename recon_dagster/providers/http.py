@@ -41,8 +41,6 @@ from recon_dagster.providers.status import (
     ProviderHTTPError,
     ProviderProtocolError,
 )
-from recon_dagster.telemetry.instruments import PROVIDER_ANSWERS, RETRY_AFTER
-from recon_dagster.telemetry.tracing import SpanKind, span
 
 log = logging.getLogger("recon_dagster.providers.http")
 
@@ -170,20 +168,6 @@ class _Transient(ProviderHTTPError):
         super().__init__(label, None, detail)
         self.label = label
         self.detail = detail
-
-
-def answer_class(exc: BaseException) -> str:
-    """How a try that raised ended, for ``recon_provider_answers``: the status class (``404`` and
-    ``429`` on their own), or ``timeout`` / ``connect`` when nothing was answered."""
-    code = getattr(exc, "status_code", None)
-    if isinstance(exc, _Transient) or (code is None and isinstance(exc, ProviderHTTPError)):
-        detail = str(exc).lower()
-        return (
-            "timeout" if "timeout" in detail or "timed out" in detail or "deadline" in detail else "connect"
-        )
-    if not isinstance(code, int) or not 100 <= code < 600:
-        return "other"
-    return str(code) if code in (404, 429) else f"{code // 100}xx"
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
@@ -424,52 +408,6 @@ class ProviderHttp:
             raise ProviderHTTPError(exc.label, None, exc.detail) from None
 
     def _attempt(
-        self,
-        method: str,
-        path: str,
-        label: str,
-        idempotent: bool,
-        json: Any,
-        params: Mapping[str, str] | None,
-        headers: Mapping[str, str] | None,
-        deadline: float | None = None,
-        sent: list[bool] | None = None,
-    ) -> httpx.Response:
-        """One try, as a client span (HTTP semantic conventions: the URL without its query, no
-        header), counted by how it ended (``recon_provider_answers``); a try the limiter never let
-        out is no answer."""
-        url = httpx.URL(self.base_url + path).copy_with(query=None, fragment=None)
-        attributes = {
-            "http.request.method": method,
-            "url.full": str(url.copy_with(username=None, password=None)),
-            "server.address": url.host,
-            "server.port": url.port or (443 if url.scheme == "https" else 80),
-            "recon.provider": self.provider,
-        }
-        with span(method, attributes, kind=SpanKind.CLIENT) as current:
-            try:
-                response = self._attempt_untraced(
-                    method, path, label, idempotent, json, params, headers, deadline, sent
-                )
-            except NotSent:
-                raise
-            except Exception as exc:
-                answer = answer_class(exc)
-                PROVIDER_ANSWERS.add(1, provider=self.provider, **{"class": answer})
-                if getattr(exc, "retry_after_s", None):
-                    RETRY_AFTER.add(1, provider=self.provider)
-                if current is not None:
-                    code = getattr(exc, "status_code", None)
-                    current.set_attribute("error.type", str(code or answer))
-                    if isinstance(code, int):
-                        current.set_attribute("http.response.status_code", code)
-                raise
-            PROVIDER_ANSWERS.add(1, provider=self.provider, **{"class": "2xx"})
-            if current is not None:
-                current.set_attribute("http.response.status_code", response.status_code)
-            return response
-
-    def _attempt_untraced(
         self,
         method: str,
         path: str,

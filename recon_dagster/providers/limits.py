@@ -68,7 +68,6 @@ from recon_dagster.providers.limit_config import (
 )
 from recon_dagster.providers.limit_slots import SlotRenewer
 from recon_dagster.providers.status import NotSent, NotSentReason
-from recon_dagster.telemetry.instruments import LIMITER_WAIT
 
 _DB_ERRORS = (sa.exc.SQLAlchemyError, DatabaseUnavailable)
 
@@ -510,7 +509,6 @@ class AccountLimiter:
         """
         held: tuple[int, str] | None = None
         bound_s, bound = self._wait_bound(deadline)
-        waited_from = time.monotonic()
         try:
             if self.limits.concurrency:
                 held = self._slot_within(kind, bound_s, bound)
@@ -532,7 +530,6 @@ class AccountLimiter:
         except BaseException:
             self._give_back(held)  # a request that will not be sent gives its slot back at once
             raise
-        LIMITER_WAIT.record(time.monotonic() - waited_from, kind=kind)
         try:
             yield
         finally:

@@ -177,7 +177,8 @@ POLLS_NOT_SENT = _m(
 )  # fmt: skip
 LIMITER_WAIT = _m(
     "recon_limiter_wait", "histogram", "s", ("provider",),
-    "Time a request waited for its account's shared slot and rate token before it was sent.",
+    "Time a provider request's try waited for the limiters (the account's shared slot and rate token, "
+    "the process's own) before it went out.",
 )  # fmt: skip
 RETRY_AFTER = _m(
     "recon_retry_after_blocks", "counter", "{answer}", ("provider",),

@@ -60,6 +60,7 @@ def test_a_reconcile_tick_pushes_its_metrics_and_one_trace_per_run(
         assert total("recon_polls_sent", provider="kie") == 2
         assert total("recon_provider_answers", provider="kie", **{"class": "5xx"}) >= 2
         assert total("recon_provider_answers", provider="replicate", **{"class": "2xx"}) >= 2
+        assert total("recon_limiter_wait", provider="replicate") >= 2  # a histogram: its count
         for p in received.points():
             assert not FORBIDDEN_LABELS & set(p.attributes), p
             assert str(done) not in p.attributes.values() and str(gone) not in p.attributes.values()
