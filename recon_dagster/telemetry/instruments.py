@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from recon_dagster.config import Settings
 from recon_dagster.core.kinds import KINDS, provider_names
 
 MetricType = Literal["counter", "histogram", "gauge", "observable_gauge"]
@@ -126,7 +127,7 @@ CREDITS_LEAKED = _m(
 )  # fmt: skip
 PROVIDER_POLLED = _m(
     "recon_provider_polled_jobs", "observable_gauge", "{job}", ("provider",),
-    "Distinct jobs polled in the health window (`RECON_HEALTH_WINDOW_S`), each by its latest poll.",
+    f"Distinct jobs polled in the health window (`{Settings.health_window_s.name}`), each by its latest poll.",
     source="database",
 )  # fmt: skip
 PROVIDER_UNANSWERED = _m(
@@ -137,7 +138,8 @@ PROVIDER_UNANSWERED = _m(
 PROVIDER_DOWN = _m(
     "recon_provider_down", "observable_gauge", "{provider}", ("provider",),
     "1 while the provider's health verdict is DOWN (the `provider_health` check's rule: at least "
-    "`RECON_HEALTH_MIN_JOBS` unanswered and more than `RECON_HEALTH_DOWN_SHARE` of its jobs), else 0.",
+    f"`{Settings.health_min_jobs.name}` unanswered and more than `{Settings.health_down_share.name}` of its "
+    "jobs), else 0.",
     source="database",
 )  # fmt: skip
 OUTCOMES = _m(
@@ -147,7 +149,7 @@ OUTCOMES = _m(
 )  # fmt: skip
 FORCE_FAILS = _m(
     "recon_force_fails", "counter", "{job}", ("kind", "provider"),
-    "Jobs failed and refunded at the attempt cap (`RECON_MAX_ATTEMPTS`), each also a `reconcile_exhausted` "
+    f"Jobs failed and refunded at the attempt cap (`{Settings.max_attempts.name}`), each also a `reconcile_exhausted` "
     "anomaly.",
 )  # fmt: skip
 CREDITS_COMMITTED = _m(
