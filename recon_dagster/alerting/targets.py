@@ -33,6 +33,7 @@ import httpx
 
 from recon_dagster.alerting.incidents import Alert
 from recon_dagster.core.redaction import redact_secrets, register_secret, register_url_secret
+from recon_dagster.telemetry.instruments import ALERT_DELIVERIES
 
 SOURCE = "recon_dagster"
 _SLACK_HEADER_MAX = 150
@@ -275,4 +276,6 @@ def deliver(client: httpx.Client, alert: Alert, targets: Iterable[Target]) -> di
             target.send(client, alert)
         except DeliveryError as exc:
             failed[target.name] = str(exc)
+        result = "failed" if target.name in failed else "delivered"
+        ALERT_DELIVERIES.add(1, target=target.name, action=alert.action, result=result)
     return failed

@@ -32,6 +32,7 @@ from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.defs.alerts.resource import AlertTargetsResource
 from recon_dagster.defs.alerts.signals import alerted_jobs, read_checks, read_failed_runs, read_recoveries
+from recon_dagster.defs.telemetry import timed_tick
 
 SENSOR_NAME = "reconcile_alerts"
 MAX_TRIES = 10
@@ -173,6 +174,7 @@ def _owe(
     f"{Settings.alert_hook.name}. A reconcile run failed by its provider's outage belongs to that provider's "
     "health incident. With no target set, each alert is logged here.",
 )
+@timed_tick("reconcile_alerts")
 def reconcile_alerts(
     context: dg.SensorEvaluationContext, alert_targets: AlertTargetsResource
 ) -> dg.SkipReason:

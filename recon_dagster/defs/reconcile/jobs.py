@@ -28,6 +28,7 @@ from recon_dagster.defs.observe.stuck import report_stuck
 from recon_dagster.defs.reconcile.console import CONSOLE_RUN_CONFIG, concise_console_logger
 from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
 from recon_dagster.defs.settings_check import breaker_policy, shadow_modes
+from recon_dagster.defs.telemetry import flush_run, run_span
 from recon_dagster.media.store import MediaStore
 from recon_dagster.providers import ProvidersResource
 from recon_dagster.providers.resource import listing_providers
@@ -288,9 +289,10 @@ def claim_and_poll(
             planned = [Claim(r.id, next_attempt(r)) for r in rows]
     outcome_log = _OutcomeLog(context)
     rec = _reconciler(context, database, providers, media_store, reconcile_settings, outcome_log)
-    rows, settled = rec.claim(planned, owner)
-    _tag_jobs(context, [r.id for r in rows])
-    polled = rec.poll(rows)
+    with run_span(context, "claim_and_poll"):
+        rows, settled = rec.claim(planned, owner)
+        _tag_jobs(context, [r.id for r in rows])
+        polled = rec.poll(rows)
     outcome_log.flush()
     counts = Counter(p.step.value for p in polled)
     context.log.info(
@@ -349,7 +351,8 @@ def _act(
     outcome_log = _OutcomeLog(context)
     rec = _reconciler(context, database, providers, media_store, reconcile_settings, outcome_log)
     try:
-        outcomes = rec.act(handoff.items, handoff.owner)
+        with run_span(context, context.op.name):
+            outcomes = rec.act(handoff.items, handoff.owner)
     finally:
         outcome_log.flush()
     counts = Counter(o.outcome.value for o in outcomes)
@@ -429,6 +432,7 @@ def record_outcomes(
         }
     elif summary.errors:
         context.log.warning(f"{summary.errors} of {verdict.jobs} job(s) errored: {summary.line()}")
+    flush_run()  # the run's work is done: its metrics and spans are pushed now (OTLP)
     return dg.Output({**output.value, "outage": outage}, metadata=output.metadata)
 
 
@@ -475,9 +479,13 @@ def sweep_unrecoverable_jobs(
         context, database, None, media_store, reconcile_settings, outcome_log, listable=listable
     )
     try:
-        scanned, outcomes = rec.sweep_stale(f"sweep:{context.run_id}", limit=reconcile_settings.scan_limit)
+        with run_span(context, "sweep_unrecoverable_jobs"):
+            scanned, outcomes = rec.sweep_stale(
+                f"sweep:{context.run_id}", limit=reconcile_settings.scan_limit
+            )
     finally:
         outcome_log.flush()
+        flush_run()
     # The sweep learns its jobs only by sweeping: each job it settled tags it afterwards, so the
     # Runs page's tag filter finds a swept job's run as it finds a reconciled job's.
     _tag_jobs(context, [o.job_id for o in outcomes if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE)])
