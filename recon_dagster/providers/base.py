@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import dagster as dg
 import httpx
@@ -153,6 +153,14 @@ class ProviderResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # ba
         for name, value in super().__repr_args__():
             if name != "api_key":
                 yield name, value
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy; one that changes a field builds its own client (the original's was made with the
+        original's URL, key and limits), one that changes nothing shares it."""
+        copy = super().model_copy(update=update, deep=deep)
+        if update:
+            copy._lazy = _LazyClient()
+        return copy
 
     # -- hooks --------------------------------------------------------------------------------
 
