@@ -280,7 +280,10 @@ class ProviderResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # ba
         """Stream an authenticated media endpoint of this provider (``needs_auth`` refs only)."""
         if not ref.needs_auth:
             raise ProviderConfigError(f"{ref.url!r} is a public URL: fetch it with the media downloader")
-        self.media_headers(ref)  # host check
+        if not self._owns(ref.url):  # the key goes to this provider's own API host only
+            raise ProviderConfigError(
+                f"media {ref.url!r} needs auth but is not on the {self.PROVIDER} API host; key withheld"
+            )
         with self.http.stream(ref.url, label=str(self.PROVIDER)) as response:
             yield response
 

@@ -592,9 +592,20 @@ class ProviderHttp:
     @contextmanager
     def stream(self, url: str, *, label: str) -> Iterator[httpx.Response]:
         """Open an authenticated streaming GET on this provider's own host (no retries: the
-        media downloader owns retry and size policy)."""
+        media downloader owns retry and size policy). Like a poll, it waits for the account (its
+        read token and a concurrency slot, held while the body streams) and for one of the
+        process's slots only until the read deadline; not let out by then: ``NotSent``."""
+        limit = self.settings.read_deadline_s
+        deadline = time.monotonic() + limit if limit else None
+        account = (
+            self._account.request(label, create=False, deadline=deadline) if self._account else nullcontext()
+        )
         try:
-            with self._limiter.semaphore, self.client.stream("GET", url, headers=self._auth) as response:
+            with (
+                account,
+                self._process_slot(label, deadline),
+                self.client.stream("GET", url, headers=self._auth) as response,
+            ):
                 if response.status_code >= 400:
                     response.read()
                     message = self._clean(self._error_message(response) or generic_error_message(response))
