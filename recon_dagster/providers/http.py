@@ -604,12 +604,21 @@ class ProviderHttp:
             with (
                 account,
                 self._process_slot(label, deadline),
-                self.client.stream("GET", url, headers=self._auth) as response,
+                # Media comes as it is (identity): a compressed body cut short would decode as a
+                # whole, shorter file, while a cut identity body fails against its Content-Length.
+                self.client.stream(
+                    "GET", url, headers={**self._auth, "accept-encoding": "identity"}
+                ) as response,
             ):
                 if response.status_code >= 400:
                     response.read()
                     message = self._clean(self._error_message(response) or generic_error_message(response))
                     raise ProviderHTTPError(label, response.status_code, message)
+                encoding = response.headers.get("content-encoding", "identity").strip().lower()
+                if encoding not in ("", "identity"):
+                    raise ProviderHTTPError(
+                        label, response.status_code, f"media in {encoding!r}, not asked for"
+                    )
                 yield response
         except httpx.TransportError as exc:
             raise ProviderHTTPError(
