@@ -141,7 +141,8 @@ def _storage_template(database_url: str, app_db: str) -> str:
         raise
     finally:
         shutil.rmtree(path, ignore_errors=True)
-    _TEMPLATES[name] = database_url
+    # Dropped through the server's maintenance database: the app database may be gone by then.
+    _TEMPLATES[name] = with_database(database_url, "postgres")
     return name
 
 
@@ -151,9 +152,10 @@ _TEMPLATES: dict[str, str] = {}  # template database -> a URL on its server
 def drop_storage_template(database_url: str) -> None:
     """Drop the storage template made for ``database_url``'s database (if this process made one)."""
     name = f"{parse_url(database_url).database}_dagster_tmpl"
-    if _TEMPLATES.pop(name, None) is not None:
+    server = _TEMPLATES.pop(name, None)
+    if server is not None:
         with contextlib.suppress(psycopg.Error):
-            drop_database(database_url, name)
+            drop_database(server, name)
 
 
 @atexit.register
