@@ -195,3 +195,21 @@ def test_a_task_a_job_row_names_is_an_orphan_once_its_job_failed(
     with db.connect() as conn:
         [create] = ledger.creates_of_job(conn, job)
     assert (create.task_id, create.fate) == (task, "cancelled" if expected == "cancel" else expected)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--adopt", "t1"], ["--cancel", "t1", "--job", "j"], ["--adopt", "t1", "--cancel", "t2", "--job", "j"],
+     ["--cancel", "t1", "--act"]],
+    ids=["adopt-without-job", "cancel-with-job", "both", "with-act"],
+)  # fmt: skip
+def test_a_hand_action_asked_wrongly_is_one_line_and_writes_nothing(
+    db: sa.Engine, capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    before = written(db)
+
+    assert main(["orphans", *args]) == 2
+
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("recon-dagster orphans:")
+    assert written(db) == before
