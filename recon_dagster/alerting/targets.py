@@ -76,6 +76,17 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
             "text": {"type": "mrkdwn", "text": _cut(f"{mark} {a['summary']}", _SLACK_TEXT_MAX)},
         },
     ]
+    if a["first_step"]:
+        runbook = f" (<{a['runbook']}|runbook>)" if a["runbook"] else ""
+        blocks.append(
+            {
+                "type": "section",
+                "text": {
+                    "type": "mrkdwn",
+                    "text": _cut(f"*First step:* {a['first_step']}{runbook}", _SLACK_TEXT_MAX),
+                },
+            }
+        )
     context = [part for part in (facts, links, f"`{a['key']}` · {a['at']}") if part]
     blocks.append(
         {
@@ -83,7 +94,8 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
             "elements": [{"type": "mrkdwn", "text": _cut(p, _SLACK_TEXT_MAX)} for p in context],
         }
     )
-    return {"text": _cut(f"{a['title']}: {a['summary']}", _SLACK_TEXT_MAX), "blocks": blocks}
+    step = f" First step: {a['first_step']}" if a["first_step"] else ""
+    return {"text": _cut(f"{a['title']}: {a['summary']}{step}", _SLACK_TEXT_MAX), "blocks": blocks}
 
 
 def pagerduty_event(alert: Alert, routing_key: str, client_url: str | None = None) -> dict[str, Any]:
@@ -102,7 +114,12 @@ def pagerduty_event(alert: Alert, routing_key: str, client_url: str | None = Non
             "component": a["provider"] or _subject(a["key"]),
             "group": SOURCE,
             "class": a["key"].split(":")[0],
-            "custom_details": {"summary": a["summary"], **a["details"]},
+            "custom_details": {
+                "summary": a["summary"],
+                **({"first_step": a["first_step"]} if a["first_step"] else {}),
+                **({"runbook": a["runbook"]} if a["runbook"] else {}),
+                **a["details"],
+            },
         }
         event["client"] = SOURCE
         if client_url:
@@ -144,6 +161,8 @@ def teams_payload(alert: Alert) -> dict[str, Any]:
     facts = [{"title": str(k), "value": _fact_value(v)} for k, v in list(a["details"].items())[:12]]
     facts.append({"title": "incident", "value": a["key"]})
     body.append({"type": "FactSet", "facts": facts})
+    if a["first_step"]:
+        body.append({"type": "TextBlock", "text": f"**First step:** {a['first_step']}", "wrap": True})
     card: dict[str, Any] = {
         "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
         "type": "AdaptiveCard",

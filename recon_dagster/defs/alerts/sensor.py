@@ -25,6 +25,7 @@ import dagster as dg
 import httpx
 
 from recon_dagster.alerting.incidents import Alert, IncidentBook, Signal
+from recon_dagster.alerting.runbook import with_runbook
 from recon_dagster.alerting.targets import Target, deliver
 from recon_dagster.config import PREFIX, Settings, settings
 from recon_dagster.core.redaction import redact_secrets
@@ -104,6 +105,8 @@ def run_tick(
     for signal in read_recoveries(context.instance, book.state(), ui_url=ui_url):
         alerts += book.observe(signal)
     state["open"] = book.state()
+    # Every alert says where its runbook is and what to do first (recon_dagster.alerting.runbook).
+    alerts = [with_runbook(a, settings().alert_runbook_base_url) for a in alerts]
 
     done: list[str] = []
     hook = _hook()

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import dagster as dg
 import pydantic
 
+from recon_dagster.config import settings as read_settings
 from recon_dagster.core.kinds import KINDS
 from recon_dagster.core.runtags import NOT_SENT_TAG, OUTCOME_TAG, ROLE_TAG, RUN_KEY_TAG, job_tags, kind_tags
 from recon_dagster.db import jobs as jobs_db
@@ -23,6 +24,7 @@ from recon_dagster.db.jobs import Claim
 from recon_dagster.defs.observe.health import report_health
 from recon_dagster.defs.observe.outcomes import provider_kind_partitions, report_outcomes
 from recon_dagster.defs.observe.severity import flag_money
+from recon_dagster.defs.observe.stuck import report_stuck
 from recon_dagster.defs.reconcile.console import CONSOLE_RUN_CONFIG, concise_console_logger
 from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
 from recon_dagster.defs.settings_check import breaker_policy, shadow_modes
@@ -407,12 +409,14 @@ def record_outcomes(
     flat = [o for group in outcomes for o in group]
     summary = Summary(scanned=len(flat)).add(flat)
     report_outcomes(context, flat, database)
-    flag_money(context, flat)
+    flag_money(context, flat, database)
     report_health(context, database, {o.provider_kind for o in flat} | _partition(context))
+    if any(o.outcome not in (Outcome.SKIPPED, Outcome.NOT_SENT) for o in flat):
+        report_stuck(context, database)  # what this run changed, shown now
     output = _report(context, flat, summary)
     if summary.not_sent:  # claimed, but no attempt left on them: never "ended before claiming"
         _tag_run(context, {NOT_SENT_TAG: str(summary.not_sent)})
-    verdict = run_verdict(flat)
+    verdict = run_verdict(flat, degraded_share=read_settings().health_degraded_share)
     if verdict.tag is not None:
         _tag_run(context, {OUTCOME_TAG: verdict.tag})
     outage = None
@@ -478,6 +482,8 @@ def sweep_unrecoverable_jobs(
     # Runs page's tag filter finds a swept job's run as it finds a reconciled job's.
     _tag_jobs(context, [o.job_id for o in outcomes if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE)])
     report_outcomes(context, outcomes, database)
+    if outcomes:
+        report_stuck(context, database)
     summary = Summary(scanned=scanned).add(outcomes)
     summary.elapsed_ms = int((time.monotonic() - started) * 1000)
     return _report(context, outcomes, summary)
