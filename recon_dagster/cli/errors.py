@@ -80,6 +80,7 @@ def as_cli_error(exc: BaseException) -> CliError:
     """Any exception as one ``what; how to fix`` pair; unknown ones say how to see more."""
     import sqlalchemy as sa
 
+    from recon_dagster.db.contract import SchemaContractError
     from recon_dagster.db.embedded import EmbeddedPostgresError, embedded_pgdata
     from recon_dagster.db.engine import (
         STATEMENT_TIMEOUTS,
@@ -107,6 +108,8 @@ def as_cli_error(exc: BaseException) -> CliError:
             _one_line(str(exc)),
             f"see {embedded_pgdata() / 'log'}, or set {_URL} to a running PostgreSQL",
         )
+    if isinstance(exc, SchemaContractError):
+        return CliError(exc.what, exc.fix)
     if isinstance(exc, MigrationError):
         return CliError(
             str(exc), exc.fix or "fix the migration named here, then run `recon-dagster migrate` again"
