@@ -1,10 +1,9 @@
 """``prune_history``: our tables' and our runs' retention, hourly (docs/operations.md#retention)."""
 
-from __future__ import annotations
-
 from datetime import UTC, datetime
 
 import dagster as dg
+from dagster_shared.check import CheckError
 
 from recon_dagster.config import settings
 from recon_dagster.core.runtags import ROLE_TAG
@@ -31,11 +30,12 @@ def horizons() -> Horizons:
 
 
 @dg.op(
+    out=dg.Out(dg.Nothing),
     description="Deletes our tables' rows past their retention in small batches (never a row of a job in "
     "flight or with credits reserved, one younger than an open alert incident, or the ledger's rows the "
-    "orphan sweep or a spend day not final yet still read), leaving a per-job summary `explain` shows."
+    "orphan sweep or a spend day not final yet still read), leaving a per-job summary `explain` shows.",
 )
-def prune_tables(context: dg.OpExecutionContext, database: DatabaseResource) -> dg.Output[None]:
+def prune_tables(context: dg.OpExecutionContext, database: DatabaseResource) -> None:
     now = datetime.now(UTC)
     since, keys = open_incidents_since(context.instance)
     cuts = cutoffs(now, horizons(), since)
@@ -49,9 +49,8 @@ def prune_tables(context: dg.OpExecutionContext, database: DatabaseResource) -> 
     context.log.info(report.line())
     for table, error in report.errors.items():
         context.log.warning(f"{table}: {error} (left for the next pass)")
-    return dg.Output(
-        None,
-        metadata={
+    context.add_output_metadata(
+        {
             **{f"deleted {t}": n for t, n in report.deleted.items()},
             "batches": report.batches,
             "seconds": round(report.seconds, 3),
@@ -59,20 +58,28 @@ def prune_tables(context: dg.OpExecutionContext, database: DatabaseResource) -> 
             "finished": report.finished,
             "open incidents": len(keys),
             **{f"cutoff {k}": v.isoformat(timespec="seconds") for k, v in vars(cuts).items()},
-        },
+        }
     )
 
 
 @dg.op(
     description="Deletes this code location's finished Dagster runs (and their event logs) past "
     "RECON_RETENTION_RUNS_DAYS through the instance API; failed runs and runs tagged recon/outcome are kept "
-    "RECON_RETENTION_FAILED_RUNS_DAYS; runs of other code locations are never touched."
+    "RECON_RETENTION_FAILED_RUNS_DAYS; runs of other code locations are never touched.",
+    ins={"after": dg.In(dg.Nothing)},
 )
-def prune_runs_op(context: dg.OpExecutionContext, after: None) -> dg.Output[None]:
+def prune_runs_op(context: dg.OpExecutionContext) -> dg.Output[None]:
     now = settings()
+    try:
+        ours = context.repository_def.job_names
+    except (dg.DagsterInvariantViolationError, CheckError):
+        # Executed outside a code location (execute_in_process): which jobs are this location's is
+        # unknown, and a run we cannot tell is ours is never deleted.
+        context.log.warning("no code location: runs are left alone this time")
+        return dg.Output(None, metadata={"deleted runs": 0})
     report = prune_runs(
         context.instance,
-        context.repository_def.job_names,
+        ours,
         now=datetime.now(UTC),
         days=now.retention_runs_days,
         failed_days=now.retention_failed_runs_days,
@@ -99,7 +106,7 @@ def prune_runs_op(context: dg.OpExecutionContext, after: None) -> dg.Output[None
     executor_def=dg.in_process_executor,
 )
 def prune_history() -> None:
-    prune_runs_op(prune_tables())
+    prune_runs_op(after=prune_tables())
 
 
 prune_history_schedule = dg.ScheduleDefinition(
