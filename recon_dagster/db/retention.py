@@ -169,17 +169,16 @@ WITH victims AS (
 ), gone AS (
   DELETE FROM upstream_creates c USING victims v WHERE c.id = v.id
   RETURNING c.job_id, c.intent_at, c.task_id
-), kept AS (
-  INSERT INTO {TOMBSTONES} AS t (job_id, creates, first_at, last_at, task_ids)
-  SELECT job_id, count(*), min(intent_at), max(intent_at),
-         coalesce(array_agg(task_id ORDER BY intent_at) FILTER (WHERE task_id IS NOT NULL), '{{}}')
+), per_job AS (
+  SELECT job_id, count(*) AS n,
+         coalesce(array_agg(task_id ORDER BY intent_at) FILTER (WHERE task_id IS NOT NULL), '{{}}') AS task_ids
   FROM gone GROUP BY job_id
-  ON CONFLICT (job_id) DO UPDATE SET
-    creates = t.creates + EXCLUDED.creates,
-    task_ids = t.task_ids || EXCLUDED.task_ids,
-    first_at = LEAST(t.first_at, EXCLUDED.first_at),
-    last_at = GREATEST(t.last_at, EXCLUDED.last_at),
-    pruned_at = now()
+), kept AS (
+  -- Only a job that was reconciled has a summary (its attempts were pruned first, as old or
+  -- older): a generation that never got stuck leaves nothing behind, or the summaries would
+  -- grow as fast as the ledger did.
+  UPDATE {TOMBSTONES} t SET creates = t.creates + p.n, task_ids = t.task_ids || p.task_ids, pruned_at = now()
+  FROM per_job p WHERE t.job_id = p.job_id
   RETURNING 1
 )
 SELECT count(*) FROM gone
