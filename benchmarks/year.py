@@ -41,7 +41,14 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # recon_dagster_tests (not installed)
 
-from recon_dagster.db.engine import dispose_engines, get_engine, libpq_url, normalize_url, resolve_database_url, with_database
+from recon_dagster.db.engine import (
+    dispose_engines,
+    get_engine,
+    libpq_url,
+    normalize_url,
+    resolve_database_url,
+    with_database,
+)
 from recon_dagster.db.jobs import scan_stale
 from recon_dagster.db.migrate import migrate
 from recon_dagster.db.retention import Horizons, cutoffs, prune_pass
@@ -49,7 +56,14 @@ from recon_dagster.operator.explain import load_story
 from recon_dagster_tests.support.instance import drop_database, ensure_database
 
 DAY = 86_400.0
-TABLES = ("jobs", "usage_logs", "reconcile_events", "upstream_creates", "recon_pruned_jobs", "reconcile_decisions")
+TABLES = (
+    "jobs",
+    "usage_logs",
+    "reconcile_events",
+    "upstream_creates",
+    "recon_pruned_jobs",
+    "reconcile_decisions",
+)
 HORIZONS = Horizons(
     events_s=90 * DAY, decisions_s=30 * DAY, creates_s=90 * DAY, tombstones_s=400 * DAY,
     poll_answers_s=600, orphan_window_s=6 * 3600, spend_final_after_s=DAY,
@@ -97,9 +111,7 @@ def sizes(conn: sa.Connection) -> str:
     parts = []
     for t in TABLES:
         rows, table, idx = conn.execute(
-            sa.text(
-                f"SELECT (SELECT count(*) FROM {t}), pg_table_size('{t}'), pg_indexes_size('{t}')"
-            )
+            sa.text(f"SELECT (SELECT count(*) FROM {t}), pg_table_size('{t}'), pg_indexes_size('{t}')")
         ).one()
         parts.append(f"{t} {rows:,} rows {table / 2**20:.1f}+{idx / 2**20:.1f} MiB")
     return "; ".join(parts)
@@ -131,7 +143,9 @@ def year(server: str, per_day: int) -> None:
                     )
                 )
         start = datetime.now(UTC) - timedelta(days=360)
-        print(f"year: {per_day:,} generations a day (1/{50_000 // per_day} of 50,000), 2% stuck, 3 attempts each")
+        print(
+            f"year: {per_day:,} generations a day (1/{50_000 // per_day} of 50,000), 2% stuck, 3 attempts each"
+        )
         for month in range(1, 13):
             for mode, engine in engines.items():
                 t0 = time.monotonic()
@@ -144,17 +158,23 @@ def year(server: str, per_day: int) -> None:
                     sim_now = start + timedelta(days=30 * month)
                     report = prune_pass(engine, cutoffs(sim_now, HORIZONS), batch=1000, budget_s=3600)
                 # What autovacuum does between passes: dead rows' space is reused, not returned.
-                with psycopg.connect(libpq_url(engine.url.render_as_string(hide_password=False)), autocommit=True) as pg:
+                with psycopg.connect(
+                    libpq_url(engine.url.render_as_string(hide_password=False)), autocommit=True
+                ) as pg:
                     pg.execute("VACUUM ANALYZE")
                 if month not in (1, 6, 12):
                     continue
                 with engine.connect() as conn:
-                    some = conn.execute(sa.text("SELECT job_id FROM reconcile_events ORDER BY created_at DESC LIMIT 1")).scalar()
+                    some = conn.execute(
+                        sa.text("SELECT job_id FROM reconcile_events ORDER BY created_at DESC LIMIT 1")
+                    ).scalar()
                     scan = median_ms(lambda c=conn: scan_stale(c))  # type: ignore[misc]
                     table = sizes(conn)
                 explain = median_ms(lambda e=engine, j=some: load_story(e, j))  # type: ignore[misc]
                 print(f"month {month:2d} {mode:6s}: {table}")
-                line = f"           stale scan {scan:.1f} ms, explain {explain:.1f} ms, seeded in {seeded:.1f} s"
+                line = (
+                    f"           stale scan {scan:.1f} ms, explain {explain:.1f} ms, seeded in {seeded:.1f} s"
+                )
                 if report is not None:
                     line += (
                         f"; pruning pass {report.seconds:.2f} s, {report.batches} batches, slowest batch "
@@ -245,7 +265,10 @@ def lock(server: str, events: int, pass_s: float, writers: int) -> None:
                 )
             conn.execute("VACUUM ANALYZE reconcile_events")
             inflight = [str(r[0]) for r in conn.execute("SELECT id FROM jobs WHERE status = 'processing'")]
-        print(f"lock: seeded {events:,} reconcile_events past retention in {time.monotonic() - t0:.1f} s", flush=True)
+        print(
+            f"lock: seeded {events:,} reconcile_events past retention in {time.monotonic() - t0:.1f} s",
+            flush=True,
+        )
 
         app = AppWriters(libpq_url(url), writers, inflight)
         waits: list[int] = []
@@ -288,7 +311,9 @@ def lock(server: str, events: int, pass_s: float, writers: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--part", choices=("year", "lock", "both"), default="both")
     parser.add_argument("--per-day", type=int, default=1000)
     parser.add_argument("--lock-events", type=int, default=2_000_000)
