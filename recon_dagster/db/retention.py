@@ -26,7 +26,7 @@ row, which ``explain`` shows.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -37,17 +37,6 @@ from recon_dagster.db.sqltext import sql
 LOCK_TIMEOUT = "2s"  # the migrations' lock timeout (db/migrate.py): no app write waits longer
 STATEMENT_TIMEOUT = "30s"
 TOMBSTONES = "recon_pruned_jobs"
-
-KEEP: Mapping[str, str] = {
-    "jobs, usage_logs, user_credits, credit_anomalies, assets": "the app's: the money and what users "
-    "see; recon_dagster never deletes from them",
-    "recon_credit_anomaly_keys": "one row per credit anomaly ever raised: deleting one would let the same "
-    "anomaly be raised twice",
-    "upstream_creates (unjudged, billed orphans)": "a create that may have billed, or did bill, with "
-    "nobody charged: the evidence for a claim against the provider",
-    "rows of a job in flight or with credits reserved": "its attempts and its refund still depend on them",
-    "recon_schema_migrations, recon_schema_contract": "what the database is; a few rows",
-}
 
 # A job whose rows may go: not in flight, no credits reserved (a job the app deleted has neither).
 _JOB_SETTLED = """
