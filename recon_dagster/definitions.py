@@ -19,12 +19,14 @@ from recon_dagster.defs.resources import (
     ReconcileSettingsResource,
     with_nested_resources_on_top,
 )
+from recon_dagster.defs.retention import definitions as retention_feature
 from recon_dagster.defs.rollout import definitions as rollout_feature
 from recon_dagster.defs.settings_check import validate_settings
 from recon_dagster.defs.spend import definitions as spend_feature
 from recon_dagster.media.store import media_store_from_env
 from recon_dagster.providers import providers_from_env
 from recon_dagster.providers.anthropic.spend import anthropic_usage_from_env
+from recon_dagster.telemetry import setup as telemetry_setup
 
 # Modules, not their Definitions objects: a code location module holds exactly one Definitions at
 # its top level (`dg check defs` refuses more), and each feature's module keeps its own.
@@ -37,6 +39,7 @@ FEATURES = (
     alerts_feature,
     orphans_feature,
     spend_feature,
+    retention_feature,
 )
 
 
@@ -58,6 +61,9 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
 
     Every ``RECON_*`` setting is checked first: a bad one is a load error naming its variable."""
     validate_settings()
+    # Every Dagster process (code server, run worker) records into the SDK when RECON_TELEMETRY is
+    # on; the endpoint and the state gauges start with the first sensor tick (defs/telemetry.py).
+    telemetry_setup.start("dagster")
     wired = dg.Definitions(
         resources=with_nested_resources_on_top({**default_resources(), **(resources or {})})
     )

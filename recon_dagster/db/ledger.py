@@ -1,6 +1,8 @@
 """The create ledger (``upstream_creates``, migration 148): every create sent, every task id it returned.
 
-The worker library writes a create's intent before the request leaves (``record_intent``), its task
+The rules of the writes a worker makes are the contract functions of migration 160
+(``recon.create_intent``, ``create_task``, ``create_lost``; ``db/contract.py``): these are their
+Python callers. The worker library writes a create's intent before the request leaves (``record_intent``), its task
 id the moment the provider answers (``record_task``, its own transaction, before the job's row is
 touched), or that the answer was lost (``record_outcome``: ambiguous) or that nothing was created
 (refused). The orphan sweep reads it to tell our tasks at the provider from anyone else's, and
@@ -27,6 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from recon_dagster.core.redaction import redact_secrets
+from recon_dagster.db import contract
 from recon_dagster.db.sqltext import sql
 
 TABLE = "upstream_creates"
@@ -52,10 +55,19 @@ class Fate(StrEnum):
 
     ATTACHED = "attached"  # the job's row names it: the reconciler owns it
     ADOPTED = "adopted"  # attached by the orphan sweep to a job in flight without a task
-    CANCELLED = "cancelled"  # running after its job stopped owning it: cancelled upstream
+    CANCELLED = "cancelled"  # running after its job stopped owning it: the provider accepted a cancel
     ORPHAN_BILLED = "orphan_billed"  # succeeded after its job ended: billed, reported
     ENDED = "ended"  # failed, cancelled or expired upstream on its own: nothing bills
-    NOT_FOUND = "not_found"  # an unanswered create whose task the sweep looked for, not found
+    NOT_FOUND = "not_found"  # the provider knows no such task (a cancel answered not found)
+    # A cancel that did not stop it: the provider cannot cancel (KIE) ...
+    CANCEL_REFUSED = "cancel_refused"
+    # ... or answered that it had already ended (fal's ALREADY_COMPLETED): it may have succeeded.
+    ALREADY_ENDED = "already_ended"
+
+
+# Fates that are not an end: the sweep keeps following such a task (listed or polled) until it
+# ends, then judges that end like any orphan's (``orphan_billed`` or ``ended``).
+FOLLOWED = frozenset({Fate.CANCEL_REFUSED, Fate.ALREADY_ENDED})
 
 
 @dataclass(frozen=True)
@@ -83,7 +95,7 @@ class Create:
 _COLUMNS = ", ".join(Create.__dataclass_fields__)
 
 
-def _create(m: sa.RowMapping) -> Create:
+def _create(m: sa.RowMapping | Mapping[str, Any]) -> Create:
     values = {k: m[k] for k in Create.__dataclass_fields__}
     values["id"], values["job_id"] = uuid.UUID(str(m["id"])), uuid.UUID(str(m["job_id"]))
     values["fate_detail"] = dict(m["fate_detail"] or {})
@@ -129,6 +141,15 @@ def fingerprint(payload: Mapping[str, Any]) -> str:
 # --- writes -----------------------------------------------------------------------------------------
 
 
+def _from_answer(answer: Mapping[str, Any]) -> Create:
+    """The ledger row a contract function answered (``create``, as jsonb: timestamps in ISO text)."""
+    row = dict(answer["create"])
+    for k in ("intent_at", "state_at", "task_recorded_at", "fate_at", "looked_at"):
+        if row.get(k) is not None:
+            row[k] = datetime.fromisoformat(row[k])
+    return _create(row)
+
+
 def record_intent(
     conn: sa.Connection,
     job_id: uuid.UUID | str,
@@ -138,30 +159,14 @@ def record_intent(
     fingerprint: str,
     marker_sent: bool,
 ) -> Create:
-    """The job's next create, recorded before it is sent; returns it (with its seq and marker)."""
-    job = str(uuid.UUID(str(job_id)))
-    # Serialises seq allocation per job (a transaction-scoped lock: nothing stays).
-    conn.execute(sql("SELECT pg_advisory_xact_lock(hashtextextended(:j, 148))"), {"j": job})
-    seq = int(
-        conn.execute(
-            sql(f"SELECT COALESCE(max(seq), 0) + 1 FROM {TABLE} WHERE job_id = :j"), {"j": job}
-        ).scalar_one()
-    )
-    row = conn.execute(
-        sql(
-            f"""
-            INSERT INTO {TABLE} (id, job_id, seq, provider, provider_kind, marker, marker_sent, fingerprint)
-            VALUES (:id, :j, :seq, :p, :k, :m, :ms, :fp)
-            ON CONFLICT (id) DO UPDATE SET id = EXCLUDED.id
-            RETURNING {_COLUMNS}
-            """
-        ),
-        {
-            "id": str(create_id(job, seq)), "j": job, "seq": seq, "p": provider, "k": kind,
-            "m": marker_for(job, seq), "ms": marker_sent, "fp": fingerprint,
-        },
-    ).mappings().one()  # fmt: skip
-    return _create(row)
+    """The job's next create, recorded before it is sent; returns it (with its seq and marker).
+    The rule is ``recon.create_intent`` (migration 160)."""
+    answer = contract.call(
+        conn, "create_intent", job=str(uuid.UUID(str(job_id))), provider=provider, kind=kind,
+        fingerprint=fingerprint, marker_sent=marker_sent,
+    )  # fmt: skip
+    contract.fix_call(answer)
+    return _from_answer(answer)
 
 
 def record_task(
@@ -175,60 +180,28 @@ def record_task(
 ) -> Create:
     """Record the task id a create returned. With ``create`` (its intent), that row gets it;
     without, a row in state ``unrecorded`` is added (a create sent outside the worker library's
-    ``run``). Idempotent: the same task id again returns the row already holding it."""
+    ``run``). Idempotent: the same task id again returns the row already holding it.
+    The rule is ``recon.create_task`` (migration 160)."""
     if not isinstance(task_id, str) or not task_id.strip():
         raise ValueError(f"provider task id must be a non-empty string, got {task_id!r}")
-    job = str(uuid.UUID(str(job_id)))
-    held = conn.execute(
-        sql(f"SELECT {_COLUMNS} FROM {TABLE} WHERE provider = :p AND task_id = :t"),
-        {"p": provider, "t": task_id},
-    ).mappings().first()  # fmt: skip
-    if held is not None:
-        return _create(held)
-    if create is not None:
-        row = conn.execute(
-            sql(
-                f"""
-                UPDATE {TABLE} SET task_id = :t, task_recorded_at = now(), state = 'created',
-                  state_at = now()
-                WHERE id = :id AND task_id IS NULL
-                RETURNING {_COLUMNS}
-                """
-            ),
-            {"id": str(create), "t": task_id},
-        ).mappings().first()  # fmt: skip
-        if row is not None:
-            return _create(row)
-    # No intent, or its intent already holds another task id: a row of its own.
-    intent = record_intent(conn, job, provider=provider, kind=kind, fingerprint="", marker_sent=False)
-    row = conn.execute(
-        sql(
-            f"""
-            UPDATE {TABLE} SET task_id = :t, task_recorded_at = now(), state = 'unrecorded',
-              state_at = now()
-            WHERE id = :id RETURNING {_COLUMNS}
-            """
-        ),
-        {"id": str(intent.id), "t": task_id},
-    ).mappings().one()  # fmt: skip
-    return _create(row)
+    answer = contract.call(
+        conn, "create_task", job=str(uuid.UUID(str(job_id))), provider=provider, kind=kind, task_id=task_id,
+        create=None if create is None else str(create),
+    )  # fmt: skip
+    contract.fix_call(answer)
+    return _from_answer(answer)
 
 
 def record_outcome(conn: sa.Connection, create: uuid.UUID, state: CreateState, detail: str = "") -> bool:
     """An unanswered create's end without a task id: ambiguous or refused. Only from ``sending``
-    (a task id recorded first wins); True if written."""
+    (a task id recorded first wins); True if written. The rule is ``recon.create_lost``."""
     if state not in (CreateState.AMBIGUOUS, CreateState.REFUSED):
         raise ValueError(f"record_outcome takes ambiguous or refused, not {state}")
-    r = conn.execute(
-        sql(
-            f"""
-            UPDATE {TABLE} SET state = :s, state_at = now(), detail = left(:d, 2000)
-            WHERE id = :id AND state = 'sending' AND task_id IS NULL RETURNING id
-            """
-        ),
-        {"id": str(create), "s": state.value, "d": redact_secrets(detail)},
-    ).first()
-    return r is not None
+    answer = contract.call(
+        conn, "create_lost", create=str(create), state=state.value, detail=redact_secrets(detail)
+    )
+    contract.fix_call(answer)
+    return bool(answer["written"])
 
 
 def set_fate(
@@ -269,16 +242,26 @@ def set_fates(conn: sa.Connection, creates: Collection[uuid.UUID], fate: Fate) -
     return int(r.rowcount or 0)
 
 
-def mark_looked(conn: sa.Connection, creates: Iterable[uuid.UUID]) -> int:
-    """The sweep listed the provider over these creates' time windows."""
+def look_began(conn: sa.Connection) -> datetime:
+    """The database's clock now (the clock ``state_at`` is written by): when a list walk begins.
+    A create that ends after this instant may be missing from every page the walk reads."""
+    return conn.execute(sql("SELECT clock_timestamp()")).scalar_one()  # type: ignore[no-any-return]
+
+
+def mark_looked(conn: sa.Connection, creates: Iterable[uuid.UUID], began: datetime) -> int:
+    """The sweep listed the provider over these creates' time windows in a walk that began at
+    ``began`` (``look_began``): the newest instant every page could show. Never moves a stamp back."""
     ids = [str(c) for c in creates]
     if not ids:
         return 0
     r = conn.execute(
-        sql(f"UPDATE {TABLE} SET looked_at = now() WHERE id = ANY(:ids)").bindparams(
-            sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))
-        ),
-        {"ids": ids},
+        sql(
+            f"""
+            UPDATE {TABLE} SET looked_at = GREATEST(COALESCE(looked_at, :at), :at)
+            WHERE id = ANY(:ids)
+            """
+        ).bindparams(sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))),
+        {"ids": ids, "at": began},
     )
     return int(r.rowcount or 0)
 
@@ -337,17 +320,35 @@ def unanswered(conn: sa.Connection, provider: str, since: datetime) -> list[Crea
 
 
 def unjudged_tasks(conn: sa.Connection, provider: str, since: datetime) -> list[Create]:
-    """``provider``'s creates since ``since`` with a task id and no fate yet (KIE's whole record:
-    it has no list endpoint)."""
+    """``provider``'s creates since ``since`` with a task id and no fate yet, or a fate still
+    followed (a cancel that did not stop it) whatever its age (KIE's whole record: it has no list
+    endpoint)."""
     rows = conn.execute(
         sql(
             f"""
             SELECT {_COLUMNS} FROM {TABLE}
-            WHERE provider = :p AND intent_at >= :since AND task_id IS NOT NULL AND fate IS NULL
+            WHERE provider = :p AND task_id IS NOT NULL
+              AND ((intent_at >= :since AND fate IS NULL) OR fate = ANY(:followed))
             ORDER BY intent_at
             """
-        ),
-        {"p": provider, "since": since},
+        ).bindparams(sa.bindparam("followed", type_=pg.ARRAY(sa.Text))),
+        {"p": provider, "since": since, "followed": [f.value for f in FOLLOWED]},
+    ).mappings()
+    return [_create(r) for r in rows]
+
+
+def followed(conn: sa.Connection, provider: str) -> list[Create]:
+    """``provider``'s tasks whose cancel did not stop them (a ``FOLLOWED`` fate), whatever their
+    age: the sweep follows each until it ends."""
+    rows = conn.execute(
+        sql(
+            f"""
+            SELECT {_COLUMNS} FROM {TABLE}
+            WHERE provider = :p AND task_id IS NOT NULL AND fate = ANY(:followed)
+            ORDER BY intent_at
+            """
+        ).bindparams(sa.bindparam("followed", type_=pg.ARRAY(sa.Text))),
+        {"p": provider, "followed": [f.value for f in FOLLOWED]},
     ).mappings()
     return [_create(r) for r in rows]
 
@@ -355,19 +356,18 @@ def unjudged_tasks(conn: sa.Connection, provider: str, since: datetime) -> list[
 def awaiting_look(
     conn: sa.Connection, job_ids: Collection[uuid.UUID], providers: Collection[str], wait: timedelta
 ) -> set[uuid.UUID]:
-    """Jobs among ``job_ids`` whose latest create, at one of ``providers`` (those that can be
-    listed), is unanswered and was not yet looked for by the orphan sweep after it ended so: the
-    sweep must look for its task before such a job is failed and refunded."""
+    """Jobs among ``job_ids`` with any create (not only the latest: a refused retry must not
+    unmask an earlier lost one) at one of ``providers`` (those that can be listed) still
+    unanswered and not yet looked for by a list walk that began after it ended so: the sweep must
+    look for its task before such a job is failed and refunded. ``wait`` after its intent a
+    create no longer holds its job (the look is overdue: the job is swept as before)."""
     if not job_ids or not providers:
         return set()
     rows = conn.execute(
         sql(
             f"""
-            SELECT c.job_id FROM (
-              SELECT DISTINCT ON (job_id) job_id, provider, state, task_id, looked_at, state_at, fate, intent_at
-              FROM {TABLE} WHERE job_id = ANY(:ids) ORDER BY job_id, seq DESC
-            ) c
-            WHERE c.provider = ANY(:p) AND c.task_id IS NULL AND c.fate IS NULL
+            SELECT DISTINCT c.job_id FROM {TABLE} c
+            WHERE c.job_id = ANY(:ids) AND c.provider = ANY(:p) AND c.task_id IS NULL AND c.fate IS NULL
               AND c.state IN ('sending', 'ambiguous')
               AND (c.looked_at IS NULL OR c.looked_at < c.state_at)
               AND c.intent_at > now() - make_interval(secs => :wait)
@@ -383,6 +383,7 @@ def awaiting_look(
 __all__ = [
     "LEDGER_NAMESPACE",
     "TABLE",
+    "FOLLOWED",
     "Create",
     "CreateState",
     "Fate",
@@ -392,6 +393,8 @@ __all__ = [
     "create_id",
     "creates_of_job",
     "fingerprint",
+    "followed",
+    "look_began",
     "mark_looked",
     "marker_for",
     "parse_marker",

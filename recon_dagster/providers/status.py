@@ -50,6 +50,9 @@ class UpstreamStatus(BaseModel):
     progress: int | None = None
     # Provider-reported compute seconds where reported (Replicate metrics.predict_time).
     predict_time_s: float | None = None
+    # What a running task is doing upstream, in words ("in queue at fal, position 3"): said in the
+    # attempt's detail (the story, stuck_jobs, a force-fail's reason) instead of "still running".
+    stage: str | None = None
     raw: dict[str, Any] | None = Field(default=None, repr=False)
 
     @property
@@ -90,8 +93,6 @@ class NotSentReason(StrEnum):
 
     # The account is blocked by a provider's Retry-After until after the request's deadline.
     LIMITER_REFUSED = "limiter_refused"
-    # The provider's circuit breaker in this process is open: requests are not let out for now.
-    BREAKER_OPEN = "breaker_open"
     # The account's next rate token comes after the request's deadline (or the run's lease).
     TOKEN_WAIT = "token_wait_past_deadline"
     # No concurrency slot of the account came free before the request's deadline.
@@ -101,7 +102,7 @@ class NotSentReason(StrEnum):
 
 
 class NotSent(ProviderHTTPError):
-    """This process never sent the request: its own limiter or breaker refused it, or its deadline
+    """This process never sent the request: its own limiter refused it, or its deadline
     ran out while it waited for a token or a slot. Nothing reached the provider, so the caller may
     send it again later; reconciliation reschedules the job without counting an attempt.
 
