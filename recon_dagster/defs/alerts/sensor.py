@@ -81,6 +81,7 @@ def run_tick(
     include_warn = settings().alert_min_severity == "warn"
 
     check_keys = sorted(repository.asset_graph.asset_check_keys, key=lambda k: k.to_user_string())
+    notes: list[str] = []
     check_signals, state["checks"] = read_checks(
         context.instance,
         check_keys,
@@ -88,7 +89,10 @@ def run_tick(
         since=state["since"],
         include_warn=include_warn,
         ui_url=ui_url,
+        notes=notes,
     )
+    for note in notes:
+        context.log.warning(note)
     if state["since"] is None:
         state["since"] = now  # from now on a check seen for the first time is read from here
     run_signals, state["runs"] = read_failed_runs(
