@@ -4,6 +4,7 @@ over), and what each loopback receiver accepted as (action, incident) pairs."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import dagster as dg
@@ -21,6 +22,16 @@ class SensorTicks:
         self.repository = defs.get_repository_def()
         self.cursor: str | None = None
         self.messages: list[str] = []
+        self.log: list[tuple[str, str]] = []  # (level, line) the sensor logged
+
+    def _collect(self) -> logging.Handler:
+        ticks = self
+
+        class Collect(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                ticks.log.append((record.levelname, record.getMessage()))
+
+        return Collect()
 
     def __call__(self) -> str:
         with dg.build_sensor_context(
@@ -30,6 +41,7 @@ class SensorTicks:
             resources={"alert_targets": self.targets},
             sensor_name="reconcile_alerts",
         ) as ctx:
+            ctx.log.addHandler(self._collect())
             result = reconcile_alerts.evaluate_tick(ctx)
         self.cursor = result.cursor
         self.messages.append(result.skip_message or "")
