@@ -123,3 +123,81 @@ def test_evaluations_left_unread_past_twenty_five_are_said_in_the_log(instance, 
         f"{target.key.to_user_string()}: 5 evaluation(s) older than the latest 25 since the last tick were left unread"
     ], ticks.log
     assert webhook_actions(receivers) == [("trigger", _incident(target))]
+
+
+def _alert_ticks(inst: dg.DagsterInstance) -> list[object]:
+    """The alert sensor's ticks so far, newest first (as the daemon recorded them)."""
+    from dagster._core.scheduler.instigation import InstigatorType
+
+    for state in inst.all_instigator_state(instigator_type=InstigatorType.SENSOR):
+        if state.instigator_name == alert_sensor.SENSOR_NAME:
+            return list(inst.get_ticks(state.instigator_origin_id, state.selector_id, limit=100))
+    return []
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+def test_through_the_daemon_a_receiver_that_never_answers_costs_no_tick_and_no_duplicate(
+    db, database_url, tmp_path, receivers
+):
+    """The shipped defaults (10 s per delivery, Dagster's 60 s sensor timeout): seven incidents
+    open at once while Slack accepts the connection and never answers. Before, the tick's serial
+    deliveries (7 x 10 s) outlived the timeout, the daemon kept the old cursor and the webhook got
+    every alert again at every tick. Now every tick ends, the webhook gets one trigger and one
+    resolve per incident."""
+    from dagster._core.scheduler.instigation import TickStatus
+
+    from recon_dagster_tests.support.daemon import daemon_process
+    from recon_dagster_tests.support.harness import wait_for
+    from recon_dagster_tests.support.instance import dagster_home
+
+    receivers.hang("/slack/")
+    defs = make_defs(str(tmp_path / "media"))
+    checks = _unpartitioned(defs, 7)
+    env = {
+        "RECON_DATABASE_URL": database_url,
+        "RECON_MEDIA_DIR": str(tmp_path / "media"),
+        "RECON_ALERT_SLACK_WEBHOOK_URL": receivers.slack_url,
+        "RECON_ALERT_WEBHOOK_URL": receivers.webhook_url,
+        "DAGSTER_GRPC_TIMEOUT_SECONDS": "60",
+        "DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS": "60",
+    }
+    with dagster_home(database_url) as home, daemon_process(home, env) as daemon, home.instance() as inst:
+
+        def ticks_after(at: float) -> list[object]:
+            return [t for t in _alert_ticks(inst) if t.timestamp > at and t.status != TickStatus.STARTED]  # type: ignore[attr-defined]
+
+        wait_for(
+            lambda: ticks_after(0), timeout_s=180, what="the alert sensor's first tick", logs=daemon.log_tail
+        )
+        red_at = _now()
+        for target in checks:
+            _runless(inst, target, passed=False)
+        wait_for(
+            lambda: len(ticks_after(red_at)) >= 3,
+            timeout_s=300,
+            what="three alert ticks",
+            interval_s=1,
+            logs=daemon.log_tail,
+        )
+        green_at = _now()
+        for target in checks:
+            _runless(inst, target, passed=True)
+        wait_for(
+            lambda: len(ticks_after(green_at)) >= 2,
+            timeout_s=240,
+            what="two more alert ticks",
+            interval_s=1,
+            logs=daemon.log_tail,
+        )
+        statuses = [(t.status, t.tick_data.error) for t in ticks_after(red_at)]  # type: ignore[attr-defined]
+
+    assert all(status != TickStatus.FAILURE for status, _ in statuses), statuses
+    assert per_incident(webhook_actions(receivers)) == {_incident(t): ["trigger", "resolve"] for t in checks}
+    assert receivers.accepted("/slack/") == []
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
