@@ -40,20 +40,27 @@ import secrets
 import sys
 import tempfile
 import time
-import uuid
-from collections import Counter
 from dataclasses import dataclass
-from decimal import Decimal
 
 import psutil
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql as pg
 
 # The test harness (recon_dagster_tests) is not installed: it is imported from the checkout.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from harness import (
+    LIMIT_MODES,
+    WATERMARK,
+    Seeded,
+    compile_project,
+    connections,
+    inflight,
+    log,
+    seed,
+    verify,
+)
+
 from recon_dagster import config
-from recon_dagster.core.kinds import ASYNC_KINDS, SYNC_KINDS, get_kind
 from recon_dagster.db.budget import check_run_queue
 from recon_dagster.db.engine import (
     DATABASE_URL_ENV,
@@ -71,165 +78,7 @@ from recon_dagster_tests.support.instance import DagsterHome, dagster_home, drop
 from recon_dagster_tests.support.sandbox_process import sandbox_process
 
 TARGET_JOBS_PER_MIN = 2000
-WATERMARK: dict[str, bool | None] = {"default": None, "on": True, "off": False}
-
-# The account budgets a run works under (--limits); "unbounded" still takes every token from the
-# shared buckets in PostgreSQL, so its cost is in the figure, but no budget ever binds.
-_UNBOUNDED = "reads=1000000/60,creates=1000000/60,concurrency=none"
-LIMIT_MODES: dict[str, dict[str, str]] = {
-    "unbounded": {
-        "RECON_LIMITS": "database",
-        **{f"RECON_LIMIT_{p}": _UNBOUNDED for p in ("KIE", "REPLICATE", "ELEVENLABS", "ANTHROPIC")},
-    },
-    "shipped": {"RECON_LIMITS": "database"},
-    "process": {
-        "RECON_LIMITS": "process",
-        **{f"RECON_LIMIT_{p}": _UNBOUNDED for p in ("KIE", "REPLICATE", "ELEVENLABS", "ANTHROPIC")},
-    },
-}
 TARGET_RATIO = 40
-USER_CREDITS = Decimal(1_000_000)
-JOB_COST = Decimal(2)
-
-
-@dataclass
-class Seeded:
-    job_ids: list[str]
-    users: list[str]
-    expected: Counter[str]  # expected terminal status -> count
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def insert_jobs(
-    engine: sa.Engine,
-    job_ids: list[str],
-    user_of: list[str],
-    kinds: list[str],
-    task_ids: list[str | None],
-    ages: list[float],
-    *,
-    watermark: bool | None = None,
-) -> None:
-    """Bulk-insert in-flight jobs (provider call started ``ages`` seconds ago), their users'
-    balances and their reserved credits, in one transaction. ``watermark`` is every row's
-    ``should_watermark`` (None, the host app's default, watermarks like true)."""
-    per_user = Counter(user_of)
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO user_credits (user_id, subscription_credits, topup_credits) "
-                "SELECT u, :credits - CAST(n AS numeric) * :cost, 0 FROM unnest(:users, :counts) AS t(u, n)"
-            ).bindparams(
-                sa.bindparam("users", type_=pg.ARRAY(pg.UUID)),
-                sa.bindparam("counts", type_=pg.ARRAY(sa.Integer)),
-            ),
-            {
-                "users": list(per_user),
-                "counts": list(per_user.values()),
-                "credits": USER_CREDITS,
-                "cost": JOB_COST,
-            },
-        )
-        conn.execute(
-            sa.text(
-                """
-                INSERT INTO jobs (id, user_id, job_type, status, provider_kind, provider_task_id,
-                                  provider_call_started_at, created_at, should_watermark)
-                SELECT id, u, CASE WHEN k = 'replicate-training' THEN 'lora-training' ELSE 'image' END,
-                       'processing', k, t,
-                       now() - make_interval(secs => a), now() - make_interval(secs => a + 5),
-                       CAST(:watermark AS boolean)
-                FROM unnest(:ids, :users, :kinds, :tasks, :ages) AS s(id, u, k, t, a)
-                """
-            ).bindparams(
-                sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)),
-                sa.bindparam("users", type_=pg.ARRAY(pg.UUID)),
-                sa.bindparam("kinds", type_=pg.ARRAY(sa.Text)),
-                sa.bindparam("tasks", type_=pg.ARRAY(sa.Text)),
-                sa.bindparam("ages", type_=pg.ARRAY(sa.Float)),
-            ),
-            {
-                "ids": job_ids,
-                "users": user_of,
-                "kinds": kinds,
-                "tasks": task_ids,
-                "ages": ages,
-                "watermark": watermark,
-            },
-        )
-        conn.execute(
-            sa.text(
-                """
-                INSERT INTO usage_logs (job_id, user_id, status, amount, metadata)
-                SELECT id, u, 'reserved', :cost,
-                       jsonb_build_object('from_sub', CAST(:cost AS text), 'from_topup', '0')
-                FROM unnest(:ids, :users) AS s(id, u)
-                """
-            ).bindparams(
-                sa.bindparam("ids", type_=pg.ARRAY(pg.UUID)), sa.bindparam("users", type_=pg.ARRAY(pg.UUID))
-            ),
-            {"ids": job_ids, "users": user_of, "cost": JOB_COST},
-        )
-
-
-def seed(
-    engine: sa.Engine,
-    sandbox,
-    count: int,
-    *,
-    prefix: str,
-    fail_share: float,
-    sync_share: float,
-    media_bytes: int,
-    rng: random.Random,
-    watermark: bool | None = None,
-) -> Seeded:
-    """Stale rows with reserved credits (bulk SQL) and their upstream tasks in the sandbox."""
-    users = [str(uuid.uuid4()) for _ in range(max(1, min(100, count // 20)))]
-    job_ids, kinds, task_ids, user_of = [], [], [], []
-    specs = []
-    expected: Counter[str] = Counter()
-    for i in range(count):
-        job_id = str(uuid.uuid4())
-        roll = rng.random()
-        if roll < sync_share:
-            kind, task_id = rng.choice(SYNC_KINDS), None
-            expected["failed"] += 1
-        else:
-            kind = rng.choice(ASYNC_KINDS)
-            task_id = f"{prefix}-{i}"
-            outcome = "fail" if roll < sync_share + fail_share else "succeed"
-            expected["failed" if outcome == "fail" else "completed"] += 1
-            specs.append(
-                (kind, {"outcome": outcome, "polls_before_done": 0, "media_size": media_bytes}, task_id)
-            )
-        job_ids.append(job_id)
-        kinds.append(kind)
-        task_ids.append(task_id)
-        user_of.append(users[i % len(users)])
-
-    started = time.monotonic()
-    sandbox.add_tasks(specs)
-    log(f"  seeded {len(specs):,} sandbox tasks in {time.monotonic() - started:.1f} s")
-
-    started = time.monotonic()
-    # Every row's provider call started well past its kind's threshold (the longest is 75 min).
-    age_s = max(get_kind(k).stale_threshold.total_seconds() for k in set(kinds)) + 600
-    insert_jobs(engine, job_ids, user_of, kinds, task_ids, [age_s] * count, watermark=watermark)
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql("ANALYZE jobs")
-        conn.exec_driver_sql("ANALYZE usage_logs")
-    log(f"  seeded {count:,} jobs with reserved credits in {time.monotonic() - started:.1f} s")
-    return Seeded(job_ids, users, expected)
-
-
-def connections(engine: sa.Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(sa.text("SELECT count(*) FROM pg_stat_activity")).scalar_one())
-
 
 # This benchmark's own connections carry this name, so they are not counted against the budget.
 BENCHMARK_APPLICATION = "recon-backlog-benchmark"
@@ -246,18 +95,6 @@ def connections_by_database(engine: sa.Engine, app_db: str, storage_db: str) -> 
             {"app": app_db, "storage": storage_db, "me": BENCHMARK_APPLICATION},
         ).one()
     return int(row[0]), int(row[1])
-
-
-def inflight(engine: sa.Engine, ids: list[str]) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                sa.text(
-                    "SELECT count(*) FROM jobs WHERE id = ANY(CAST(:ids AS uuid[])) AND status IN ('pending', 'processing')"
-                ),
-                {"ids": ids},
-            ).scalar_one()
-        )
 
 
 def process_role(proc: psutil.Process) -> str:
@@ -410,93 +247,6 @@ def run_phase(
         peak_app,
         peak_storage,
     )
-
-
-def verify(engine: sa.Engine, seeded: Seeded) -> list[str]:
-    """Every way the backlog could have been settled wrongly; empty when all is right."""
-    problems = []
-    ids = seeded.job_ids
-    with engine.connect() as conn:
-        statuses = Counter(
-            dict(
-                conn.execute(
-                    sa.text(
-                        "SELECT status, count(*) FROM jobs WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"
-                    ),
-                    {"ids": ids},
-                ).all()
-            )
-        )
-        if statuses != seeded.expected:
-            problems.append(f"job statuses {dict(statuses)} != expected {dict(seeded.expected)}")
-        bad = conn.execute(
-            sa.text(
-                """
-                SELECT count(*) FILTER (WHERE n <> 1) AS not_one,
-                       count(*) FILTER (WHERE j.status = 'completed' AND u.status <> 'committed') AS completed_unpaid,
-                       count(*) FILTER (WHERE j.status = 'failed' AND u.status <> 'refunded') AS failed_unrefunded
-                FROM jobs j
-                JOIN LATERAL (SELECT count(*) AS n, min(status) AS status FROM usage_logs WHERE job_id = j.id) u ON true
-                WHERE j.id = ANY(CAST(:ids AS uuid[]))
-                """
-            ),
-            {"ids": ids},
-        ).one()
-        if any(bad):
-            problems.append(
-                f"usage_logs: {bad.not_one} jobs without exactly one log, {bad.completed_unpaid} completed "
-                f"but not committed, {bad.failed_unrefunded} failed but not refunded"
-            )
-        leaks = conn.execute(
-            sa.text(
-                """
-                SELECT count(*) FROM user_credits c
-                WHERE c.user_id = ANY(CAST(:users AS uuid[]))
-                  AND c.subscription_credits + c.topup_credits
-                      + COALESCE((SELECT sum(amount) FROM usage_logs u
-                                  WHERE u.user_id = c.user_id AND u.status = 'committed'), 0) <> :credits
-                """
-            ),
-            {"users": seeded.users, "credits": USER_CREDITS},
-        ).scalar_one()
-        if leaks:
-            problems.append(f"{leaks} users whose balance + committed credits != {USER_CREDITS}")
-        multi = conn.execute(
-            sa.text(
-                """
-                SELECT count(*) FROM (
-                  SELECT job_id FROM reconcile_events
-                  WHERE job_id = ANY(CAST(:ids AS uuid[])) AND outcome IN ('recovered', 'failed', 'swept', 'exhausted')
-                  GROUP BY job_id HAVING count(*) > 1) d
-                """
-            ),
-            {"ids": ids},
-        ).scalar_one()
-        if multi:
-            problems.append(f"{multi} jobs with more than one terminal reconcile outcome")
-        assets = conn.execute(
-            sa.text("SELECT count(*) FROM assets WHERE job_id = ANY(CAST(:ids AS uuid[]))"), {"ids": ids}
-        ).scalar_one()
-        if assets != seeded.expected["completed"]:
-            problems.append(f"{assets} assets for {seeded.expected['completed']} completed jobs")
-    return problems
-
-
-def compile_project() -> None:
-    """Give this checkout's modules their bytecode, as ``pip install`` of the wheel gives an
-    installed package (and the venv's packages already have theirs).
-
-    With ``PYTHONDONTWRITEBYTECODE`` set, as on the project's machines, every process of the daemon
-    tree would otherwise compile the checkout from source at each import. An earlier fix pointed
-    ``PYTHONPYCACHEPREFIX`` at a fresh folder instead: Python then ignores every ``__pycache__``,
-    so the daemon, the code servers and the first run workers compiled Dagster, SQLAlchemy and the
-    rest from source too: 8% of the tree's py-spy samples (2026-12-03).
-    """
-    import compileall
-
-    import recon_dagster
-
-    compileall.compile_dir(os.path.dirname(recon_dagster.__file__), quiet=1)
 
 
 def main() -> int:

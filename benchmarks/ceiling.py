@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
-from backlog import Seeded, compile_project, connections, inflight, insert_jobs, log, verify
+from harness import Seeded, compile_project, connections, inflight, insert_jobs, log, verify
 
 from recon_dagster.core.kinds import KINDS, get_kind
 from recon_dagster.db.engine import (

@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-import yaml
-from backlog import Seeded, compile_project, inflight, insert_jobs, log, verify
+from harness import Seeded, compile_project, inflight, insert_jobs, log, shipped_run_queue, verify
 
 from recon_dagster.core.kinds import get_kind
 from recon_dagster.db.engine import (
@@ -84,16 +83,6 @@ def terminal_at(engine: sa.Engine, ids: list[str]) -> dict[str, float]:
             {"ids": ids},
         ).all()
     return {j: float(t) for j, t in rows}
-
-
-def shipped_run_queue(home_yaml: Path) -> dict[str, Any]:
-    """Give the benchmark's instance the run-queue limits that ship (dagster.yaml)."""
-    shipped = yaml.safe_load((ROOT / "dagster.yaml").read_text())["run_queue"]
-    config = yaml.safe_load(home_yaml.read_text())
-    for key in ("max_concurrent_runs", "tag_concurrency_limits"):
-        config["run_queue"][key] = shipped[key]
-    home_yaml.write_text(yaml.safe_dump(config, sort_keys=False))
-    return config["run_queue"]
 
 
 def main(argv: list[str]) -> int:

@@ -43,7 +43,7 @@ def log(message: str) -> None:
 
 def seed_kind(engine, sandbox, kind: str, count: int, fail_share: float, media_bytes: int, rng, watermark):
     """``count`` stale rows of ``kind`` with reserved credits, their tasks already done upstream."""
-    from backlog import insert_jobs
+    from harness import insert_jobs
 
     from recon_dagster.core.kinds import get_kind
 
@@ -138,8 +138,8 @@ def main() -> int:
 
     import dagster as dg
     import sqlalchemy as sa
-    from backlog import LIMIT_MODES, WATERMARK, compile_project  # benchmarks/ is on sys.path
     from dagster._core.definitions.reconstruct import ReconstructableRepository
+    from harness import LIMIT_MODES, WATERMARK, compile_project  # benchmarks/ is on sys.path
 
     from recon_dagster.db.engine import (
         DATABASE_URL_ENV,

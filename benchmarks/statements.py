@@ -24,7 +24,7 @@ import time
 from collections import Counter, defaultdict
 
 import sqlalchemy as sa
-from backlog import LIMIT_MODES, WATERMARK, inflight, seed, verify
+from harness import LIMIT_MODES, WATERMARK, inflight, seed, verify
 
 from recon_dagster.db.engine import (
     DATABASE_URL_ENV,

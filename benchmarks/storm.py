@@ -36,8 +36,7 @@ from collections import Counter
 from typing import Any
 
 import sqlalchemy as sa
-from backlog import Seeded, compile_project, inflight, insert_jobs, log, verify
-from fairness import shipped_run_queue
+from harness import Seeded, compile_project, inflight, insert_jobs, log, shipped_run_queue, verify
 
 from recon_dagster.core.kinds import KINDS, get_kind
 from recon_dagster.db.engine import (

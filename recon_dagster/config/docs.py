@@ -15,7 +15,7 @@ import ast
 import sys
 from pathlib import Path
 
-from recon_dagster.config import Settings, Var, declared, limit_name
+from recon_dagster.config import Var, attributes, declared, limit_name
 from recon_dagster.config.parse import shown_number
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -50,17 +50,18 @@ def _is_settings_call(node: ast.expr) -> bool:
 def readers(package: Path = PACKAGE) -> dict[str, list[str]]:
     """Variable name -> the modules (paths below the package) that read it, as found in the code."""
     declared()  # the providers' settings too
-    attributes = {var.name: attr for attr, var in vars(Settings).items() if isinstance(var, Var)}
-    limits = {name for name in attributes if name.startswith(limit_name(""))}
-    found: dict[str, set[str]] = {name: set() for name in attributes}
+    declarations = attributes()
+    by_name = {var.name: attr for attr, var in declarations.items()}
+    limits = {name for name in by_name if name.startswith(limit_name(""))}
+    found: dict[str, set[str]] = {name: set() for name in by_name}
     home = Path(__file__).resolve().parent
     for path in sorted(package.rglob("*.py")):
         if home in path.parents or path.parent == home:
             continue
         module = path.relative_to(package).as_posix()
         values, names = _uses(ast.parse(path.read_text()))
-        for name, attr in attributes.items():
-            var: Var[object] = getattr(Settings, attr)
+        for name, attr in by_name.items():
+            var: Var[object] = declarations[attr]
             used = names if var.parse is None else values
             if attr in used or (name in limits and "limit_overrides" in values):
                 found[name].add(module)
@@ -89,8 +90,8 @@ def markdown() -> str:
         "<!-- Generated from recon_dagster/config/: python -m recon_dagster.config --markdown -->",
         "",
         "Everything is configured through environment variables; none is needed for the demo or the",
-        "tests. Every setting is declared once, in `recon_dagster/config/__init__.py`, and checked when",
-        "the definitions load and when the CLI starts: a bad value is one line naming its variable (the",
+        "tests. Every setting is declared once, in `recon_dagster/config/groups/` (by group), and checked",
+        "when the definitions load and when the CLI starts: a bad value is one line naming its variable (the",
         "CLI exits 1). Secrets are read only through `dg.EnvVar`, so their values never appear in run",
         'config, tags, logs or the UI. The "read by" column is found in the code.',
     ]

@@ -22,6 +22,7 @@ from recon_dagster.sandbox.refusals import (
     echo_key,
     gzip_bomb,
     invalid,
+    refusals_of,
     server_error,
     throttled,
     unauthorized,
@@ -135,7 +136,7 @@ class SandboxCore:
         if action == "rejected":
             status = sc.create_reject_status or 400
             message = sc.error_message or "Request rejected by the provider"
-            return action, plugins.refusals_of(provider).rejected(status, message, delay)
+            return action, refusals_of(provider).rejected(status, message, delay)
         return action, None
 
     def scenario_for(self, kind: str, requested: Scenario | None, provider: str) -> Scenario:
@@ -157,7 +158,7 @@ class SandboxCore:
         self.state.record_create(kind, None, req.body)
         if sc.outcome == "run_forever":
             self.release.wait(SYNC_HANG_S)
-            return plugins.refusals_of(provider).timed_out()
+            return refusals_of(provider).timed_out()
         return None
 
     def stream(self, key: str, n: int, kind: str, sc: Scenario, method: str) -> Response:

@@ -3,8 +3,10 @@
 A provider package may ship its sandbox half (``providers/<name>/sandbox.py``): its routes under
 ``/<name>/``, how it reads the key, its error shape, and per endpoint family the media it produces,
 its documented failure values, its running values and its poll body. The sandbox loads every
-registered spec's plugin by name (the sandbox never imports a provider package statically) and
-plugs it into the shared machinery: the routing table, auth, refusals, scenarios and poll bodies.
+registered spec's plugin by name (the sandbox never imports a provider package statically); the
+shared machinery (the routing table, auth, refusals, scenarios and poll bodies) asks it here.
+The bottom of the sandbox beside ``wire`` and ``media``: it imports no other sandbox module (the
+names below ``TYPE_CHECKING`` are types only), so every other module may use it.
 """
 
 from __future__ import annotations
@@ -72,14 +74,6 @@ class SandboxPlugin:
     scenario_fields: Mapping[str, str] = field(default_factory=dict)
 
 
-def refusals_of(provider: str) -> Refusals:
-    """How ``provider`` refuses a request, in its own shapes."""
-    from recon_dagster.sandbox.refusals import Refusals
-
-    plugin = plugins()[provider]
-    return plugin.refusals or Refusals(plugin.error)
-
-
 def error_shape(provider: str) -> ErrorShape | None:
     """A provider's one error shape (None when it has documented refusals instead)."""
     return plugins()[provider].error
@@ -103,7 +97,6 @@ def plugins() -> dict[str, SandboxPlugin]:
                         if not isinstance(plugin, SandboxPlugin) or plugin.provider != spec.name:
                             raise TypeError(f"{spec.sandbox} is not {spec.name}'s SandboxPlugin")
                         found[spec.name] = plugin
-                _plug_in(found)
                 _loaded = found
     return _loaded
 
@@ -116,18 +109,14 @@ def family(name: str) -> PluginFamily | None:
     return None
 
 
-def _plug_in(found: dict[str, SandboxPlugin]) -> None:
-    from recon_dagster.sandbox import scenario, shapes
+def family_of(name: str) -> PluginFamily:
+    """The endpoint family ``name`` (a ``KeyError`` naming it when no plugin brings it)."""
+    found = family(name)
+    if found is None:
+        raise KeyError(name)
+    return found
 
-    for plugin in found.values():
-        scenario.FIELD_NAMES.update(plugin.scenario_fields)
-        for name, fam in plugin.families.items():
-            scenario.FAMILY_MEDIA_KIND[name] = fam.media_kind
-            if fam.fail_states:
-                scenario.FAMILY_FAIL_STATES[name] = fam.fail_states
-            if fam.running_values:
-                shapes.RUNNING_VALUES[name] = fam.running_values
-            if fam.state_path:
-                shapes.STATE_PATH[name] = fam.state_path
-            if fam.render is not None:
-                shapes.register_renderer(name, fam.render)
+
+def scenario_fields() -> dict[str, str]:
+    """The scenario fields a provider alone reads, by its JSON name -> ``Scenario`` attribute."""
+    return {name: attr for plugin in plugins().values() for name, attr in plugin.scenario_fields.items()}

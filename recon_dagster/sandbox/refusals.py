@@ -72,8 +72,14 @@ class Refusals:
         return self.error(504, "timeout", "Request timed out", {}, 0.0)
 
 
+def refusals_of(provider: str) -> Refusals:
+    """How ``provider`` refuses a request, in its own shapes."""
+    plugin = plugins.plugins()[provider]
+    return plugin.refusals or Refusals(plugin.error)
+
+
 def unauthorized(provider: str, missing: bool) -> Response:
-    return plugins.refusals_of(provider).unauthorized(missing)
+    return refusals_of(provider).unauthorized(missing)
 
 
 def echo_key(provider: str, req: Request, delay_s: float, escaped: bool = False) -> Response:
@@ -84,7 +90,7 @@ def echo_key(provider: str, req: Request, delay_s: float, escaped: bool = False)
     if escaped:
         return escaped_echo(token, delay_s)
     message = f"Invalid API key {presented} (rejected {req.path}?api_key={quote(token, safe='')})"
-    return plugins.refusals_of(provider).echo_key(message, delay_s)
+    return refusals_of(provider).echo_key(message, delay_s)
 
 
 def escaped_echo(token: str, delay_s: float) -> Response:
@@ -120,22 +126,22 @@ def gzip_bomb(decoded_bytes: int) -> bytes:
 
 
 def throttled(provider: str, sc: Scenario, delay_s: float) -> Response:
-    return plugins.refusals_of(provider).throttled(sc, delay_s)
+    return refusals_of(provider).throttled(sc, delay_s)
 
 
 def server_error(provider: str, sc: Scenario, delay_s: float) -> Response:
-    return plugins.refusals_of(provider).server_error(sc, delay_s)
+    return refusals_of(provider).server_error(sc, delay_s)
 
 
 def invalid(provider: str, message: str) -> Response:
     """A request our client got wrong, in the provider's validation-error shape."""
-    return plugins.refusals_of(provider).invalid(message)
+    return refusals_of(provider).invalid(message)
 
 
 def not_found(provider: str | None, message: str) -> Response:
     if provider is None or provider not in plugins.plugins():
         return json_response(404, {"error": message})
-    return plugins.refusals_of(provider).not_found(message)
+    return refusals_of(provider).not_found(message)
 
 
 _S3_ERRORS = {

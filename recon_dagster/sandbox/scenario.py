@@ -13,22 +13,20 @@ OUTCOMES = ("succeed", "fail", "run_forever")
 MEDIA_KINDS = ("image", "video", "audio", "weights", "text")
 MALFORMED_KINDS = ("truncated", "not_json", "unknown_state", "missing_state")
 
-# The media a family produces when the scenario does not say (filled by the plugins).
-FAMILY_MEDIA_KIND: dict[str, str] = {}
-
-# Documented failure values a scenario may pick with ``fail_state`` (first one is the default).
-# Filled by the plugins.
-FAMILY_FAIL_STATES: dict[str, tuple[str, ...]] = {}
+# A family's natural media kind, its documented failure values (a scenario picks one with
+# ``fail_state``; the first is the default) and a provider's own names for the fields it alone
+# reads all come from the providers' plugins (``plugins.py``).
 
 
-# A provider's own name for a field it alone reads (JSON name -> attribute; filled by the plugins).
-FIELD_NAMES: dict[str, str] = {}
+def fail_states(family: str) -> tuple[str, ...]:
+    """The documented failure values of ``family`` (none for a family without a plugin)."""
+    found = plugins.family(family)
+    return found.fail_states if found is not None else ()
 
 
 def _json_names() -> dict[str, str]:
     """Attribute -> JSON name, for the fields a provider names."""
-    plugins.plugins()
-    return {attribute: name for name, attribute in FIELD_NAMES.items()}
+    return {attribute: name for name, attribute in plugins.scenario_fields().items()}
 
 
 class ScenarioError(ValueError):
@@ -64,7 +62,7 @@ class Scenario:
     # cost, so it is not rendered into provider responses.
     cost_usd: float | None = None
     error_message: str | None = None
-    # A documented failure value for the family (FAMILY_FAIL_STATES); None picks the first.
+    # A documented failure value for the family (``fail_states``); None picks the first.
     fail_state: str | None = None
     # Luma: report success as successFlag 4 (generation succeeded, callback failed).
     luma_callback_failed: bool = False
@@ -75,7 +73,7 @@ class Scenario:
     # Status of injected server errors; None: 503 for Replicate, 500 elsewhere.
     server_error_status: int | None = None
     # A provider that reports errors inside an HTTP 200 body (KIE's envelope ``code``): send the
-    # injected 429/5xx that way. Its JSON name is the provider's (``FIELD_NAMES``).
+    # injected 429/5xx that way. Its JSON name is the provider's (``plugins.scenario_fields``).
     http200_errors: bool = False
     # KIE market: running polls already carry a filled resultJson (as a documented example does).
     early_result: bool = False
@@ -145,9 +143,8 @@ class Scenario:
     def check_for_kind(self, kind: str) -> str:
         """Validate the family-specific fields against ``kind``; returns the kind's family."""
         family = get_kind(kind).family
-        plugins.plugins()
         if self.fail_state is not None:
-            allowed = FAMILY_FAIL_STATES.get(family, ())
+            allowed = fail_states(family)
             if self.fail_state not in allowed:
                 raise ScenarioError(
                     f"fail_state {self.fail_state!r} is not a failure value of {kind} "
@@ -179,7 +176,8 @@ class Scenario:
                 f"unknown scenario field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
         try:
-            return cls(**{FIELD_NAMES.get(k, k): v for k, v in data.items()})
+            field_names = plugins.scenario_fields()
+            return cls(**{field_names.get(k, k): v for k, v in data.items()})
         except TypeError as exc:
             raise ScenarioError(f"bad scenario: {exc}") from None
 
@@ -226,5 +224,4 @@ def create_action(n: int, scenario: Scenario) -> CreateAction:
 
 def media_kind_for(family: str, scenario: Scenario) -> str:
     """The scenario's media kind, or the family's natural one."""
-    plugins.plugins()
-    return scenario.media_kind or FAMILY_MEDIA_KIND[family]
+    return scenario.media_kind or plugins.family_of(family).media_kind

@@ -4,32 +4,29 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from recon_dagster.sandbox.scenario import FAMILY_FAIL_STATES, Scenario
+from recon_dagster.sandbox import plugins
+from recon_dagster.sandbox.scenario import Scenario, fail_states
 from recon_dagster.sandbox.state import Task
 
-# Documented non-terminal values per family (filled by the plugins); successive running polls
-# rotate through them.
-RUNNING_VALUES: dict[str, tuple[Any, ...]] = {}
-
-# Where each family's state field lives in a poll body (used to build malformed bodies).
-STATE_PATH: dict[str, tuple[str, ...]] = {}
+# Each family's documented running values (successive running polls rotate through them), where
+# its state field lives in a poll body (to build malformed bodies) and its poll body come from
+# its provider's plugin (``plugins.py``).
 
 DEFAULT_ERROR = "Generation failed, please try again later"
 
 
 def running_value(family: str, index: int) -> Any:
-    values = RUNNING_VALUES[family]
+    values = plugins.family_of(family).running_values
     return values[index % len(values)]
 
 
 def fail_value(family: str, scenario: Scenario) -> Any:
     """The scenario's failure value, typed as the provider sends it (flags are integers)."""
-    value = scenario.fail_state or FAMILY_FAIL_STATES[family][0]
+    value = scenario.fail_state or fail_states(family)[0]
     return int(value) if value.isdigit() else value
 
 
@@ -58,18 +55,12 @@ class Links:
     base: str  # the sandbox itself (for API objects that link to themselves)
 
 
-def register_renderer(family: str, render: Callable[[Task, str, int, Links], dict[str, Any]]) -> None:
-    """A plugin family's poll body (``sandbox/plugins.py``)."""
-    _RENDERERS[family] = render
-
-
 def poll_body(task: Task, phase: str, running_index: int, links: Links) -> dict[str, Any]:
     """The body a poll of ``task`` answers in ``phase`` (running/succeeded/failed)."""
-    renderer = _RENDERERS[task.family]
+    renderer = plugins.family_of(task.family).render
+    if renderer is None:
+        raise KeyError(f"{task.family} has no poll body")
     return renderer(task, phase, running_index, links)
-
-
-_RENDERERS: dict[str, Callable[[Task, str, int, Links], dict[str, Any]]] = {}
 
 
 def malformed_body(family: str, body: dict[str, Any], how: str) -> bytes:
@@ -81,7 +72,7 @@ def malformed_body(family: str, body: dict[str, Any], how: str) -> bytes:
         return valid[: max(1, len(valid) // 2)]
     spoiled = json.loads(valid)
     holder = spoiled
-    path = STATE_PATH[family]
+    path = plugins.family_of(family).state_path
     for key in path[:-1]:
         holder = holder[key]
     if how == "missing_state":

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from recon_dagster import config
-from recon_dagster.config import Settings, Var, settings
+from recon_dagster.config import Settings, settings
 from recon_dagster.config.docs import readers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def test_the_literal_check_sees_constants_and_f_string_parts_but_not_docstrings(
 
 
 def test_every_recon_setting_is_a_typed_attribute_named_after_it() -> None:
-    attributes = {attr: var for attr, var in vars(Settings).items() if isinstance(var, Var)}
+    attributes = config.attributes()
     assert {var.name for var in attributes.values()} == {n for n in config.SETTINGS if n.startswith("RECON_")}
     for attr, var in attributes.items():
         assert var.name == "RECON_" + attr.upper()
@@ -97,7 +97,7 @@ def test_secrets_and_library_variables_are_only_named() -> None:
 
 def test_every_setting_read_here_has_a_reader_found_in_the_code() -> None:
     found = readers()
-    unread = [var.name for var in vars(Settings).values() if isinstance(var, Var) and not found[var.name]]
+    unread = [var.name for var in config.attributes().values() if not found[var.name]]
     assert not unread, f"declared but read by no module: {unread}"
     for modules in found.values():
         assert all((PACKAGE / module).is_file() for module in modules)

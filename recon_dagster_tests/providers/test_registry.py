@@ -37,7 +37,7 @@ PROVIDERS = PACKAGE / "providers"
 _COMMON = (
     "recon_dagster/providers/registry.py",  # the one list
     "recon_dagster/providers/__init__.py",  # public import paths of the resource classes
-    "recon_dagster/config/__init__.py",  # its own RECON_* settings (spend tolerance, Cancel-After)
+    "recon_dagster/config/groups/accounts.py",  # its own RECON_* spend tolerance
     "recon_dagster/defs/spend/assets.py",  # spend reconciliation: one asset per billing API
 )
 ALLOWED: dict[str, frozenset[str]] = {
@@ -47,6 +47,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "replicate": frozenset(
         (
             *_COMMON,
+            "recon_dagster/config/groups/provider_io.py",  # its own RECON_REPLICATE_CANCEL_AFTER_S
             "recon_dagster/reconcile/spend.py",  # its compute-seconds rule
             # the app's LoRA feature: its characters.replicate_training_id column
             "recon_dagster/cli/demo.py",
