@@ -8,8 +8,11 @@ nothing in between), and delivers each alert to the targets that are configured 
 PagerDuty, Microsoft Teams, a JSON webhook; ``AlertTargetsResource``) and to ``RECON_ALERT_HOOK``.
 
 Its cursor (JSON) holds the last check record id per check, the last failed-run storage id, the
-open incidents and the deliveries still owed to a target that failed (retried each tick, at most
-``MAX_TRIES`` times). It holds no secret. With no target configured, it still logs each alert at
+open incidents and the deliveries still owed to a target that failed (retried each tick; a target
+is given up on after ``MAX_TRIES`` failed tries, ``recon_dagster.alerting.delivery``). Deliveries
+end ``DELIVERY_BUDGET_S`` after the tick began, so a target that never answers cannot make the
+tick outlive Dagster's sensor timeout (the daemon would keep the old cursor and every target
+would get every alert again). It holds no secret. With no target configured, it still logs each alert at
 ERROR (trigger) or INFO (resolve), so the sensor's tick history is the alert log.
 """
 
