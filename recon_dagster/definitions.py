@@ -24,6 +24,7 @@ from recon_dagster.defs.spend import definitions as spend_feature
 from recon_dagster.media.store import media_store_from_env
 from recon_dagster.providers import providers_from_env
 from recon_dagster.providers.anthropic.spend import anthropic_usage_from_env
+from recon_dagster.telemetry import setup as telemetry_setup
 
 # Modules, not their Definitions objects: a code location module holds exactly one Definitions at
 # its top level (`dg check defs` refuses more), and each feature's module keeps its own.
@@ -57,6 +58,9 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
 
     Every ``RECON_*`` setting is checked first: a bad one is a load error naming its variable."""
     validate_settings()
+    # Every Dagster process (code server, run worker) records into the SDK when RECON_TELEMETRY is
+    # on; the endpoint and the state gauges start with the first sensor tick (defs/telemetry.py).
+    telemetry_setup.start("dagster")
     wired = dg.Definitions(
         resources=with_nested_resources_on_top({**default_resources(), **(resources or {})})
     )

@@ -30,6 +30,7 @@ import httpx
 
 from recon_dagster.alerting.incidents import Alert
 from recon_dagster.alerting.targets import DeliveryError, Target
+from recon_dagster.telemetry.instruments import ALERT_DELIVERIES
 
 # No request starts with less than this left of the tick's deadline.
 MIN_REQUEST_S = 0.5
@@ -91,10 +92,12 @@ def deliver_within(
                 try:
                     target.send(http, item.alert, timeout_s=min(timeout_s, left))
                 except DeliveryError as exc:
+                    ALERT_DELIVERIES.add(1, target=name, action=item.alert.action, result="failed")
                     with lock:
                         item.tries += 1
                         out.failed[name] = str(exc)
                     return
+                ALERT_DELIVERIES.add(1, target=name, action=item.alert.action, result="delivered")
                 with lock:
                     done.add(id(item))
                     out.delivered.append(item)

@@ -6,7 +6,9 @@ its key, unless it is open already: one alert per incident, not one per run or p
 passing signal resolves an open incident. A signal may name a *parent* incident that absorbs it
 while that one is open; a signal that is not ``standalone`` is only ever evidence for its parent: a
 reconcile run that failed because its provider did not answer is part of the provider's health
-incident (which its own run evaluated just before failing), never a second page.
+incident (which its own run evaluated just before failing), never a second page. A failing signal
+that carries *news* (a force-fail at the cap newer than the one told) is told again while its
+incident is open: giving up on a job is never quiet.
 
 The book's state is plain JSON (the sensor keeps it in its cursor, so it survives restarts); it
 holds keys, titles and counts, never a secret.
@@ -37,6 +39,8 @@ class Alert:
     links: tuple[tuple[str, str], ...] = ()  # (text, url)
     at: str = ""  # ISO 8601, UTC
     source: str = "recon_dagster"
+    first_step: str = ""  # what to do first (``recon_dagster.alerting.runbook``)
+    runbook: str = ""  # its section of docs/operations.md, when RECON_ALERT_RUNBOOK_BASE_URL is set
 
     def as_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -62,6 +66,10 @@ class Signal:
     # False: the signal is only evidence for its parent (counted while the parent is open, nothing
     # otherwise), never an incident of its own.
     standalone: bool = True
+    # What is new in this failure (e.g. the newest force-fail's id): a failing signal for an open
+    # incident whose ``news`` differs from the last one told is told again (same key, "trigger":
+    # PagerDuty folds it into the open alert, Slack and Teams get one more message).
+    news: str | None = None
 
 
 def _iso(at: float) -> str:
@@ -84,7 +92,11 @@ class IncidentBook:
         if s.failing:
             if s.key in self.open:
                 self._seen_again(s.key, s.at)
-                return []
+                told = self.open[s.key]
+                if s.news is None or s.news == told.get("news"):
+                    return []
+                told["news"] = s.news
+                return [self._trigger(s)]
             if s.parent is not None and s.parent in self.open:
                 self._seen_again(s.parent, s.at, absorbed=s.key)
                 return []
@@ -97,20 +109,9 @@ class IncidentBook:
                 "count": 1,
                 "provider": s.provider,
                 "severity": s.severity,
+                **({"news": s.news} if s.news is not None else {}),
             }
-            return [
-                Alert(
-                    "trigger",
-                    s.key,
-                    s.title,
-                    s.summary,
-                    s.severity,
-                    s.provider,
-                    dict(s.details),
-                    s.links,
-                    _iso(s.at),
-                )
-            ]
+            return [self._trigger(s)]
         incident = self.open.pop(s.key, None)
         if incident is None:
             return []
@@ -129,6 +130,12 @@ class IncidentBook:
                 _iso(s.at),
             )
         ]
+
+    @staticmethod
+    def _trigger(s: Signal) -> Alert:
+        return Alert(
+            "trigger", s.key, s.title, s.summary, s.severity, s.provider, dict(s.details), s.links, _iso(s.at)
+        )
 
     def _seen_again(self, key: str, at: float, absorbed: str | None = None) -> None:
         incident = self.open[key]

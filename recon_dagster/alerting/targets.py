@@ -33,6 +33,7 @@ import httpx
 
 from recon_dagster.alerting.incidents import Alert
 from recon_dagster.core.redaction import redact_secrets, register_secret, register_url_secret
+from recon_dagster.telemetry.instruments import ALERT_DELIVERIES
 
 SOURCE = "recon_dagster"
 _SLACK_HEADER_MAX = 150
@@ -76,6 +77,17 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
             "text": {"type": "mrkdwn", "text": _cut(f"{mark} {a['summary']}", _SLACK_TEXT_MAX)},
         },
     ]
+    if a["first_step"]:
+        runbook = f" (<{a['runbook']}|runbook>)" if a["runbook"] else ""
+        blocks.append(
+            {
+                "type": "section",
+                "text": {
+                    "type": "mrkdwn",
+                    "text": _cut(f"*First step:* {a['first_step']}{runbook}", _SLACK_TEXT_MAX),
+                },
+            }
+        )
     context = [part for part in (facts, links, f"`{a['key']}` · {a['at']}") if part]
     blocks.append(
         {
@@ -83,7 +95,8 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
             "elements": [{"type": "mrkdwn", "text": _cut(p, _SLACK_TEXT_MAX)} for p in context],
         }
     )
-    return {"text": _cut(f"{a['title']}: {a['summary']}", _SLACK_TEXT_MAX), "blocks": blocks}
+    step = f" First step: {a['first_step']}" if a["first_step"] else ""
+    return {"text": _cut(f"{a['title']}: {a['summary']}{step}", _SLACK_TEXT_MAX), "blocks": blocks}
 
 
 def pagerduty_event(alert: Alert, routing_key: str, client_url: str | None = None) -> dict[str, Any]:
@@ -102,7 +115,12 @@ def pagerduty_event(alert: Alert, routing_key: str, client_url: str | None = Non
             "component": a["provider"] or _subject(a["key"]),
             "group": SOURCE,
             "class": a["key"].split(":")[0],
-            "custom_details": {"summary": a["summary"], **a["details"]},
+            "custom_details": {
+                "summary": a["summary"],
+                **({"first_step": a["first_step"]} if a["first_step"] else {}),
+                **({"runbook": a["runbook"]} if a["runbook"] else {}),
+                **a["details"],
+            },
         }
         event["client"] = SOURCE
         if client_url:
@@ -144,6 +162,8 @@ def teams_payload(alert: Alert) -> dict[str, Any]:
     facts = [{"title": str(k), "value": _fact_value(v)} for k, v in list(a["details"].items())[:12]]
     facts.append({"title": "incident", "value": a["key"]})
     body.append({"type": "FactSet", "facts": facts})
+    if a["first_step"]:
+        body.append({"type": "TextBlock", "text": f"**First step:** {a['first_step']}", "wrap": True})
     card: dict[str, Any] = {
         "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
         "type": "AdaptiveCard",
@@ -260,4 +280,6 @@ def deliver(client: httpx.Client, alert: Alert, targets: Iterable[Target]) -> di
             target.send(client, alert)
         except DeliveryError as exc:
             failed[target.name] = str(exc)
+        result = "failed" if target.name in failed else "delivered"
+        ALERT_DELIVERIES.add(1, target=target.name, action=alert.action, result=result)
     return failed

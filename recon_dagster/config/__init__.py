@@ -30,6 +30,7 @@ from recon_dagster.config.groups.media import MediaGroup
 from recon_dagster.config.groups.operators import OperatorGroup
 from recon_dagster.config.groups.provider_io import ProviderIoGroup
 from recon_dagster.config.groups.reconcile import ReconcileGroup
+from recon_dagster.config.groups.telemetry import TelemetryGroup
 from recon_dagster.config.parse import (
     FLAG_VALUES,
     MAX_CONCURRENCY,
@@ -84,6 +85,7 @@ class Settings(
     MediaGroup,
     AccountGroup,
     AlertGroup,
+    TelemetryGroup,
     OperatorGroup,
 ):
     """Every ``RECON_*`` setting as a typed attribute, read from the environment when asked.
@@ -149,6 +151,25 @@ _OTHERS: tuple[Var[Any], ...] = (
     named(
         "media", "text", None, "S3 region.", readers="media/store.py", shown_default="boto3 chain",
         name="AWS_REGION",
+    ),
+    # OpenTelemetry's own variables, read by its SDK (with RECON_TELEMETRY=1)
+    named(
+        "telemetry", "URL", None,
+        "OTLP/HTTP collector base URL (`/v1/metrics` and `/v1/traces` appended); unset (and no "
+        "`OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` / `..._TRACES_ENDPOINT`): nothing is pushed.",
+        readers="telemetry/sdk.py", shown_default="— (no push)", name="OTEL_EXPORTER_OTLP_ENDPOINT",
+    ),
+    secret(
+        "telemetry", "Headers of every OTLP request (`key=value,...`, e.g. the collector's token).",
+        readers="telemetry/sdk.py", name="OTEL_EXPORTER_OTLP_HEADERS",
+    ),
+    named(
+        "telemetry", "text", "recon_dagster", "The `service.name` resource attribute of every metric and span.",
+        readers="telemetry/sdk.py", name="OTEL_SERVICE_NAME",
+    ),
+    named(
+        "telemetry", "milliseconds", 60000, "How often a long-lived process pushes its metrics by OTLP.",
+        readers="telemetry/sdk.py", name="OTEL_METRIC_EXPORT_INTERVAL",
     ),
     # Dagster
     named(

@@ -17,6 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from recon_dagster.db import contract
 from recon_dagster.db.sqltext import sql
 
 
@@ -432,27 +433,15 @@ def log_credit_anomaly(
     sees what such a writer committed), it inserts only if no such anomaly exists. A row deleted by
     an operator is logged again if the problem recurs, as before. An anomaly without a job is
     always logged."""
-    params = {
-        "j": None if job_id is None else str(job_id),
-        "u": None if user_id is None else str(user_id),
-        "r": reason,
-        "a": amount,
-        "d": json.dumps(details or {}, default=str),
-    }
-    if job_id is not None:
-        conn.execute(sql(_CLAIM_ANOMALY), params)
-    return conn.execute(sql(_INSERT_ANOMALY), params).first() is not None
-
-
-_CLAIM_ANOMALY = """
-    INSERT INTO recon_credit_anomaly_keys (job_id, reason) VALUES (CAST(:j AS uuid), :r)
-    ON CONFLICT (job_id, reason) DO UPDATE SET created_at = recon_credit_anomaly_keys.created_at
-    """
-
-_INSERT_ANOMALY = """
-    INSERT INTO credit_anomalies (job_id, user_id, reason, amount, details)
-    SELECT CAST(:j AS uuid), CAST(:u AS uuid), :r, CAST(:a AS numeric), CAST(:d AS jsonb)
-    WHERE CAST(:j AS uuid) IS NULL OR NOT EXISTS (
-      SELECT 1 FROM credit_anomalies c WHERE c.job_id = CAST(:j AS uuid) AND c.reason = :r)
-    RETURNING id
-    """
+    # The rule is recon.credit_anomaly (migration 160), the same the app workers' functions use.
+    return bool(
+        contract.value(
+            conn,
+            "credit_anomaly",
+            job=None if job_id is None else str(job_id),
+            user=None if user_id is None else str(user_id),
+            reason=reason,
+            details=json.dumps(details or {}, default=str),
+            amount=amount,
+        )  # fmt: skip
+    )

@@ -300,6 +300,29 @@ def inflight_counts(conn: sa.Connection, *, precall: timedelta | None = None) ->
     return [dict(r) for r in conn.execute(sql(counts_sql)).mappings()]
 
 
+def inflight_by_age(conn: sa.Connection, bounds_s: Sequence[float]) -> list[dict[str, Any]]:
+    """Per kind and age bucket (``bucket``: how many of ``bounds_s``, ascending, the age since the
+    provider call, or creation, has passed; a non-finite timestamp is bucket 0): rows in flight
+    and rows past threshold (the telemetry gauges; one scan of the in-flight rows)."""
+    counts_sql = f"""
+    SELECT COALESCE(provider_kind, '(none)') AS provider_kind,
+           COALESCE(width_bucket(EXTRACT(EPOCH FROM now() - since), CAST(:bounds AS float8[])), 0) AS bucket,
+           count(*) AS inflight,
+           count(*) FILTER (
+             WHERE CASE WHEN provider_call_started_at IS NULL
+                        THEN COALESCE(started_at, created_at) < now() - {_precall_interval(None)}
+                        ELSE provider_call_started_at < now() - {_threshold_case("provider_kind")}
+                   END) AS stale
+    FROM (
+      SELECT *, CASE WHEN isfinite(COALESCE(provider_call_started_at, started_at, created_at))
+                     THEN COALESCE(provider_call_started_at, started_at, created_at) END AS since
+      FROM jobs WHERE status IN ('pending', 'processing')
+    ) inflight
+    GROUP BY 1, 2 ORDER BY 1, 2
+    """
+    return [dict(r) for r in conn.execute(sql(counts_sql), {"bounds": list(bounds_s)}).mappings()]
+
+
 def load_job(conn: sa.Connection, job_id: uuid.UUID | str) -> JobRow | None:
     r = (
         conn.execute(sql(f"SELECT {_ROW_COLUMNS} FROM jobs WHERE id = :id"), {"id": str(job_id)})

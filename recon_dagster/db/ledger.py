@@ -1,6 +1,8 @@
 """The create ledger (``upstream_creates``, migration 148): every create sent, every task id it returned.
 
-The worker library writes a create's intent before the request leaves (``record_intent``), its task
+The rules of the writes a worker makes are the contract functions of migration 160
+(``recon.create_intent``, ``create_task``, ``create_lost``; ``db/contract.py``): these are their
+Python callers. The worker library writes a create's intent before the request leaves (``record_intent``), its task
 id the moment the provider answers (``record_task``, its own transaction, before the job's row is
 touched), or that the answer was lost (``record_outcome``: ambiguous) or that nothing was created
 (refused). The orphan sweep reads it to tell our tasks at the provider from anyone else's, and
@@ -27,6 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from recon_dagster.core.redaction import redact_secrets
+from recon_dagster.db import contract
 from recon_dagster.db.sqltext import sql
 
 TABLE = "upstream_creates"
@@ -83,7 +86,7 @@ class Create:
 _COLUMNS = ", ".join(Create.__dataclass_fields__)
 
 
-def _create(m: sa.RowMapping) -> Create:
+def _create(m: sa.RowMapping | Mapping[str, Any]) -> Create:
     values = {k: m[k] for k in Create.__dataclass_fields__}
     values["id"], values["job_id"] = uuid.UUID(str(m["id"])), uuid.UUID(str(m["job_id"]))
     values["fate_detail"] = dict(m["fate_detail"] or {})
@@ -129,6 +132,15 @@ def fingerprint(payload: Mapping[str, Any]) -> str:
 # --- writes -----------------------------------------------------------------------------------------
 
 
+def _from_answer(answer: Mapping[str, Any]) -> Create:
+    """The ledger row a contract function answered (``create``, as jsonb: timestamps in ISO text)."""
+    row = dict(answer["create"])
+    for k in ("intent_at", "state_at", "task_recorded_at", "fate_at", "looked_at"):
+        if row.get(k) is not None:
+            row[k] = datetime.fromisoformat(row[k])
+    return _create(row)
+
+
 def record_intent(
     conn: sa.Connection,
     job_id: uuid.UUID | str,
@@ -138,30 +150,14 @@ def record_intent(
     fingerprint: str,
     marker_sent: bool,
 ) -> Create:
-    """The job's next create, recorded before it is sent; returns it (with its seq and marker)."""
-    job = str(uuid.UUID(str(job_id)))
-    # Serialises seq allocation per job (a transaction-scoped lock: nothing stays).
-    conn.execute(sql("SELECT pg_advisory_xact_lock(hashtextextended(:j, 148))"), {"j": job})
-    seq = int(
-        conn.execute(
-            sql(f"SELECT COALESCE(max(seq), 0) + 1 FROM {TABLE} WHERE job_id = :j"), {"j": job}
-        ).scalar_one()
-    )
-    row = conn.execute(
-        sql(
-            f"""
-            INSERT INTO {TABLE} (id, job_id, seq, provider, provider_kind, marker, marker_sent, fingerprint)
-            VALUES (:id, :j, :seq, :p, :k, :m, :ms, :fp)
-            ON CONFLICT (id) DO UPDATE SET id = EXCLUDED.id
-            RETURNING {_COLUMNS}
-            """
-        ),
-        {
-            "id": str(create_id(job, seq)), "j": job, "seq": seq, "p": provider, "k": kind,
-            "m": marker_for(job, seq), "ms": marker_sent, "fp": fingerprint,
-        },
-    ).mappings().one()  # fmt: skip
-    return _create(row)
+    """The job's next create, recorded before it is sent; returns it (with its seq and marker).
+    The rule is ``recon.create_intent`` (migration 160)."""
+    answer = contract.call(
+        conn, "create_intent", job=str(uuid.UUID(str(job_id))), provider=provider, kind=kind,
+        fingerprint=fingerprint, marker_sent=marker_sent,
+    )  # fmt: skip
+    contract.fix_call(answer)
+    return _from_answer(answer)
 
 
 def record_task(
@@ -175,60 +171,28 @@ def record_task(
 ) -> Create:
     """Record the task id a create returned. With ``create`` (its intent), that row gets it;
     without, a row in state ``unrecorded`` is added (a create sent outside the worker library's
-    ``run``). Idempotent: the same task id again returns the row already holding it."""
+    ``run``). Idempotent: the same task id again returns the row already holding it.
+    The rule is ``recon.create_task`` (migration 160)."""
     if not isinstance(task_id, str) or not task_id.strip():
         raise ValueError(f"provider task id must be a non-empty string, got {task_id!r}")
-    job = str(uuid.UUID(str(job_id)))
-    held = conn.execute(
-        sql(f"SELECT {_COLUMNS} FROM {TABLE} WHERE provider = :p AND task_id = :t"),
-        {"p": provider, "t": task_id},
-    ).mappings().first()  # fmt: skip
-    if held is not None:
-        return _create(held)
-    if create is not None:
-        row = conn.execute(
-            sql(
-                f"""
-                UPDATE {TABLE} SET task_id = :t, task_recorded_at = now(), state = 'created',
-                  state_at = now()
-                WHERE id = :id AND task_id IS NULL
-                RETURNING {_COLUMNS}
-                """
-            ),
-            {"id": str(create), "t": task_id},
-        ).mappings().first()  # fmt: skip
-        if row is not None:
-            return _create(row)
-    # No intent, or its intent already holds another task id: a row of its own.
-    intent = record_intent(conn, job, provider=provider, kind=kind, fingerprint="", marker_sent=False)
-    row = conn.execute(
-        sql(
-            f"""
-            UPDATE {TABLE} SET task_id = :t, task_recorded_at = now(), state = 'unrecorded',
-              state_at = now()
-            WHERE id = :id RETURNING {_COLUMNS}
-            """
-        ),
-        {"id": str(intent.id), "t": task_id},
-    ).mappings().one()  # fmt: skip
-    return _create(row)
+    answer = contract.call(
+        conn, "create_task", job=str(uuid.UUID(str(job_id))), provider=provider, kind=kind, task_id=task_id,
+        create=None if create is None else str(create),
+    )  # fmt: skip
+    contract.fix_call(answer)
+    return _from_answer(answer)
 
 
 def record_outcome(conn: sa.Connection, create: uuid.UUID, state: CreateState, detail: str = "") -> bool:
     """An unanswered create's end without a task id: ambiguous or refused. Only from ``sending``
-    (a task id recorded first wins); True if written."""
+    (a task id recorded first wins); True if written. The rule is ``recon.create_lost``."""
     if state not in (CreateState.AMBIGUOUS, CreateState.REFUSED):
         raise ValueError(f"record_outcome takes ambiguous or refused, not {state}")
-    r = conn.execute(
-        sql(
-            f"""
-            UPDATE {TABLE} SET state = :s, state_at = now(), detail = left(:d, 2000)
-            WHERE id = :id AND state = 'sending' AND task_id IS NULL RETURNING id
-            """
-        ),
-        {"id": str(create), "s": state.value, "d": redact_secrets(detail)},
-    ).first()
-    return r is not None
+    answer = contract.call(
+        conn, "create_lost", create=str(create), state=state.value, detail=redact_secrets(detail)
+    )
+    contract.fix_call(answer)
+    return bool(answer["written"])
 
 
 def set_fate(

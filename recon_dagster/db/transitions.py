@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from recon_dagster.core.redaction import redact_secrets
+from recon_dagster.db import contract
 from recon_dagster.db.sqltext import sql
 from recon_dagster.db.timestamps import INT4_MAX
 
@@ -239,46 +240,27 @@ def record_task_created(conn: sa.Connection, job_id: uuid.UUID, kind: str, task_
     If a different task id is already persisted (two workers raced on create), nothing is
     overwritten; the persisted id is returned so the caller can resume it instead.
     Writes only while the row is in flight: a row already completed, failed or cancelled is
-    never given a task id. Returns the task id now on the row, or None when no in-flight row has
+    never given a task id (and such a task, or a duplicate, is logged as a credit anomaly). The
+    rule is ``recon.attach_task`` (migration 160). Returns the task id now on the row, or None when no in-flight row has
     this id (missing or terminal; the caller tells which apart).
     Raises ValueError (changing nothing) for an empty or non-string task id: such a row could
     never be resumed.
     """
     if not isinstance(task_id, str) or not task_id.strip():
         raise ValueError(f"provider task id must be a non-empty string, got {task_id!r}")
-    r = conn.execute(
-        sql(
-            """
-            UPDATE jobs SET
-              provider_kind = CASE WHEN provider_task_id IS NULL OR provider_task_id = :task_id
-                                   THEN :kind ELSE provider_kind END,
-              provider_task_id = COALESCE(provider_task_id, :task_id),
-              provider_call_started_at = COALESCE(provider_call_started_at, now()),
-              updated_at = now()
-            WHERE id = :id AND status IN ('pending', 'processing')
-            RETURNING provider_task_id
-            """
-        ),
-        {"id": str(job_id), "kind": kind, "task_id": task_id},
-    ).first()
-    return None if r is None else str(r[0])
+    answer = contract.call(conn, "attach_task", job=str(job_id), kind=kind, task_id=task_id)
+    contract.fix_call(answer)
+    return str(answer["task_id"]) if answer["next"] in ("poll", "resume") else None
 
 
 def mark_provider_call_start(conn: sa.Connection, job_id: uuid.UUID, kind: str) -> bool:
     """Sync calls: record kind + start time right before the call; never touches status (5.8).
 
-    Writes only while the row is in flight; False when no in-flight row has this id."""
-    r = conn.execute(
-        sql(
-            """
-            UPDATE jobs SET provider_kind = :kind, provider_call_started_at = now(),
-              updated_at = now()
-            WHERE id = :id AND status IN ('pending', 'processing') RETURNING id
-            """
-        ),
-        {"id": str(job_id), "kind": kind},
-    ).first()
-    return r is not None
+    Writes only while the row is in flight; False when no in-flight row has this id. The rule is
+    ``recon.mark_call_start`` (migration 160)."""
+    answer = contract.call(conn, "mark_call_start", job=str(job_id), kind=kind)
+    contract.fix_call(answer)
+    return bool(answer["next"] == "call")
 
 
 def _json(value: Any) -> str:

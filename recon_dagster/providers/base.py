@@ -19,6 +19,7 @@ from recon_dagster.core.redaction import register_secret
 from recon_dagster.providers.create_marker import CreateLedgerHook
 from recon_dagster.providers.http import HttpSettings, Limits, ProviderHttp, ProviderNotFound, json_body
 from recon_dagster.providers.limits import account_limits_from_env
+from recon_dagster.providers.observed_http import ObservedProviderHttp
 from recon_dagster.providers.status import MediaRef, NotSent, ProviderError, UpstreamState, UpstreamStatus
 
 ProgressCallback = Callable[[UpstreamStatus], None]
@@ -206,7 +207,7 @@ class ProviderResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # ba
                     key = raw.strip()
                     if not key:
                         raise ProviderConfigError(f"{self.PROVIDER} api_key is blank")
-                    lazy.http = ProviderHttp(
+                    lazy.http = ObservedProviderHttp(
                         provider=str(self.PROVIDER),
                         base_url=self.resolved_base_url(),
                         auth_headers=self._auth_headers(key),

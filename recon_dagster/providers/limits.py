@@ -40,6 +40,7 @@ import sqlalchemy as sa
 
 from recon_dagster.config import Settings, limit_name
 from recon_dagster.core.deadlines import stale_part_age_s
+from recon_dagster.db import contract
 from recon_dagster.db.engine import DatabaseUnavailable, get_engine
 from recon_dagster.providers.limit_config import (
     BATCH_POLL_WINDOW_S,
@@ -99,43 +100,9 @@ class AccountBusy(NotSent):
 
 # -- the shared limiter --------------------------------------------------------------------------
 
-# Reserve up to :n tokens, but only those that exist by :max_wait seconds from now (NULL: any):
-# a request that would have to wait longer takes nothing, so refusals never push the next
-# token further out. The balance is brought up to now either way (a pure refill, no token moved).
-# :refund gives back tokens reserved before a Retry-After block and not used (their requests
-# queue again behind the block).
-_TAKE = sa.text(
-    """
-    WITH b AS (
-      SELECT account, bucket, rate_per_s,
-             LEAST(burst, tokens + :refund + GREATEST(0, EXTRACT(EPOCH FROM clock_timestamp() - stamp)) * rate_per_s) AS refilled,
-             GREATEST(0, EXTRACT(EPOCH FROM stamp - clock_timestamp())) AS blocked_s
-      FROM provider_limit_buckets WHERE account = :account AND bucket = :bucket FOR UPDATE
-    ), t AS (
-      SELECT *, CASE
-          WHEN CAST(:max_wait AS double precision) IS NULL THEN :n
-          WHEN blocked_s > CAST(:max_wait AS double precision) THEN 0
-          ELSE LEAST(:n, GREATEST(0, floor(refilled + (CAST(:max_wait AS double precision) - blocked_s) * rate_per_s)))
-        END AS taken
-      FROM b
-    )
-    UPDATE provider_limit_buckets p
-    SET tokens = t.refilled - t.taken, stamp = GREATEST(p.stamp, clock_timestamp())
-    FROM t WHERE p.account = t.account AND p.bucket = t.bucket
-    RETURNING p.tokens, t.rate_per_s, t.blocked_s, t.taken
-    """
-)
-
-# Seconds the bucket is still blocked by a Retry-After (its stamp lies ahead only during a block).
-_BLOCKED = sa.text(
-    "SELECT GREATEST(0, EXTRACT(EPOCH FROM stamp - clock_timestamp())) FROM provider_limit_buckets "
-    "WHERE account = :account AND bucket = :bucket"
-)
-
-_RENEW = sa.text(
-    "UPDATE provider_limit_slots SET expires_at = clock_timestamp() + make_interval(secs => :ttl) "
-    "WHERE account = :account AND holder = ANY(:holders)"
-).bindparams(sa.bindparam("holders", type_=sa.ARRAY(sa.Text)))
+# The statements of the shared budget are the contract's functions (migration 160: recon.take_token,
+# token_blocked, take_slot, renew_slots, release_slot, record_retry_after), which the app's workers
+# call too: one implementation of each rule, whatever the language of the caller.
 
 # At a high rate a process reserves the tokens of the next few tens of milliseconds in one
 # statement: one statement per request made the bucket's row the bottleneck of a busy account.
@@ -150,47 +117,6 @@ def chunk_size(budget: Budget) -> int:
     1 at the rates providers document for polling (e.g. 600 per minute)."""
     rate, burst = budget.bucket()
     return max(1, min(math.ceil(rate * CHUNK_S), burst // 4))
-
-
-# Take a slot: one under the kind's cap, or any while more than ``reserve`` stay free. Row locks
-# make the account bound exact; the per-kind counts are read without locks, so the share is
-# approximate under contention (fairness, not a provider limit).
-_SLOT = sa.text(
-    """
-    WITH live AS (
-      SELECT count(*) FILTER (WHERE holder IS NULL OR expires_at < clock_timestamp()) AS free,
-             count(*) FILTER (WHERE kind = :kind AND holder IS NOT NULL AND expires_at >= clock_timestamp()) AS mine
-      FROM provider_limit_slots WHERE account = :account AND slot < :n
-    )
-    UPDATE provider_limit_slots s
-    SET holder = :holder, kind = :kind, expires_at = clock_timestamp() + make_interval(secs => :ttl)
-    WHERE s.account = :account AND s.slot = (
-      SELECT slot FROM provider_limit_slots, live
-      WHERE account = :account AND slot < :n AND (holder IS NULL OR expires_at < clock_timestamp())
-        AND (live.mine < :cap OR live.free > :reserve)
-      ORDER BY slot LIMIT 1 FOR UPDATE OF provider_limit_slots SKIP LOCKED)
-    RETURNING s.slot
-    """
-)
-
-_RELEASE = sa.text(
-    "UPDATE provider_limit_slots SET holder = NULL, kind = NULL, expires_at = 'epoch' "
-    "WHERE account = :account AND slot = :slot AND holder = :holder"
-)
-
-_BLOCK = sa.text(
-    """
-    WITH a AS (
-      INSERT INTO provider_limit_accounts (account, blocked_until, retry_afters)
-      VALUES (:account, clock_timestamp() + make_interval(secs => :secs), 1)
-      ON CONFLICT (account) DO UPDATE
-        SET blocked_until = GREATEST(provider_limit_accounts.blocked_until, EXCLUDED.blocked_until),
-            retry_afters = provider_limit_accounts.retry_afters + 1, updated_at = now()
-      RETURNING blocked_until)
-    UPDATE provider_limit_buckets SET tokens = LEAST(tokens, 0), stamp = GREATEST(stamp, (SELECT blocked_until FROM a))
-    WHERE account = :account
-    """
-)
 
 
 # Statement and lock timeout of the setup statements (ensure): a start fails in seconds, named.
@@ -337,24 +263,34 @@ class AccountLimiter:
                 return max(0.0, held.popleft() - now)
         n = chunk_size(budget)
         params = {
-            "account": self.limits.account, "bucket": bucket, "n": n, "max_wait": max_wait, "refund": refund,
+            "account": self.limits.account, "bucket": bucket, "n": n, "max_wait_s": max_wait, "refund": refund,
         }  # fmt: skip
         self.ensure()
         with self._engine().begin() as conn:
             _within(conn, max_wait)
-            row = conn.execute(_TAKE, params).one_or_none()
-        if row is None:  # the rows went away (a wiped table): recreate them once
+            answer = contract.call(conn, "take_token", **params)
+        if answer["next"] == "no_budget":  # the rows went away (a wiped table): recreate them once
             with self._ready_lock:
                 self._ready = False
             self.ensure()
             with self._engine().begin() as conn:
                 _within(conn, max_wait)
-                row = conn.execute(_TAKE, params).one()
-        tokens, rate, blocked_s, taken = float(row[0]), float(row[1]), float(row[2]), int(row[3])
-        if taken == 0:
-            raise TokenRefused(blocked_s, blocked_s + max(0.0, 1.0 - tokens) / rate)
+                answer = contract.call(conn, "take_token", **params)
+        contract.fix_call(answer)
+        if answer["next"] == "no_budget":
+            raise sa.exc.NoResultFound(str(answer["message"]))
+        tokens, rate, blocked_s = (
+            float(answer["tokens"]),
+            float(answer["rate_per_s"]),
+            float(answer["blocked_s"]),
+        )
+        taken = int(answer["taken"])
+        if answer["next"] == "not_sent":
+            raise TokenRefused(blocked_s, float(answer["retry_in_s"]))
         # Token j of the ``taken`` (1-based) left the balance at tokens + taken - j.
-        waits = [blocked_s + max(0.0, -(tokens + taken - j)) / rate for j in range(1, taken + 1)]
+        # (the function's wait_s is the first; the rest are this process's chunk, held below)
+        waits = [float(answer["wait_s"])]
+        waits += [blocked_s + max(0.0, -(tokens + taken - j)) / rate for j in range(2, taken + 1)]
         if taken > 1:
             now = time.monotonic()
             with self._held_lock:
@@ -372,27 +308,28 @@ class AccountLimiter:
             "kind": kind,
             "holder": holder,
             "n": lim.concurrency,
-            "ttl": lim.slot_ttl_s,
+            "ttl_s": lim.slot_ttl_s,
             "cap": lim.kind_cap(),
             "reserve": lim.reserve(),
         }
         with self._engine().begin() as conn:
-            slot = conn.execute(_SLOT, params).scalar_one_or_none()
-        return None if slot is None else (int(slot), holder)
+            answer = contract.call(conn, "take_slot", **params)
+        contract.fix_call(answer)
+        return (int(answer["slot"]), holder) if answer["next"] == "send" else None
 
     def release(self, slot: int, holder: str) -> None:
         self._renewer.forget(holder)
         with self._engine().begin() as conn:
-            conn.execute(_RELEASE, {"account": self.limits.account, "slot": slot, "holder": holder})
+            contract.call(conn, "release_slot", account=self.limits.account, slot=slot, holder=holder)
 
     def renew(self, holders: Collection[str]) -> None:
         """Push the expiry of slots this process holds one TTL out (the renewer's statement)."""
         if holders:
             with self._engine().begin() as conn:
-                conn.execute(
-                    _RENEW,
-                    {"account": self.limits.account, "holders": list(holders), "ttl": self.limits.slot_ttl_s},
-                )
+                contract.call(
+                    conn, "renew_slots", account=self.limits.account, holders=list(holders),
+                    ttl_s=self.limits.slot_ttl_s,
+                )  # fmt: skip
 
     def block_for(self, seconds: float) -> None:
         """The provider said Retry-After: nobody on this account sends before then."""
@@ -405,7 +342,7 @@ class AccountLimiter:
             self.ensure()
             with self._engine().begin() as conn:
                 _within(conn, None)  # never held past the setup timeout behind a stuck bucket row
-                conn.execute(_BLOCK, {"account": self.limits.account, "secs": float(seconds)})
+                contract.call(conn, "record_retry_after", account=self.limits.account, seconds=float(seconds))
         except _DB_ERRORS as exc:
             self._unreachable(exc, "the provider's Retry-After is not shared with other processes")
 
@@ -492,10 +429,8 @@ class AccountLimiter:
         """Seconds the account's bucket is still blocked by a provider's Retry-After (0: not)."""
         bucket = "create" if create else "read"
         with self._engine().connect() as conn:
-            left = conn.execute(
-                _BLOCKED, {"account": self.limits.account, "bucket": bucket}
-            ).scalar_one_or_none()
-        return float(left or 0.0)
+            answer = contract.call(conn, "token_blocked", account=self.limits.account, bucket=bucket)
+        return float(answer["blocked_s"])
 
     @contextmanager
     def request(self, kind: str, *, create: bool, deadline: float | None = None) -> Iterator[None]:

@@ -23,8 +23,9 @@ from recon_dagster.providers.base import (
     TaskCreatedCallback,
 )
 from recon_dagster.providers.limits import resource_limit_fields
-from recon_dagster.providers.status import MediaRef, UpstreamStatus
+from recon_dagster.providers.status import MediaRef, NotSent, UpstreamStatus
 from recon_dagster.providers.upstream_tasks import TaskListing
+from recon_dagster.telemetry.instruments import POLLS_NOT_SENT, POLLS_SENT
 
 
 def resource_class(spec: ProviderSpec) -> type[ProviderResource]:
@@ -86,8 +87,17 @@ class ProvidersBase(dg.ConfigurableResource):  # type: ignore[type-arg]  # bare,
         return self._async(kind).create(kind, payload)
 
     def poll(self, kind: str, task_id: str) -> UpstreamStatus:
-        """One poll of ``task_id`` of ``kind``."""
-        return self._async(kind).poll(kind, task_id)
+        """One poll of ``task_id`` of ``kind``, counted as sent or not sent (with its reason)."""
+        try:
+            status = self._async(kind).poll(kind, task_id)
+        except NotSent as exc:
+            POLLS_NOT_SENT.add(1, kind=kind, reason=exc.reason.value)
+            raise
+        except Exception:
+            POLLS_SENT.add(1, kind=kind)  # it left: whatever came back is the attempt's evidence
+            raise
+        POLLS_SENT.add(1, kind=kind)
+        return status
 
     def run(
         self,

@@ -50,6 +50,9 @@ class UpstreamStatus(BaseModel):
     progress: int | None = None
     # Provider-reported compute seconds where reported (Replicate metrics.predict_time).
     predict_time_s: float | None = None
+    # What a running task is doing upstream, in words ("in queue at fal, position 3"): said in the
+    # attempt's detail (the story, stuck_jobs, a force-fail's reason) instead of "still running".
+    stage: str | None = None
     raw: dict[str, Any] | None = Field(default=None, repr=False)
 
     @property

@@ -7,6 +7,11 @@
 * ``run_or_resume(job_id, kind, create_and_run, providers=...)``: the stall-retry guard (5.3): when
   the row already carries a task id, resume that task instead of creating a second one.
 
+Each step is a call of the contract's function in the app's database (migration 160,
+``docs/app-contract.md``): the rules live there once, for a worker in any language; this module
+turns their answers into the library's exceptions. The first call on an engine checks that the
+database has the contract (``ContractUnavailable``: run migrate).
+
 All three refuse a row that is no longer in flight (``JobNoLongerInFlight``): a job swept or
 cancelled while it waited in the app's queue never gets upstream work started for it.
 """
@@ -16,14 +21,13 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import sqlalchemy as sa
 
 from recon_dagster.core.crashpoints import crash_point
 from recon_dagster.core.kinds import get_kind
-from recon_dagster.db import credits, ledger
-from recon_dagster.db import jobs as jobs_db
+from recon_dagster.db import contract, ledger
 from recon_dagster.db.engine import get_engine
 from recon_dagster.providers.base import ProviderConfigError
 from recon_dagster.providers.status import (
@@ -94,6 +98,7 @@ class TaskCreatedRecorder:
 
     def before_send(self, provider: str, kind: str, payload: dict[str, Any], marker_sent: bool) -> str:
         if self.intent is None:  # one intent per create, however often asked
+            contract.require(self.engine)
             with self.engine.begin() as conn:
                 self.intent = ledger.record_intent(
                     conn, self.job_id, provider=provider, kind=kind,
@@ -116,6 +121,7 @@ class TaskCreatedRecorder:
         eng = self.engine
         if not isinstance(task_id, str) or not task_id.strip():
             raise ValueError(f"provider task id must be a non-empty string, got {task_id!r}")
+        contract.require(eng)
         with eng.begin() as conn:
             ledger.record_task(
                 conn, job_uuid, provider=str(get_kind(kind).provider), kind=kind, task_id=task_id,
@@ -123,46 +129,29 @@ class TaskCreatedRecorder:
             )  # fmt: skip
         crash_point("worker.after_create")
         with eng.begin() as conn:
-            persisted = jobs_db.record_task_created(conn, job_uuid, kind, task_id)
-            if persisted is None:
-                # Not written: the row is missing, or it ended (swept, cancelled) while we created.
-                row = jobs_db.load_job(conn, job_uuid)
-                if row is None:
-                    raise JobNotFound(f"job {job_uuid} does not exist")
-                # The upstream task exists and may bill, but the row's credits are already settled:
-                # nobody will collect or pay for it. The ledger holds it: the orphan sweep cancels it.
-                log.error(
-                    "job %s is %s but upstream %s task %s was created for it; not persisted",
-                    job_uuid,
-                    row.status,
-                    kind,
-                    task_id,
-                )
-                credits.log_credit_anomaly(
-                    conn,
-                    job_id=job_uuid,
-                    user_id=row.user_id,
-                    reason="upstream_task_for_ended_job",
-                    details={"kind": kind, "task_id": task_id, "job_status": row.status},
-                )
-                ended = JobNoLongerInFlight(job_uuid, row.status)
-            else:
-                ended = None
-            if persisted is not None and persisted != task_id:
-                # Two attempts both created upstream; ours is an orphan that may bill.
-                row = jobs_db.load_job(conn, job_uuid)
-                credits.log_credit_anomaly(
-                    conn,
-                    job_id=job_uuid,
-                    user_id=row.user_id if row else None,
-                    reason="duplicate_upstream_task",
-                    details={"kind": kind, "persisted_task_id": persisted, "orphan_task_id": task_id},
-                )
+            # recon.attach_task: the guarded write, and the credit anomaly of a task nobody will
+            # answer for (the row ended while we created) or of a duplicate (another attempt's).
+            answer = contract.call(conn, "attach_task", job=str(job_uuid), kind=kind, task_id=task_id)
         crash_point("worker.after_persist")
-        if ended is not None:
-            raise ended
-        if persisted is not None and persisted != task_id:
-            raise TaskAlreadyPersisted(job_uuid, persisted, task_id)
+        raise_unless_poll(job_uuid, kind, task_id, answer)
+
+
+def raise_unless_poll(job_uuid: uuid.UUID, kind: str, task_id: str, answer: dict[str, Any]) -> None:
+    """What ``recon.attach_task`` answered, as the library's exceptions: nothing for ``poll``."""
+    contract.fix_call(answer)
+    if answer["next"] == "poll":
+        return
+    if answer["next"] == "resume":  # two attempts both created upstream; ours is an orphan
+        raise TaskAlreadyPersisted(job_uuid, str(answer["task_id"]), task_id)
+    if answer.get("reason") == "job_not_found":
+        raise JobNotFound(f"job {job_uuid} does not exist")
+    # The upstream task exists and may bill, but the row's credits are already settled; the
+    # ledger holds it: the orphan sweep cancels it.
+    log.error(
+        "job %s is %s but upstream %s task %s was created for it; not persisted",
+        job_uuid, answer.get("status"), kind, task_id,
+    )  # fmt: skip
+    raise JobNoLongerInFlight(job_uuid, str(answer.get("status")))
 
 
 def create_may_exist(error: BaseException) -> bool:
@@ -187,12 +176,19 @@ def mark_provider_call_start(job_id: uuid.UUID | str, kind: str, *, engine: sa.E
     """Sync routes: record kind and start time before the call. Never touches status (5.8)."""
     get_kind(kind)
     job_uuid = uuid.UUID(str(job_id))
-    with (engine or get_engine()).begin() as conn:
-        if not jobs_db.mark_provider_call_start(conn, job_uuid, kind):
-            row = jobs_db.load_job(conn, job_uuid)
-            if row is None:
-                raise JobNotFound(f"job {job_uuid} does not exist")
-            raise JobNoLongerInFlight(job_uuid, row.status)
+    eng = engine or get_engine()
+    contract.require(eng)
+    with eng.begin() as conn:
+        answer = contract.call(conn, "mark_call_start", job=str(job_uuid), kind=kind)
+    contract.fix_call(answer)
+    if answer["next"] != "call":
+        _stop(job_uuid, answer)
+
+
+def _stop(job_uuid: uuid.UUID, answer: dict[str, Any]) -> NoReturn:
+    if answer.get("reason") == "job_not_found":
+        raise JobNotFound(f"job {job_uuid} does not exist")
+    raise JobNoLongerInFlight(job_uuid, str(answer.get("status")))
 
 
 def run_or_resume(
@@ -211,22 +207,17 @@ def run_or_resume(
     spec = get_kind(kind)
     eng = engine or get_engine()
     job_uuid = uuid.UUID(str(job_id))
+    contract.require(eng)
     with eng.connect() as conn:
-        row = jobs_db.load_job(conn, job_uuid)
-    if row is None:
-        raise JobNotFound(f"job {job_uuid} does not exist")
-    if not row.inflight:
-        # Swept, cancelled or finished while it waited: neither create nor resume anything.
-        raise JobNoLongerInFlight(job_uuid, row.status)
-    if row.provider_task_id and spec.is_async:
-        resume_kind = row.provider_kind or kind
-        log.info(
-            "job %s: resuming persisted %s task %s (no new create)",
-            job_uuid,
-            resume_kind,
-            row.provider_task_id,
-        )
-        return providers.resume(resume_kind, row.provider_task_id)
+        point = contract.call(conn, "resume_point", job=str(job_uuid))
+    if point["next"] == "stop":
+        # Missing, or swept, cancelled or finished while it waited: neither create nor resume.
+        _stop(job_uuid, point)
+    if point["next"] == "resume" and spec.is_async:  # a sync kind has no task to resume
+        resume_kind = point.get("kind") or kind
+        task_id = str(point["task_id"])
+        log.info("job %s: resuming persisted %s task %s (no new create)", job_uuid, resume_kind, task_id)
+        return providers.resume(resume_kind, task_id)
     try:
         return create_and_run(make_on_task_created(job_uuid, kind, engine=eng))
     except TaskAlreadyPersisted as dup:

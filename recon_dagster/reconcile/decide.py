@@ -81,7 +81,8 @@ def decide_on_status(status: UpstreamStatus, *, breaker_open: bool = False) -> D
         case UpstreamState.EXPIRED:
             return Decision(Action.FAIL, "upstream result expired before it was collected")
         case UpstreamState.RUNNING:
-            return Decision(Action.RETRY_LATER, "upstream still running")
+            said = f": {status.stage}" if status.stage else ""
+            return Decision(Action.RETRY_LATER, f"upstream still running{said}")
     raise AssertionError(f"unhandled state {status.state!r}")  # pragma: no cover
 
 

@@ -27,6 +27,7 @@ from recon_dagster.reconcile.breaker import NotFoundBreaker
 from recon_dagster.reconcile.cause import Cause
 from recon_dagster.reconcile.decide import Action, Outcome, decide_after_attempt, not_sent_detail
 from recon_dagster.reconcile.finalize import force_fail_and_refund
+from recon_dagster.reconcile.observed import count_outcome
 from recon_dagster.reconcile.outcome import EventLog, JobOutcome, Polled, make_outcome
 
 log = logging.getLogger("recon_dagster.reconcile")
@@ -106,7 +107,9 @@ class Settling:
             )
         if decide_after_attempt(attempts, self.settings.max_attempts) is Action.FORCE_FAIL:
             try:
-                won = force_fail_and_refund(self.engine, row.id, attempts=attempts, last_error=why)
+                won = force_fail_and_refund(
+                    self.engine, row.id, attempts=attempts, last_error=why, kind=row.provider_kind
+                )
             except Exception as exc:
                 # Left in flight at the cap (bump_attempts never climbs past it): retried next cadence.
                 self._settle_anomaly(row, "force_fail", exc, attempts)
@@ -209,6 +212,7 @@ class Settling:
 
     def _record(self, o: JobOutcome, owner: str) -> None:
         self.events.add(o, owner)
+        count_outcome(o)
         if self.on_outcome is not None:
             self.on_outcome(o)
 

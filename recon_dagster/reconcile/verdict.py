@@ -7,6 +7,9 @@
 - A run that **moved money at the cap** (force-failed and refunded a job at its last attempt,
   never learning what upstream did) succeeds, since it did its work, but is never a plain green
   success: it carries ``recon/outcome=refunded_at_cap``, visible on its row and filterable.
+- A run in which **some of its jobs got no answer** (at least ``degraded_share`` of the jobs it
+  worked, not all of them) succeeds, since the others were worked, but carries
+  ``recon/outcome=degraded``: a provider answering only part of the time shows on the Runs page.
 - A job's **own bad result** (media that is not what was promised, another task's result, an
   answer unreadable for that job) never fails its run and never reads as an outage: the run carries
   ``recon/outcome=job_errors`` and the job says why in its log line, ``explain`` and ``stuck_jobs``.
@@ -27,8 +30,9 @@ PROVIDER_OUTAGE = "provider_outage"
 INTERNAL_ERRORS = "internal_errors"
 REFUNDED_AT_CAP = "refunded_at_cap"
 JOB_ERRORS = "job_errors"
+DEGRADED = "degraded"
 # Every value ``recon/outcome`` takes, the most serious first.
-RUN_OUTCOMES = (PROVIDER_OUTAGE, INTERNAL_ERRORS, REFUNDED_AT_CAP, JOB_ERRORS)
+RUN_OUTCOMES = (PROVIDER_OUTAGE, INTERNAL_ERRORS, REFUNDED_AT_CAP, DEGRADED, JOB_ERRORS)
 
 _STOPPED = (Outcome.ERROR, Outcome.EXHAUSTED)  # the attempt ended without settling the job
 # Not worked by this run, or (NOT_SENT) never sent to the provider: no attempt, so it neither shows
@@ -56,8 +60,9 @@ def _first_line(detail: str, limit: int = 300) -> str:
     return short_reason(detail.strip().splitlines()[0] if detail.strip() else "", limit)
 
 
-def run_verdict(outcomes: Sequence[JobOutcome]) -> RunVerdict:
-    """The verdict on one run's outcomes (claim-time, finalize, fail and count steps together)."""
+def run_verdict(outcomes: Sequence[JobOutcome], degraded_share: float = 0.2) -> RunVerdict:
+    """The verdict on one run's outcomes (claim-time, finalize, fail and count steps together);
+    ``degraded_share``: the share of its worked jobs without an answer from which it is degraded."""
     worked = [o for o in outcomes if o.outcome not in _NOT_WORKED]
     sample = tuple(_first_line(o.detail) for o in worked[:5] if o.detail)
     stopped = [o for o in worked if o.outcome in _STOPPED]
@@ -87,6 +92,13 @@ def run_verdict(outcomes: Sequence[JobOutcome]) -> RunVerdict:
         return RunVerdict(REFUNDED_AT_CAP, jobs=len(worked), sample=sample)
     if any(o.outcome in _STOPPED and o.cause in (Cause.INTERNAL, None) for o in worked):
         return RunVerdict(INTERNAL_ERRORS, jobs=len(worked), sample=sample)
+    unanswered = [o for o in worked if o.outcome in _STOPPED and o.cause is Cause.PROVIDER]
+    if unanswered and len(unanswered) >= degraded_share * len(worked):
+        return RunVerdict(
+            DEGRADED,
+            jobs=len(worked),
+            sample=tuple(_first_line(o.detail) for o in unanswered[:5] if o.detail),
+        )
     if any(o.outcome in _STOPPED and o.cause is Cause.JOB for o in worked):
         return RunVerdict(JOB_ERRORS, jobs=len(worked), sample=sample)
     return RunVerdict(None, jobs=len(worked), sample=sample)

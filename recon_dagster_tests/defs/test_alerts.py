@@ -403,8 +403,8 @@ def test_the_alert_hook_gets_each_alert_once(instance, media_dir, receivers, mon
 
 
 def test_a_down_provider_that_turns_idle_resolves_at_the_next_health_run(db, instance, media_dir, receivers):
-    """Its traffic stopped (every job settled or force-failed): the health job skips its check,
-    and a skipped check is not failing."""
+    """Its traffic stopped (every job settled or force-failed): the health job's evaluation of
+    its check passes, saying it is idle (nothing in flight fails)."""
     defs = make_defs(media_dir)
     ticks = AlertTicks(defs, instance, _targets(receivers, "webhook"))
     _check(instance, "elevenlabs", False, "elevenlabs DOWN: 6 of 6 job(s) got no answer")
@@ -417,4 +417,4 @@ def test_a_down_provider_that_turns_idle_resolves_at_the_next_health_run(db, ins
         ("resolve", "check:provider_health:elevenlabs"),
     ], ticks.messages
     resolve = receivers.accepted("/hook/")[1].json
-    assert resolve["summary"].startswith("elevenlabs idle: no job of it polled in the health window")
+    assert resolve["summary"].startswith("elevenlabs idle: no job of it in flight polled in the last")

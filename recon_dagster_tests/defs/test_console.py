@@ -253,8 +253,13 @@ def test_a_run_of_one_provider_leaves_every_busy_providers_health_check_shown(
     assert shown == {**dict.fromkeys(provider_names()), "replicate": False, "kie": True}, shown
 
     # The health schedule materializes the asset: the checks still show for its materialization,
-    # the idle ones as skipped.
-    make_defs(media_dir).resolve_job_def("provider_health_job").execute_in_process(instance=instance)
+    # the idle ones unevaluated; the run fails while replicate is DOWN (item 1 of issue 55).
+    result = (
+        make_defs(media_dir)
+        .resolve_job_def("provider_health_job")
+        .execute_in_process(instance=instance, raise_on_error=False)
+    )
+    assert not result.success
     assert _latest_health_checks(instance) == shown
 
 

@@ -12,6 +12,7 @@ from recon_dagster.reconcile.cause import Cause
 from recon_dagster.reconcile.decide import Outcome
 from recon_dagster.reconcile.outcome import JobOutcome
 from recon_dagster.reconcile.verdict import (
+    DEGRADED,
     INTERNAL_ERRORS,
     JOB_ERRORS,
     PROVIDER_OUTAGE,
@@ -39,8 +40,9 @@ UNANSWERED = "poll failed: RetryableError: elevenlabs-async: HTTP 500: internal_
         # The only job had its own bad result: never an outage, never a failed run.
         ([o(E, Cause.JOB, "kie-standard")], JOB_ERRORS, False),
         ([o(E, Cause.JOB, "kie-standard"), o(E, Cause.JOB, "kie-standard")], JOB_ERRORS, False),
-        # One job's own bad result among unanswered ones: its provider answered it, so not an outage.
-        ([o(E, Cause.PROVIDER), o(E, Cause.JOB)], JOB_ERRORS, False),
+        # One job's own bad result among unanswered ones: its provider answered it, so not an outage,
+        # but half of the run got no answer: degraded.
+        ([o(E, Cause.PROVIDER), o(E, Cause.JOB)], DEGRADED, False),
         # Ours.
         ([o(E, Cause.INTERNAL), o(E, None)], INTERNAL_ERRORS, True),
         ([o(E, Cause.INTERNAL), o(Outcome.RECOVERED, Cause.ANSWERED)], INTERNAL_ERRORS, False),
@@ -49,8 +51,10 @@ UNANSWERED = "poll failed: RetryableError: elevenlabs-async: HTTP 500: internal_
         ([o(X, Cause.INTERNAL)], REFUNDED_AT_CAP, False),  # a takeover at the cap: settled, not failed
         ([o(X, Cause.JOB), o(Outcome.STILL_RUNNING, Cause.ANSWERED)], REFUNDED_AT_CAP, False),
         ([o(X, Cause.ANSWERED), o(E, Cause.JOB)], REFUNDED_AT_CAP, False),
-        # Partial trouble with some progress.
-        ([o(E, Cause.PROVIDER), o(Outcome.STILL_RUNNING, Cause.ANSWERED)], None, False),
+        # Partial trouble with some progress: degraded from a fifth of the jobs without an answer.
+        ([o(E, Cause.PROVIDER)] * 12 + [o(Outcome.STILL_RUNNING, Cause.ANSWERED)] * 2, DEGRADED, False),
+        ([o(E, Cause.PROVIDER), o(Outcome.STILL_RUNNING, Cause.ANSWERED)], DEGRADED, False),
+        ([o(E, Cause.PROVIDER)] + [o(Outcome.STILL_RUNNING, Cause.ANSWERED)] * 9, None, False),
         ([o(Outcome.RECOVERED, Cause.ANSWERED), o(Outcome.FAILED, Cause.ANSWERED)], None, False),
         ([], None, False),
         ([o(Outcome.SKIPPED, Cause.NOT_ASKED)], None, False),

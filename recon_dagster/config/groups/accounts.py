@@ -28,6 +28,22 @@ class AccountGroup:
         0.5, 0, 0.999, "...and they are more than this share of the jobs it was asked about in the window.",
         group="provider health",
     )
+    health_degraded_min_jobs = whole(
+        2, 1, 100_000,
+        "A provider that is not DOWN is DEGRADED when at least this many of its jobs got no answer at their "
+        "latest poll in the window (`provider_health`'s check fails at WARN severity)...",
+        group="provider health",
+    )
+    health_degraded_share = number(
+        0.2, 0, 0.999, "...and they are at least this share of its jobs polled in the window.",
+        group="provider health",
+    )
+    health_slow_poll_s = number(
+        10, 0.1, 3600,
+        "A provider whose answered polls in the window take this long or longer (90th percentile) is shown "
+        "slow in `provider_health` (never DOWN: it answers).",
+        group="provider health",
+    )
     # spend reconciliation
     spend_replicate_tolerance_s = number(
         0, 0, DAY_S,

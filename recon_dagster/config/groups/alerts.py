@@ -67,4 +67,11 @@ class AlertGroup:
         "load error naming the variable.",
         parse=importable_hook, bounds="an importable callable", shown_default="—",
     )
+    alert_runbook_base_url = setting(
+        "alerts", "URL", None,
+        "Where this project's `docs/` are served (e.g. `https://github.com/<org>/recon_dagster/blob/main/docs/`): "
+        "every alert links its runbook as `<this>operations.md#<section>` next to its first step.",
+        parse=http_url, bounds="http:// or https://",
+        shown_default="the first step only, no link",
+    )
     # fmt: on

@@ -29,12 +29,14 @@ import httpx
 
 from recon_dagster.alerting.delivery import Owed, deliver_within
 from recon_dagster.alerting.incidents import Alert, IncidentBook, Signal
+from recon_dagster.alerting.runbook import with_runbook
 from recon_dagster.alerting.targets import Target
 from recon_dagster.config import PREFIX, Settings, settings
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.defs.alerts.resource import AlertTargetsResource
 from recon_dagster.defs.alerts.signals import alerted_jobs, read_checks, read_failed_runs, read_recoveries
+from recon_dagster.defs.telemetry import timed_tick
 
 SENSOR_NAME = "reconcile_alerts"
 MAX_TRIES = 10
@@ -116,6 +118,8 @@ def run_tick(
     for signal in read_recoveries(context.instance, book.state(), ui_url=ui_url):
         alerts += book.observe(signal)
     state["open"] = book.state()
+    # Every alert says where its runbook is and what to do first (recon_dagster.alerting.runbook).
+    alerts = [with_runbook(a, settings().alert_runbook_base_url) for a in alerts]
 
     done: list[str] = []
     hook = _hook()
@@ -187,6 +191,7 @@ def _owed_from(pending: list[dict[str, Any]]) -> list[Owed]:
     f"{Settings.alert_hook.name}. A reconcile run failed by its provider's outage belongs to that provider's "
     "health incident. With no target set, each alert is logged here.",
 )
+@timed_tick("reconcile_alerts")
 def reconcile_alerts(
     context: dg.SensorEvaluationContext, alert_targets: AlertTargetsResource
 ) -> dg.SkipReason:

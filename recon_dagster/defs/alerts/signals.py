@@ -108,7 +108,7 @@ def _check_signal(
             f": {shown}" if shown else ""
         )
     title = (
-        f"{key.name} is DOWN (provider_health)"
+        f"{key.name} is {'DEGRADED' if severity == 'warning' else 'DOWN'} (provider_health)"
         if provider and failing
         else f"{provider} (provider_health)"
         if provider
@@ -124,6 +124,8 @@ def _check_signal(
         severity=severity,
         provider=provider,
         details=details,
+        # A check that says what is new (its "news" metadata) is told again while its incident is open.
+        news=str(details["news"]) if failing and "news" in details else None,
         links=_link(ui_url, path, f"{asset} checks") + _link(ui_url, f"/runs/{record.run_id}", "run")
         if record.run_id
         else _link(ui_url, path, f"{asset} checks"),

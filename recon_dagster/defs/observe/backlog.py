@@ -153,7 +153,9 @@ def no_stuck_jobs(database: DatabaseResource) -> dg.AssetCheckResult:
 
 reconcile_health_job = dg.define_asset_job(
     "reconcile_health_job",
-    selection=dg.AssetSelection.assets(BACKLOG, STUCK, HEALTH, *HEALTH_ASSETS),
+    # provider_health's checks are its own evaluations, written after its materialization.
+    selection=dg.AssetSelection.assets(BACKLOG, STUCK, HEALTH, *HEALTH_ASSETS)
+    - dg.AssetSelection.checks_for_assets(HEALTH),
     executor_def=dg.in_process_executor,
     description="Refresh the in-flight backlog, credit anomalies and error rates per provider, and run "
     "their checks (credit leak, stuck jobs, new force-fails, error rate per provider).",

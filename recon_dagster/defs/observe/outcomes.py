@@ -8,6 +8,7 @@ the health schedule and carry the checks that turn red during an outage.
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -221,7 +222,57 @@ def credit_anomalies(
     f"{RECENT_MINUTES} minutes: each such row is a job reconciliation could not settle in time.",
 )
 def no_new_exhausted_jobs(database: DatabaseResource) -> dg.AssetCheckResult:
-    return recent_anomalies_check(database, "reconcile_exhausted", "new_exhausted", with_amount=True)
+    result = recent_anomalies_check(database, "reconcile_exhausted", "new_exhausted", with_amount=True)
+    if result.passed:
+        return result
+    with database.get_engine().connect() as conn:
+        window = exhausted_window(conn)
+    return dg.AssetCheckResult(
+        passed=False,
+        severity=result.severity,
+        description=window.line,
+        metadata={**window.metadata(), **dict(result.metadata)},
+    )
+
+
+@dataclass(frozen=True)
+class ExhaustedWindow:
+    """The force-fails at the cap of the check's window: how many, per kind, and the newest's id."""
+
+    jobs: int
+    kinds: dict[str, int]
+    newest: int | None
+
+    @property
+    def line(self) -> str:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.kinds.items()))
+        return (
+            f"{self.jobs} job(s) force-failed at the attempt cap and refunded in the last {RECENT_MINUTES} min"
+            + (f" ({kinds})" if kinds else "")
+        )
+
+    def metadata(self) -> dict[str, Any]:
+        # "news" first: the alert sensor tells the open incident again when it changes.
+        return {
+            "news": self.newest if self.newest is not None else "-",
+            "kinds": dict(sorted(self.kinds.items())),
+        }
+
+
+def exhausted_window(conn: sa.Connection) -> ExhaustedWindow:
+    rows = conn.execute(
+        sa.text(
+            """
+            SELECT coalesce(j.provider_kind, '(none)') AS kind, count(*) AS n, max(a.id) AS newest
+            FROM credit_anomalies a LEFT JOIN jobs j ON j.id = a.job_id
+            WHERE a.reason = 'reconcile_exhausted' AND a.created_at > now() - make_interval(mins => :m)
+            GROUP BY 1
+            """
+        ),
+        {"m": RECENT_MINUTES},
+    ).all()
+    newest = max((int(r.newest) for r in rows), default=None)
+    return ExhaustedWindow(sum(int(r.n) for r in rows), {r.kind: int(r.n) for r in rows}, newest)
 
 
 def recent_anomalies_check(

@@ -9,10 +9,16 @@ turns red at once instead of at the health schedule's next pass.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import dagster as dg
 
-from recon_dagster.defs.observe.outcomes import ANOMALIES, RECENT_MINUTES, recent_anomalies_check
+from recon_dagster.defs.observe.outcomes import (
+    ANOMALIES,
+    RECENT_MINUTES,
+    exhausted_window,
+    recent_anomalies_check,
+)
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.reconcile.decide import Outcome
 from recon_dagster.reconcile.reconciler import JobOutcome
@@ -36,7 +42,9 @@ def _sample(outcomes: Sequence[JobOutcome]) -> dg.MetadataValue:
     )
 
 
-def flag_money(context: dg.OpExecutionContext, outcomes: Sequence[JobOutcome]) -> None:
+def flag_money(
+    context: dg.OpExecutionContext, outcomes: Sequence[JobOutcome], database: DatabaseResource | None = None
+) -> None:
     """WARNING lines and failed check evaluations for this run's force-fails and settle errors."""
     for check, label, hits in (
         (
@@ -52,6 +60,16 @@ def flag_money(context: dg.OpExecutionContext, outcomes: Sequence[JobOutcome]) -
             f" (+{len(hits) - 20} more)" if len(hits) > 20 else ""
         )
         context.log.warning(f"{len(hits)} job(s) {label}: {ids}")
+        description = f"{len(hits)} job(s) {label} by run {context.run_id}"
+        window: dict[str, Any] = {}
+        if check == EXHAUSTED_CHECK and database is not None:
+            # The check counts its window, not this run: the alert tells the running count and kinds.
+            try:
+                with database.get_engine().connect() as conn:
+                    seen = exhausted_window(conn)
+                description, window = f"{seen.line}; {len(hits)} by run {context.run_id}", seen.metadata()
+            except Exception as exc:  # the figures must not fail a run that did its work
+                context.log.warning(f"force-fails of the window could not be read: {exc}")
         # log_event takes a check evaluation at runtime (Dagster's own annotation lags behind it).
         context.log_event(
             dg.AssetCheckEvaluation(  # type: ignore[arg-type]
@@ -59,8 +77,8 @@ def flag_money(context: dg.OpExecutionContext, outcomes: Sequence[JobOutcome]) -
                 check_name=check,
                 passed=False,
                 severity=dg.AssetCheckSeverity.ERROR,
-                description=f"{len(hits)} job(s) {label} by run {context.run_id}",
-                metadata={"jobs": len(hits), "run_id": context.run_id, "sample": _sample(hits)},
+                description=description,
+                metadata={**window, "jobs": len(hits), "run_id": context.run_id, "sample": _sample(hits)},
             )
         )
 

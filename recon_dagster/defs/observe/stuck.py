@@ -1,21 +1,29 @@
 """The console's retries tab: ``stuck_jobs`` (in-flight jobs past their threshold, with attempt
 n/max, next attempt, lease holder and the last reason, whole) and the operator's actions on one
 job from the Launchpad, ``retry_job_now`` and ``fail_and_refund_job`` (``recon_dagster.operator.actions``).
+
+``stuck_jobs`` is live: besides the health schedule, every reconcile or sweep run that worked a job
+records it again once its outcomes are written (``report_stuck``), so a job force-failed a minute
+ago is not still listed. Its ``table`` is Dagster table metadata (sortable in the console), each row
+with its kind, attempt n of max, next attempt, lease, last reason, and links to the job's runs (the
+Runs page filtered by its tag) and to its story (``recon-dagster explain``).
 """
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import dagster as dg
 import sqlalchemy as sa
 from pydantic import Field
 
 from recon_dagster.core.kinds import MAX_ATTEMPTS
-from recon_dagster.core.runtags import ACTION_JOB_TAG, OPERATOR_TAG, ROLE_TAG
+from recon_dagster.core.runtags import ACTION_JOB_TAG, JOB_TAG_PREFIX, JOB_TAG_VALUE, OPERATOR_TAG, ROLE_TAG
 from recon_dagster.core.text import short_reason
 from recon_dagster.db.jobs import _threshold_case
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.operator.actions import Done, OperatorError, fail_now, retry_now
+from recon_dagster.operator.explain import ui_base_url
 
 STUCK = dg.AssetKey("stuck_jobs")
 TABLE_ROWS = 100
@@ -64,12 +72,78 @@ def stuck_rows(conn: sa.Connection, limit: int = TABLE_ROWS) -> list[dict[str, A
     ]
 
 
-def _markdown(rows: list[dict[str, Any]]) -> str:
+def runs_link(job_id: str, base: str | None) -> str:
+    """The Runs page filtered by the job's tag: every run that worked it."""
+    tag = quote(f"tag:{JOB_TAG_PREFIX}{job_id}={JOB_TAG_VALUE}", safe="")
+    return f"{base or ''}/runs?q%5B%5D={tag}"
+
+
+_COLUMNS = (
+    ("job_id", "string", "the app's jobs.id"),
+    ("kind", "string", "provider kind"),
+    ("attempt", "string", "attempt n of max"),
+    ("attempts_left", "int", "attempts before the cap force-fails and refunds it"),
+    ("next_attempt", "string", "when it is due again (UTC)"),
+    ("lease", "string", "who holds it now"),
+    ("last_reason", "string", "what upstream said, or why the result was unusable"),
+    ("runs", "string", "its runs: the Runs page filtered by its tag"),
+    ("story", "string", "its story: recon-dagster explain"),
+)
+
+
+def stuck_table(rows: list[dict[str, Any]], base: str | None) -> dg.TableMetadataValue:
+    """The rows as Dagster table metadata (the console sorts it by any column)."""
+    return dg.MetadataValue.table(
+        records=[
+            dg.TableRecord(
+                {
+                    "job_id": r["job_id"],
+                    "kind": r["provider_kind"],
+                    "attempt": r["attempt"].replace("/", " of "),
+                    "attempts_left": r["attempts_left"],
+                    "next_attempt": r["next_attempt"],
+                    "lease": r["lease"],
+                    "last_reason": r["last_upstream"],
+                    "runs": runs_link(r["job_id"], base),
+                    "story": f"recon-dagster explain {r['job_id']}",
+                }
+            )
+            for r in rows
+        ],
+        schema=dg.TableSchema(
+            columns=[dg.TableColumn(name, type_, description=d) for name, type_, d in _COLUMNS]
+        ),
+    )
+
+
+def stuck_metadata(rows: list[dict[str, Any]], base: str | None) -> dict[str, Any]:
+    return {
+        "stuck": len(rows),
+        "near_cap": sum(1 for r in rows if r["attempts_left"] <= 2),
+        "table": stuck_table(rows, base),
+        "jobs": dg.MetadataValue.md(_markdown(rows, base)),
+    }
+
+
+def report_stuck(context: dg.OpExecutionContext, database: DatabaseResource) -> None:
+    """Record ``stuck_jobs`` again from a run that changed it (never fails the run's work)."""
+    try:
+        with database.get_engine().connect() as conn:
+            rows = stuck_rows(conn)
+    except Exception as exc:
+        context.log.warning(f"stuck_jobs could not be refreshed: {exc}")
+        return
+    context.log_event(
+        dg.AssetMaterialization(asset_key=STUCK, metadata=stuck_metadata(rows, ui_base_url(None)))
+    )
+
+
+def _markdown(rows: list[dict[str, Any]], base: str | None = None) -> str:
     if not rows:
         return "_no job in flight past its threshold_"
-    head = "| job_id | kind | attempt | next attempt | lease | last reason (what upstream said, or why the result was unusable) |\n|---|---|---|---|---|---|"
+    head = "| job_id | kind | attempt | next attempt | lease | last reason (what upstream said, or why the result was unusable) | runs |\n|---|---|---|---|---|---|---|"
     body = [
-        f"| {r['job_id']} | {r['provider_kind']} | {r['attempt']} | {r['next_attempt']} | {r['lease']} | {r['last_upstream']} |"
+        f"| {r['job_id']} | {r['provider_kind']} | {r['attempt']} | {r['next_attempt']} | {r['lease']} | {r['last_upstream']} | [runs]({runs_link(r['job_id'], base)}) |"
         for r in rows
     ]
     return "\n".join([head, *body])
@@ -85,15 +159,9 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
 def stuck_jobs(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult[Any]:
     with database.get_engine().connect() as conn:
         rows = stuck_rows(conn)
-    near_cap = sum(1 for r in rows if r["attempts_left"] <= 2)
-    context.log.info(f"{len(rows)} job(s) past threshold, {near_cap} within 2 attempts of the cap")
-    return dg.MaterializeResult(
-        metadata={
-            "stuck": len(rows),
-            "near_cap": near_cap,
-            "jobs": dg.MetadataValue.md(_markdown(rows)),
-        }
-    )
+    meta = stuck_metadata(rows, ui_base_url(None))
+    context.log.info(f"{len(rows)} job(s) past threshold, {meta['near_cap']} within 2 attempts of the cap")
+    return dg.MaterializeResult(metadata=meta)
 
 
 class OperatorActionConfig(dg.Config):

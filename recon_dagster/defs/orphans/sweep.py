@@ -10,6 +10,7 @@ import dagster as dg
 
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.providers import ProvidersResource
+from recon_dagster.telemetry.instruments import ORPHAN_ACTIONS
 
 UPSTREAM_ORPHANS = dg.AssetKey("upstream_orphans")
 SAMPLE = 50
@@ -54,6 +55,9 @@ def upstream_orphans(
         if s.verdict.action is OrphanAction.ORPHAN_BILLED and not s.done.startswith("already")
     ]  # fmt: skip
     counts = report.counts()
+    for s in report.tasks:
+        if s.verdict.action is not OrphanAction.OWNED:
+            ORPHAN_ACTIONS.add(1, provider=s.verdict.task.provider, action=s.verdict.action.value)
     if running:
         passed, severity = False, dg.AssetCheckSeverity.ERROR
         why = f"{len(running)} task(s) of ours still running with nobody to collect them: " + ", ".join(

@@ -32,6 +32,7 @@ from recon_dagster.defs.reconcile.console import CONSOLE_RUN_CONFIG
 from recon_dagster.defs.reconcile.jobs import reconcile_job
 from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
 from recon_dagster.defs.settings_check import shadow_modes
+from recon_dagster.defs.telemetry import requested_run_tags, timed_tick
 from recon_dagster.providers.limits import batch_sizes_within_budgets, poll_budgets
 from recon_dagster.reconcile.batches import Batch, plan_batches, within_poll_budgets
 from recon_dagster.reconcile.reconciler import Summary, outcomes_since
@@ -125,6 +126,7 @@ def run_request_for(batch: Batch) -> dg.RunRequest:
         JOB_COUNT_TAG: str(len(batch.claims)),
         ATTEMPT_TAG: ",".join(str(a) for a in sorted(set(batch.attempts))),
         **job_tags([c.job_id for c in batch.claims]),
+        **requested_run_tags(batch.run_key, batch.provider_kind, len(batch.claims)),
     }
     return dg.RunRequest(
         run_key=batch.run_key,
@@ -198,6 +200,7 @@ def fresh_keys(instance: dg.DagsterInstance, batches: list[Batch]) -> tuple[list
     "reconcile runs for them, one per job or packed per kind in a backlog. Writes nothing: each "
     "run takes the lease on its jobs when it starts.",
 )
+@timed_tick("stale_inflight_jobs_sensor")
 def stale_inflight_jobs_sensor(
     context: dg.SensorEvaluationContext,
     database: DatabaseResource,

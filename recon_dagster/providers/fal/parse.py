@@ -70,9 +70,10 @@ def parse_fal(b: Body, family: str, body: dict[str, Any], task_id: str | None) -
         position = body.get("queue_position")
         if position is not None and not is_int(position):
             raise b.fail(f"queue_position must be an integer, got {show(position)}")
-        return status_of(b.kind, body, RUNNING, task_id)
+        stage = "in queue at fal" + (f", position {position}" if position is not None else "")
+        return status_of(b.kind, body, RUNNING, task_id, stage=stage)
     if status == IN_PROGRESS:
-        return status_of(b.kind, body, RUNNING, task_id)
+        return status_of(b.kind, body, RUNNING, task_id, stage="in progress at fal")
     if status != COMPLETED:
         raise b.unknown_state("status", status)
     error = fal_error(body)

@@ -40,7 +40,8 @@ def parse_replicate(b: Body, family: str, body: dict[str, Any], task_id: str | N
     tid = task_id_of(body.get("id"), task_id)
     metrics = {"predict_time_s": _predict_time(body)}
     if one_of(status, _REPLICATE_RUNNING):
-        return status_of(b.kind, body, RUNNING, tid)
+        waiting = " (waiting for a machine)" if status == "starting" else ""
+        return status_of(b.kind, body, RUNNING, tid, stage=f"{status} at replicate{waiting}")
     if one_of(status, _REPLICATE_FAILED):
         return status_of(
             b.kind,
