@@ -18,6 +18,7 @@ from recon_dagster.defs.resources import (
     ReconcileSettingsResource,
     with_nested_resources_on_top,
 )
+from recon_dagster.defs.retention import definitions as retention_feature
 from recon_dagster.defs.rollout import definitions as rollout_feature
 from recon_dagster.defs.settings_check import validate_settings
 from recon_dagster.defs.spend import definitions as spend_feature
@@ -37,6 +38,7 @@ FEATURES = (
     alerts_feature,
     orphans_feature,
     spend_feature,
+    retention_feature,
 )
 
 

@@ -168,8 +168,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_orphans(args: argparse.Namespace) -> int:
     require_migrated()
-    from recon_dagster.cli.orphans import run_orphans
+    from recon_dagster.cli.orphans import run_hand_action, run_orphans
 
+    if args.adopt is not None or args.cancel is not None or args.job is not None:
+        if args.act or args.json:
+            raise CliError("--adopt / --cancel act on one task", "drop --act and --json", code=2)
+        return run_hand_action(
+            adopt=args.adopt, job=args.job, cancel=args.cancel, since=args.since, reason=args.reason
+        )
     return run_orphans(as_json=args.json, since=args.since, act=args.act)
 
 
@@ -339,6 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="adopt, cancel and report (shadowed kinds: record); without it nothing is written",
     )
+    # The operator's word on a probably_ours task (recon_dagster.operator.orphans): recorded with who and why.
+    orph.add_argument("--adopt", metavar="TASK", help="adopt this probably_ours task onto --job JOB")
+    orph.add_argument("--job", metavar="JOB", help="the in-flight job (jobs.id) that takes the --adopt task")
+    orph.add_argument("--cancel", metavar="TASK", help="cancel this probably_ours task upstream")
+    orph.add_argument("--reason", default="", help="why (recorded with the job) for --adopt / --cancel")
     # The operator's actions on one job (recon_dagster.operator.actions): recorded with who and why.
     rt = _command(
         sub,

@@ -88,6 +88,7 @@ def as_cli_error(exc: BaseException) -> CliError:
         InvalidDatabaseUrl,
     )
     from recon_dagster.db.migrate import MigrationError
+    from recon_dagster.db.schema_contract import SchemaContractError
 
     if isinstance(exc, CliError):
         return exc
@@ -107,6 +108,8 @@ def as_cli_error(exc: BaseException) -> CliError:
             _one_line(str(exc)),
             f"see {embedded_pgdata() / 'log'}, or set {_URL} to a running PostgreSQL",
         )
+    if isinstance(exc, SchemaContractError):
+        return CliError(exc.what, exc.fix)
     if isinstance(exc, MigrationError):
         return CliError(
             str(exc), exc.fix or "fix the migration named here, then run `recon-dagster migrate` again"

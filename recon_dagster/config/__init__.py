@@ -30,6 +30,7 @@ from recon_dagster.config.groups.media import MediaGroup
 from recon_dagster.config.groups.operators import OperatorGroup
 from recon_dagster.config.groups.provider_io import ProviderIoGroup
 from recon_dagster.config.groups.reconcile import ReconcileGroup
+from recon_dagster.config.groups.retention import RetentionGroup
 from recon_dagster.config.groups.telemetry import TelemetryGroup
 from recon_dagster.config.parse import (
     FLAG_VALUES,
@@ -86,6 +87,7 @@ class Settings(
     AccountGroup,
     AlertGroup,
     TelemetryGroup,
+    RetentionGroup,
     OperatorGroup,
 ):
     """Every ``RECON_*`` setting as a typed attribute, read from the environment when asked.

@@ -177,7 +177,7 @@ def test_a_key_escaped_in_a_500_body_appears_nowhere_after_reconcile_once(
 
 
 def test_a_key_with_a_newline_is_stripped_when_read_and_the_call_succeeds(echo_sandbox):
-    kie = KieResource(base_url=echo_sandbox.kie_base_url, api_key=KEY + "\n")
+    kie = KieResource(base_url=echo_sandbox.api_base_url("kie"), api_key=KEY + "\n")
     task = echo_sandbox.add_task("kie-standard", Scenario(polls_before_done=5))
 
     status = kie.poll("kie-standard", task)
@@ -191,7 +191,7 @@ def test_a_header_that_cannot_be_sent_never_shows_the_key(echo_sandbox):
     register_secret(raw)
     http = ProviderHttp(
         provider="kie",
-        base_url=echo_sandbox.kie_base_url,
+        base_url=echo_sandbox.api_base_url("kie"),
         auth_headers={"Authorization": f"Bearer {raw}"},
         secret=raw,
         settings=HttpSettings(max_attempts=1),

@@ -24,6 +24,7 @@ def test_definitions_load_with_every_job_sensor_and_schedule():
         "plan_reconcile",
         "shadow_agreement_job",
         "orphan_sweep_job",
+        "prune_history",
     }
     assert {s.name for s in repo.sensor_defs} == {
         "stale_inflight_jobs_sensor",
@@ -38,6 +39,7 @@ def test_definitions_load_with_every_job_sensor_and_schedule():
         "orphan_sweep_schedule",
         "spend_reconciliation_schedule",
         "anthropic_spend_hourly_schedule",
+        "prune_history_schedule",
     }
     assert set(defs.resources) >= {
         "database",
