@@ -5,12 +5,13 @@ from datetime import UTC, datetime
 import dagster as dg
 from dagster_shared.check import CheckError
 
-from recon_dagster.config import settings
+from recon_dagster.config import Settings, settings
 from recon_dagster.core.runtags import ROLE_TAG
 from recon_dagster.db.retention import Horizons, cutoffs, prune_pass
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.defs.retention.incidents import open_incidents_since
 from recon_dagster.defs.retention.runs import REPOSITORY_LABEL_TAG, prune_runs
+from recon_dagster.defs.spend.schedules import spend_days_final_after_s
 
 DAY = 86_400.0
 MAX_RUNS_PER_PASS = 2000
@@ -25,7 +26,7 @@ def horizons() -> Horizons:
         tombstones_s=now.retention_pruned_jobs_days * DAY,
         poll_answers_s=now.not_found_window_s,
         orphan_window_s=max(now.orphan_window_s, now.orphan_look_wait_s),
-        spend_final_after_s=now.spend_anthropic_final_after_s,
+        spend_final_after_s=spend_days_final_after_s(),
     )
 
 
@@ -64,8 +65,9 @@ def prune_tables(context: dg.OpExecutionContext, database: DatabaseResource) -> 
 
 @dg.op(
     description="Deletes this code location's finished Dagster runs (and their event logs) past "
-    "RECON_RETENTION_RUNS_DAYS through the instance API; failed runs and runs tagged recon/outcome are kept "
-    "RECON_RETENTION_FAILED_RUNS_DAYS; runs of other code locations are never touched.",
+    f"{Settings.retention_runs_days.name} through the instance API; failed runs and runs tagged "
+    f"recon/outcome are kept {Settings.retention_failed_runs_days.name}; runs of other code locations "
+    "are never touched.",
     ins={"after": dg.In(dg.Nothing)},
 )
 def prune_runs_op(context: dg.OpExecutionContext) -> dg.Output[None]:
@@ -115,5 +117,5 @@ prune_history_schedule = dg.ScheduleDefinition(
     cron_schedule="17 * * * *",
     default_status=dg.DefaultScheduleStatus.RUNNING,
     description="Hourly: prune_history (small batches, each its own short transaction; a pass stops "
-    "after RECON_RETENTION_PASS_S and the next goes on).",
+    f"after {Settings.retention_pass_s.name} and the next goes on).",
 )
