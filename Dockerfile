@@ -53,7 +53,8 @@ RUN pip install --no-cache-dir --require-hashes --only-binary=:all: -r /tmp/whee
     && rm -rf /tmp/wheels \
     && mkdir -p "$DAGSTER_HOME" \
     && useradd --create-home --uid 10001 dagster \
-    && chown -R dagster "$DAGSTER_HOME"
+    && mkdir -p /var/lib/recon-dagster/media \
+    && chown -R dagster "$DAGSTER_HOME" /var/lib/recon-dagster
 
 # Instance config for runs launched in this image (the Helm chart mounts its own over it).
 COPY dagster.yaml "$DAGSTER_HOME/dagster.yaml"

@@ -40,9 +40,10 @@ format: ## ruff format, then ruff's safe fixes
 demo: ## the incident, reconciled on the embedded PostgreSQL and the sandbox
 	$(BIN)/recon-dagster demo
 
-docs: ## regenerate docs/configuration.md from recon_dagster/config/
+docs: ## regenerate docs/configuration.md (recon_dagster/config/) and the metrics of docs/operations.md
 	$(BIN)/python -m recon_dagster.config --markdown > docs/configuration.md.tmp
 	mv docs/configuration.md.tmp docs/configuration.md
+	$(BIN)/python -m recon_dagster.telemetry.docs docs/operations.md
 
 ci: ## what CI runs: install, lint, the suite on the embedded and the server PostgreSQL
 	bash .ci/run

@@ -249,6 +249,31 @@ def run_phase(
     )
 
 
+def _telemetry_env() -> dict[str, str]:
+    """Telemetry on for the daemon tree: /metrics on a free port, OTLP/HTTP to a loopback sink
+    that answers 200 to everything (the exporters' encoding and sending are the cost measured)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    Thread(target=server.serve_forever, daemon=True).start()
+    return {
+        "RECON_TELEMETRY": "1",
+        "RECON_METRICS_PORT": "0",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+    }
+
+
 def main() -> int:
     if "--ceiling" in sys.argv[1:]:  # the account-budget benchmark (benchmarks/ceiling.py)
         from ceiling import main as ceiling_main
@@ -305,6 +330,13 @@ def main() -> int:
         "slots that never bind, so the figure is the reconciler's; 'shipped' the default budgets "
         "(KIE reads 600/min bind: see --ceiling); 'process' per-process limits only",
     )
+    parser.add_argument(
+        "--telemetry",
+        choices=("off", "on"),
+        default="off",
+        help="'on': RECON_TELEMETRY=1 in the daemon tree, the code server serving /metrics on a free port and "
+        "every process pushing OTLP/HTTP to a loopback sink in this process (what telemetry costs)",
+    )
     args = parser.parse_args()
     for name in ("jobs", "max_concurrent_runs", "batch_size", "concurrency", "scan_limit", "sensor_interval"):
         if getattr(args, name) < 1:
@@ -327,7 +359,7 @@ def main() -> int:
         f"database {redact(url)}; {args.jobs:,} jobs, latency {args.latency * 1000:g} ms, "
         f"{args.max_concurrent_runs} concurrent runs (<= {args.kind_run_limit or 'any'} per kind), "
         f"batch {args.batch_size}, scan {args.scan_limit}, {args.concurrency} jobs at once per run, "
-        f"account limits {args.limits}, watermark {args.watermark}, "
+        f"account limits {args.limits}, watermark {args.watermark}, telemetry {args.telemetry}, "
         f"{os.cpu_count()} cores",
         flush=True,
     )
@@ -345,6 +377,7 @@ def main() -> int:
             "RECON_RECONCILE_CONCURRENCY": str(args.concurrency),
             "RECON_SCAN_LIMIT": str(args.scan_limit),
             **LIMIT_MODES[args.limits],
+            **(_telemetry_env() if args.telemetry == "on" else {}),
         }
         compile_project()
         with (

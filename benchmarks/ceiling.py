@@ -35,7 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 from harness import Seeded, compile_project, connections, inflight, insert_jobs, log, verify
 
-from recon_dagster.core.kinds import KINDS, get_kind
+from recon_dagster.core.kinds import KINDS, get_kind, provider_specs
 from recon_dagster.db.engine import (
     DATABASE_URL_ENV,
     dispose_engines,
@@ -189,8 +189,8 @@ def main(argv: list[str]) -> int:
     os.environ[DATABASE_URL_ENV] = url
     media_dir = tempfile.mkdtemp(prefix="recon-bench-media-")
     budget = Budget(args.reads, args.window)
-    # The run-queue limits the shipped dagster.yaml derives from the default account slots.
-    provider_runs = {"kie": 3, "replicate": 4, "elevenlabs": 1, "anthropic": 1}
+    # The run-queue limits of every registered provider, from its spec (as the shipped dagster.yaml).
+    provider_runs = {spec.name: spec.run_queue.provider_runs for spec in provider_specs()}
     print(
         f"database {redact(url)}; {args.jobs:,} jobs over {', '.join(PROVIDERS)}; read budget "
         f"{args.reads}/{args.window:g} s per account (bucket {budget.bucket()[0]:.2f}/s, burst {budget.bucket()[1]}); "

@@ -24,7 +24,8 @@ import sqlalchemy as sa
 import yaml
 from sqlalchemy.dialects import postgresql as pg
 
-from recon_dagster.core.kinds import ASYNC_KINDS, SYNC_KINDS, get_kind
+from recon_dagster.config import Settings, limit_name
+from recon_dagster.core.kinds import ASYNC_KINDS, SYNC_KINDS, get_kind, provider_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 # The test harness (recon_dagster_tests) is not installed: the benchmarks that use this module
@@ -37,16 +38,12 @@ WATERMARK: dict[str, bool | None] = {"default": None, "on": True, "off": False}
 # The account budgets a run works under (--limits); "unbounded" still takes every token from the
 # shared buckets in PostgreSQL, so its cost is in the figure, but no budget ever binds.
 _UNBOUNDED = "reads=1000000/60,creates=1000000/60,concurrency=none"
+# Every registered provider's account (it listed four by hand and missed fal).
+_EVERY_ACCOUNT_UNBOUNDED = {limit_name(spec.name): _UNBOUNDED for spec in provider_specs()}
 LIMIT_MODES: dict[str, dict[str, str]] = {
-    "unbounded": {
-        "RECON_LIMITS": "database",
-        **{f"RECON_LIMIT_{p}": _UNBOUNDED for p in ("KIE", "REPLICATE", "ELEVENLABS", "ANTHROPIC")},
-    },
-    "shipped": {"RECON_LIMITS": "database"},
-    "process": {
-        "RECON_LIMITS": "process",
-        **{f"RECON_LIMIT_{p}": _UNBOUNDED for p in ("KIE", "REPLICATE", "ELEVENLABS", "ANTHROPIC")},
-    },
+    "unbounded": {Settings.limits.name: "database", **_EVERY_ACCOUNT_UNBOUNDED},
+    "shipped": {Settings.limits.name: "database"},
+    "process": {Settings.limits.name: "process", **_EVERY_ACCOUNT_UNBOUNDED},
 }
 TARGET_RATIO = 40
 USER_CREDITS = Decimal(1_000_000)
@@ -148,10 +145,17 @@ def seed(
     rng: random.Random,
     watermark: bool | None = None,
 ) -> Seeded:
-    """Stale rows with reserved credits (bulk SQL) and their upstream tasks in the sandbox."""
+    """Stale rows with reserved credits (bulk SQL) and their upstream tasks in the sandbox.
+
+    Each task's id is made by the sandbox in its provider's own shape (the family's
+    ``new_task_id`` in the provider's sandbox plugin): a fal id carries its app, and an id of
+    another shape is answered not-found (every fal job of a backlog was held by the breaker, and
+    the benchmark never finished). ``prefix`` is kept for the callers; the ids no longer use it."""
     users = [str(uuid.uuid4()) for _ in range(max(1, min(100, count // 20)))]
-    job_ids, kinds, task_ids, user_of = [], [], [], []
-    specs = []
+    job_ids, kinds, user_of = [], [], []
+    task_ids: list[str | None] = []
+    specs: list[tuple[str, dict[str, object], None]] = []
+    seeded_rows: list[int] = []  # the rows whose task the sandbox holds, in the order of specs
     expected: Counter[str] = Counter()
     for i in range(count):
         job_id = str(uuid.uuid4())
@@ -161,11 +165,12 @@ def seed(
             expected["failed"] += 1
         else:
             kind = rng.choice(ASYNC_KINDS)
-            task_id = f"{prefix}-{i}"
+            task_id = None  # the sandbox's, below
             outcome = "fail" if roll < sync_share + fail_share else "succeed"
             expected["failed" if outcome == "fail" else "completed"] += 1
+            seeded_rows.append(i)
             specs.append(
-                (kind, {"outcome": outcome, "polls_before_done": 0, "media_size": media_bytes}, task_id)
+                (kind, {"outcome": outcome, "polls_before_done": 0, "media_size": media_bytes}, None)
             )
         job_ids.append(job_id)
         kinds.append(kind)
@@ -173,7 +178,8 @@ def seed(
         user_of.append(users[i % len(users)])
 
     started = time.monotonic()
-    sandbox.add_tasks(specs)
+    for row, made in zip(seeded_rows, sandbox.add_tasks(specs), strict=True):
+        task_ids[row] = made
     log(f"  seeded {len(specs):,} sandbox tasks in {time.monotonic() - started:.1f} s")
 
     started = time.monotonic()

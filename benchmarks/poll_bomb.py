@@ -54,7 +54,15 @@ def main() -> None:
         for label, cap in (("capped (default 8 MiB)", 8 * MIB), ("uncapped (1 GiB)", 1024 * MIB)):
             task = sandbox.add_task("kie-standard", Scenario(poll_gzip_bytes=args.decoded_mb * MIB))
             out = subprocess.run(
-                [sys.executable, "-c", _CHILD, sandbox.kie_base_url, "bench-key-0123456789", task, str(cap)],
+                [
+                    sys.executable,
+                    "-c",
+                    _CHILD,
+                    sandbox.api_base_url("kie"),
+                    "bench-key-0123456789",
+                    task,
+                    str(cap),
+                ],
                 capture_output=True,
                 text=True,
                 check=True,

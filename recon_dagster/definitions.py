@@ -1,6 +1,7 @@
 """The recon_dagster code location: each feature's definitions under ``defs/``, merged here, with
 the resources every feature shares wired in one place."""
 
+import sys
 from typing import Any
 
 import dagster as dg
@@ -18,12 +19,14 @@ from recon_dagster.defs.resources import (
     ReconcileSettingsResource,
     with_nested_resources_on_top,
 )
+from recon_dagster.defs.retention import definitions as retention_feature
 from recon_dagster.defs.rollout import definitions as rollout_feature
 from recon_dagster.defs.settings_check import validate_settings
 from recon_dagster.defs.spend import definitions as spend_feature
 from recon_dagster.media.store import media_store_from_env
 from recon_dagster.providers import providers_from_env
 from recon_dagster.providers.anthropic.spend import anthropic_usage_from_env
+from recon_dagster.telemetry import setup as telemetry_setup
 
 # Modules, not their Definitions objects: a code location module holds exactly one Definitions at
 # its top level (`dg check defs` refuses more), and each feature's module keeps its own.
@@ -36,6 +39,7 @@ FEATURES = (
     alerts_feature,
     orphans_feature,
     spend_feature,
+    retention_feature,
 )
 
 
@@ -57,10 +61,28 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
 
     Every ``RECON_*`` setting is checked first: a bad one is a load error naming its variable."""
     validate_settings()
+    # Every Dagster process (code server, run worker) records into the SDK when RECON_TELEMETRY is
+    # on; the endpoint and the state gauges start with the first sensor tick (defs/telemetry.py).
+    telemetry_setup.start("dagster")
     wired = dg.Definitions(
         resources=with_nested_resources_on_top({**default_resources(), **(resources or {})})
     )
     return dg.Definitions.merge(*(feature.defs for feature in FEATURES), wired)
 
 
-defs = build_defs()
+def _load() -> dg.Definitions:
+    try:
+        return build_defs()
+    except Exception as exc:
+        # Dagster shows a load error under a long traceback: its one line goes first, on stderr,
+        # where the code server's or `dg check defs`'s output starts.
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(
+            f"recon_dagster: the code location did not load: {type(exc).__name__}: {first}",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise
+
+
+defs = _load()

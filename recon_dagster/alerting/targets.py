@@ -33,6 +33,7 @@ import httpx
 
 from recon_dagster.alerting.incidents import Alert
 from recon_dagster.core.redaction import redact_secrets, register_secret, register_url_secret
+from recon_dagster.telemetry.instruments import ALERT_DELIVERIES
 
 SOURCE = "recon_dagster"
 _SLACK_HEADER_MAX = 150
@@ -225,10 +226,14 @@ class Target:
             headers["x-recon-signature"] = signature(self.secret, body)
         return body, headers
 
-    def send(self, client: httpx.Client, alert: Alert) -> None:
+    def send(self, client: httpx.Client, alert: Alert, *, timeout_s: float | None = None) -> None:
+        """POST ``alert``; ``timeout_s`` overrides the client's (the tick's deadline cuts it)."""
         body, headers = self.request(alert)
         try:
-            response = client.post(self.url, content=body, headers=headers)
+            if timeout_s is None:
+                response = client.post(self.url, content=body, headers=headers)
+            else:
+                response = client.post(self.url, content=body, headers=headers, timeout=timeout_s)
         except httpx.HTTPError as exc:
             raise DeliveryError(f"{self.name}: {type(exc).__name__} (no answer)") from None
         if response.status_code >= 300:
@@ -275,4 +280,6 @@ def deliver(client: httpx.Client, alert: Alert, targets: Iterable[Target]) -> di
             target.send(client, alert)
         except DeliveryError as exc:
             failed[target.name] = str(exc)
+        result = "failed" if target.name in failed else "delivered"
+        ALERT_DELIVERIES.add(1, target=target.name, action=alert.action, result=result)
     return failed

@@ -55,10 +55,12 @@ def require_migrated() -> str:
     import sqlalchemy as sa
 
     from recon_dagster.db.engine import describe, get_engine, resolve_database_url
+    from recon_dagster.db.grants import check_grants
     from recon_dagster.db.migrate import BOOKKEEPING_TABLE, MigrationError, discover
 
     url = resolve_database_url()
     with get_engine(url).connect() as conn:
+        check_grants(conn)  # the runtime role's privileges: one line naming a missing GRANT
         tracked = conn.execute(sa.text(f"SELECT to_regclass('{BOOKKEEPING_TABLE}') IS NOT NULL")).scalar()
         applied = (
             set(conn.execute(sa.text(f"SELECT version FROM {BOOKKEEPING_TABLE}")).scalars())
@@ -79,10 +81,13 @@ def require_migrated() -> str:
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    from recon_dagster.db.engine import describe, get_engine, redact, resolve_database_url
-    from recon_dagster.db.migrate import DEFAULT_RETRY_FOR_S, MigrationError, migrate
+    from recon_dagster.db.engine import describe, get_engine, normalize_url, redact
+    from recon_dagster.db.migrate import DEFAULT_RETRY_FOR_S, MigrationError, migrate, resolve_migrate_url
 
-    url = resolve_database_url()
+    # --database-url, else its own URL when set (PostgreSQL itself, the owner role), else the app's.
+    url, source = (
+        (normalize_url(args.database_url), "--database-url") if args.database_url else resolve_migrate_url()
+    )
     if args.plan:
         from recon_dagster.db.migration_plan import plan, render
 
@@ -94,7 +99,7 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
     try:
         retry_for = DEFAULT_RETRY_FOR_S if args.retry_for is None else args.retry_for
-        applied = migrate(get_engine(url), retry_for_s=retry_for, say=say)
+        applied = migrate(get_engine(url), retry_for_s=retry_for, say=say, source=source)
     except MigrationError as exc:
         for line in exc.details:  # the baseline's gaps, one line each, before the one-line error
             print(f"migrate: gap: {line}", file=sys.stderr)
@@ -168,8 +173,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_orphans(args: argparse.Namespace) -> int:
     require_migrated()
-    from recon_dagster.cli.orphans import run_orphans
+    from recon_dagster.cli.orphans import run_hand_action, run_orphans
 
+    if args.adopt is not None or args.cancel is not None or args.job is not None:
+        if args.act or args.json:
+            raise CliError("--adopt / --cancel act on one task", "drop --act and --json", code=2)
+        return run_hand_action(
+            adopt=args.adopt, job=args.job, cancel=args.cancel, since=args.since, reason=args.reason
+        )
     return run_orphans(as_json=args.json, since=args.since, act=args.act)
 
 
@@ -251,6 +262,21 @@ def _command(
     return p
 
 
+def _version() -> str:
+    """The installed distribution's version and Dagster's (what a bug report needs first)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ours = version("recon_dagster")
+    except PackageNotFoundError:
+        ours = "(not installed)"
+    try:
+        dagster = version("dagster")
+    except PackageNotFoundError:
+        dagster = "?"
+    return f"{ours} (dagster {dagster})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="recon-dagster",
@@ -258,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("--debug", action="store_true", help=f"show tracebacks (also {DEBUG_ENV}=1)")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     mg = _command(sub, "migrate", _cmd_migrate, "apply migrations/ to the database", database=True)
@@ -339,6 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="adopt, cancel and report (shadowed kinds: record); without it nothing is written",
     )
+    # The operator's word on a probably_ours task (recon_dagster.operator.orphans): recorded with who and why.
+    orph.add_argument("--adopt", metavar="TASK", help="adopt this probably_ours task onto --job JOB")
+    orph.add_argument("--job", metavar="JOB", help="the in-flight job (jobs.id) that takes the --adopt task")
+    orph.add_argument("--cancel", metavar="TASK", help="cancel this probably_ours task upstream")
+    orph.add_argument("--reason", default="", help="why (recorded with the job) for --adopt / --cancel")
     # The operator's actions on one job (recon_dagster.operator.actions): recorded with who and why.
     rt = _command(
         sub,

@@ -5,6 +5,8 @@ command fails with one line and the traceback only with ``--debug`` or ``RECON_D
 """
 
 import importlib
+import os
+import re
 import warnings
 
 from recon_dagster.config import PREFIX, Settings
@@ -88,9 +90,19 @@ def as_cli_error(exc: BaseException) -> CliError:
         InvalidDatabaseUrl,
     )
     from recon_dagster.db.migrate import MigrationError
+    from recon_dagster.db.schema_contract import SchemaContractError
 
     if isinstance(exc, CliError):
         return exc
+    from recon_dagster.db.grants import DOC as GRANTS_DOC
+    from recon_dagster.db.grants import MissingGrant
+
+    if isinstance(exc, MissingGrant):
+        return CliError(exc.what, exc.fix)
+    if isinstance(exc, sa.exc.ProgrammingError) and type(exc.orig).__name__ == "InsufficientPrivilege":
+        return CliError(
+            _one_line(str(exc.orig)), f"grant it to the runtime role, as deploy/roles.sql does ({GRANTS_DOC})"
+        )
     if isinstance(exc, InvalidDatabaseUrl):
         return CliError(str(exc), FIX_URL)
     if isinstance(exc, DatabaseNotConfigured):
@@ -107,6 +119,8 @@ def as_cli_error(exc: BaseException) -> CliError:
             _one_line(str(exc)),
             f"see {embedded_pgdata() / 'log'}, or set {_URL} to a running PostgreSQL",
         )
+    if isinstance(exc, SchemaContractError):
+        return CliError(exc.what, exc.fix)
     if isinstance(exc, MigrationError):
         return CliError(
             str(exc), exc.fix or "fix the migration named here, then run `recon-dagster migrate` again"
@@ -116,9 +130,32 @@ def as_cli_error(exc: BaseException) -> CliError:
         "UndefinedColumn",
     ):
         return CliError(f"the database schema is behind this code ({_one_line(str(exc.orig))})", FIX_MIGRATE)
+    missing = _unset_instance_variable(exc)
+    if missing is not None:
+        return CliError(
+            f"{missing} is not set, and $DAGSTER_HOME/dagster.yaml reads it ({os.environ.get('DAGSTER_HOME', '?')})",
+            f"set {missing} (docs/deploying.md#2-secrets-and-settings), or unset DAGSTER_HOME for a "
+            "throwaway instance",
+        )
     if isinstance(exc, ValueError) and str(exc).startswith((PREFIX, "DAGSTER_")):
         return CliError(str(exc), "fix that environment variable (docs/configuration.md)")
     return CliError(f"unexpected {type(exc).__name__}: {_one_line(str(exc))}", FIX_DEBUG)
 
 
 # --- the database: URL, reachable, migrated ----------------------------------------------------------
+
+
+_ENV_VAR_RE = re.compile(r'environment variable "([A-Za-z_][A-Za-z0-9_]*)" which is not set')
+
+
+def _unset_instance_variable(exc: BaseException) -> str | None:
+    """The variable a Dagster instance's configuration reads and the environment lacks (Dagster
+    says so deep inside a DagsterInvalidConfigError's errors, after a repr of the config schema)."""
+    if type(exc).__name__ != "DagsterInvalidConfigError":
+        return None
+    texts = [str(getattr(e, "message", e)) for e in getattr(exc, "errors", None) or []] + [str(exc)]
+    for text in texts:
+        found = _ENV_VAR_RE.search(text)
+        if found:
+            return found.group(1)
+    return None

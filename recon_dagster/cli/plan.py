@@ -44,10 +44,18 @@ def run_plan(
         shadowed=shadow_modes().shadowed,
     )
     orphans = None if upstream is None else _orphan_plan(engine, upstream)
+    from recon_dagster.providers.resource import not_configured, not_configured_line
+
+    # A provider without its key: one line each, first (the sensor requests no run for its kinds).
+    missing = [not_configured_line(p) for p in not_configured()]
     if as_json:
-        _emit({**plan.to_json(), "orphans": orphans.to_json() if orphans else None}, as_json)
+        _emit(
+            {**plan.to_json(), "orphans": orphans.to_json() if orphans else None, "not_configured": missing},
+            as_json,
+        )
     else:
-        _emit(to_text(plan) + ("\n\n" + orphans.to_text() if orphans else ""), as_json)
+        head = "".join(f"{line}\n" for line in missing) + ("\n" if missing else "")
+        _emit(head + to_text(plan) + ("\n\n" + orphans.to_text() if orphans else ""), as_json)
     return 0
 
 

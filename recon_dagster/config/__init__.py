@@ -30,6 +30,8 @@ from recon_dagster.config.groups.media import MediaGroup
 from recon_dagster.config.groups.operators import OperatorGroup
 from recon_dagster.config.groups.provider_io import ProviderIoGroup
 from recon_dagster.config.groups.reconcile import ReconcileGroup
+from recon_dagster.config.groups.retention import RetentionGroup
+from recon_dagster.config.groups.telemetry import TelemetryGroup
 from recon_dagster.config.parse import (
     FLAG_VALUES,
     MAX_CONCURRENCY,
@@ -84,6 +86,8 @@ class Settings(
     MediaGroup,
     AccountGroup,
     AlertGroup,
+    TelemetryGroup,
+    RetentionGroup,
     OperatorGroup,
 ):
     """Every ``RECON_*`` setting as a typed attribute, read from the environment when asked.
@@ -114,8 +118,9 @@ class Settings(
         return var.parse(var.name, raw) if raw else var.default
 
     def is_set(self, var: Var[Any]) -> bool:
-        """Whether ``var`` has a value (for optional ``dg.EnvVar`` wiring; never reads it out)."""
-        return bool(self._env().get(var.name))
+        """Whether ``var`` has a value (for optional ``dg.EnvVar`` wiring; never reads it out). A
+        value of only whitespace is none: a key read from an empty secret file is not a key."""
+        return bool(self._env().get(var.name, "").strip())
 
     def limit_overrides(self, provider: str) -> dict[str, Any]:
         """``RECON_LIMIT_<PROVIDER>``: the fields of ``provider``'s budget it overrides."""
@@ -149,6 +154,25 @@ _OTHERS: tuple[Var[Any], ...] = (
     named(
         "media", "text", None, "S3 region.", readers="media/store.py", shown_default="boto3 chain",
         name="AWS_REGION",
+    ),
+    # OpenTelemetry's own variables, read by its SDK (with RECON_TELEMETRY=1)
+    named(
+        "telemetry", "URL", None,
+        "OTLP/HTTP collector base URL (`/v1/metrics` and `/v1/traces` appended); unset (and no "
+        "`OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` / `..._TRACES_ENDPOINT`): nothing is pushed.",
+        readers="telemetry/sdk.py", shown_default="— (no push)", name="OTEL_EXPORTER_OTLP_ENDPOINT",
+    ),
+    secret(
+        "telemetry", "Headers of every OTLP request (`key=value,...`, e.g. the collector's token).",
+        readers="telemetry/sdk.py", name="OTEL_EXPORTER_OTLP_HEADERS",
+    ),
+    named(
+        "telemetry", "text", "recon_dagster", "The `service.name` resource attribute of every metric and span.",
+        readers="telemetry/sdk.py", name="OTEL_SERVICE_NAME",
+    ),
+    named(
+        "telemetry", "milliseconds", 60000, "How often a long-lived process pushes its metrics by OTLP.",
+        readers="telemetry/sdk.py", name="OTEL_METRIC_EXPORT_INTERVAL",
     ),
     # Dagster
     named(
@@ -202,7 +226,12 @@ def declare_provider(
         "providers", "URL", None, f"{title} API base URL{base_url_note}; passed as dg.EnvVar.",
         readers="providers/resource.py", shown_default=f"`{base_url}`", name=base_url_env,
     )  # fmt: skip
-    key = secret("providers", key_doc, readers="providers/resource.py", name=key_env)
+    # Every provider's key is optional: its secret concerns its own kinds only.
+    not_configured = (
+        f" Unset or blank: {title} is not configured (its kinds are left in flight, untouched, and "
+        "every other provider works)."
+    )
+    key = secret("providers", key_doc + not_configured, readers="providers/resource.py", name=key_env)
     extras: list[Var[Any]] = [
         secret("providers", doc, readers=readers, name=env) for env, doc, readers in extra_secrets
     ]

@@ -100,10 +100,6 @@ class ProviderSettings:
     key_env: str
     key_doc: str
     base_url_note: str = ""
-    # A deployment may leave the provider out: without its key it is not wired (its kinds answer a
-    # one-line ProviderConfigError) instead of every run failing on the unset variable. Providers
-    # added after a deployment exists are optional, so an upgrade needs no new secret.
-    key_optional: bool = False
     # Other secrets of the provider's, each optional: (variable, what it is, the module reading it).
     extra_secrets: tuple[tuple[str, str, str], ...] = ()
 

@@ -19,6 +19,7 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 from recon_dagster.config import Settings, settings
 from recon_dagster.core.paths import project_root
 from recon_dagster.db.budget import OTHER_PROCESS_CONNECTIONS
+from recon_dagster.db.schema_contract import check_dbapi
 
 # project_root is passed on from core.paths (the migrations and the instance find the tree here).
 __all__ = ["project_root"]
@@ -267,6 +268,12 @@ def _create_engine(url: str) -> sa.Engine:
         pool_timeout=30,
         connect_args=connect_args,
     )
+
+    @sa.event.listens_for(engine, "first_connect")
+    def _check_contract(dbapi_connection: DBAPIConnection, _record: sa.pool.ConnectionPoolEntry) -> None:
+        # Once per engine (again after a failure): a release the schema no longer serves stops
+        # here with one line, before any statement of its own (db/schema_contract.py).
+        check_dbapi(dbapi_connection)
 
     @sa.event.listens_for(engine, "checkin")
     def _returned(_dbapi_connection: object, record: sa.pool.ConnectionPoolEntry) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -300,6 +300,29 @@ def inflight_counts(conn: sa.Connection, *, precall: timedelta | None = None) ->
     return [dict(r) for r in conn.execute(sql(counts_sql)).mappings()]
 
 
+def inflight_by_age(conn: sa.Connection, bounds_s: Sequence[float]) -> list[dict[str, Any]]:
+    """Per kind and age bucket (``bucket``: how many of ``bounds_s``, ascending, the age since the
+    provider call, or creation, has passed; a non-finite timestamp is bucket 0): rows in flight
+    and rows past threshold (the telemetry gauges; one scan of the in-flight rows)."""
+    counts_sql = f"""
+    SELECT COALESCE(provider_kind, '(none)') AS provider_kind,
+           COALESCE(width_bucket(EXTRACT(EPOCH FROM now() - since), CAST(:bounds AS float8[])), 0) AS bucket,
+           count(*) AS inflight,
+           count(*) FILTER (
+             WHERE CASE WHEN provider_call_started_at IS NULL
+                        THEN COALESCE(started_at, created_at) < now() - {_precall_interval(None)}
+                        ELSE provider_call_started_at < now() - {_threshold_case("provider_kind")}
+                   END) AS stale
+    FROM (
+      SELECT *, CASE WHEN isfinite(COALESCE(provider_call_started_at, started_at, created_at))
+                     THEN COALESCE(provider_call_started_at, started_at, created_at) END AS since
+      FROM jobs WHERE status IN ('pending', 'processing')
+    ) inflight
+    GROUP BY 1, 2 ORDER BY 1, 2
+    """
+    return [dict(r) for r in conn.execute(sql(counts_sql), {"bounds": list(bounds_s)}).mappings()]
+
+
 def load_job(conn: sa.Connection, job_id: uuid.UUID | str) -> JobRow | None:
     r = (
         conn.execute(sql(f"SELECT {_ROW_COLUMNS} FROM jobs WHERE id = :id"), {"id": str(job_id)})
@@ -486,6 +509,29 @@ def renew_lease(conn: sa.Connection, job_id: uuid.UUID, owner: str, ttl: timedel
         .first()
     )
     return _row(r) if r else None
+
+
+def release_leases_of(
+    conn: sa.Connection, owner: str, job_ids: Sequence[uuid.UUID] | None, *, expiring_by: datetime
+) -> list[uuid.UUID]:
+    """Release the leases ``owner`` holds on ``job_ids`` (None: on any in-flight job) that expire
+    by ``expiring_by``: a lease renewed after the owner's run ended belongs to a re-execution under
+    the same run key and is kept. The attempt counter is untouched: the run that died never
+    finished its attempt. Returns the jobs released."""
+    ids = sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))
+    rows = conn.execute(
+        sql(
+            """
+            UPDATE jobs SET reconcile_lease_owner = NULL, reconcile_lease_expires_at = NULL, updated_at = now()
+            WHERE reconcile_lease_owner = :owner AND status IN ('pending', 'processing')
+              AND reconcile_lease_expires_at <= :by
+              AND (CAST(:all AS boolean) OR id = ANY(:ids))
+            RETURNING id
+            """
+        ).bindparams(ids),
+        {"owner": owner, "by": expiring_by, "all": job_ids is None, "ids": [str(j) for j in job_ids or []]},
+    )
+    return [uuid.UUID(str(r.id)) for r in rows]
 
 
 def release_lease(conn: sa.Connection, job_id: uuid.UUID, owner: str) -> bool:

@@ -55,10 +55,19 @@ class Fate(StrEnum):
 
     ATTACHED = "attached"  # the job's row names it: the reconciler owns it
     ADOPTED = "adopted"  # attached by the orphan sweep to a job in flight without a task
-    CANCELLED = "cancelled"  # running after its job stopped owning it: cancelled upstream
+    CANCELLED = "cancelled"  # running after its job stopped owning it: the provider accepted a cancel
     ORPHAN_BILLED = "orphan_billed"  # succeeded after its job ended: billed, reported
     ENDED = "ended"  # failed, cancelled or expired upstream on its own: nothing bills
-    NOT_FOUND = "not_found"  # an unanswered create whose task the sweep looked for, not found
+    NOT_FOUND = "not_found"  # the provider knows no such task (a cancel answered not found)
+    # A cancel that did not stop it: the provider cannot cancel (KIE) ...
+    CANCEL_REFUSED = "cancel_refused"
+    # ... or answered that it had already ended (fal's ALREADY_COMPLETED): it may have succeeded.
+    ALREADY_ENDED = "already_ended"
+
+
+# Fates that are not an end: the sweep keeps following such a task (listed or polled) until it
+# ends, then judges that end like any orphan's (``orphan_billed`` or ``ended``).
+FOLLOWED = frozenset({Fate.CANCEL_REFUSED, Fate.ALREADY_ENDED})
 
 
 @dataclass(frozen=True)
@@ -233,16 +242,26 @@ def set_fates(conn: sa.Connection, creates: Collection[uuid.UUID], fate: Fate) -
     return int(r.rowcount or 0)
 
 
-def mark_looked(conn: sa.Connection, creates: Iterable[uuid.UUID]) -> int:
-    """The sweep listed the provider over these creates' time windows."""
+def look_began(conn: sa.Connection) -> datetime:
+    """The database's clock now (the clock ``state_at`` is written by): when a list walk begins.
+    A create that ends after this instant may be missing from every page the walk reads."""
+    return conn.execute(sql("SELECT clock_timestamp()")).scalar_one()  # type: ignore[no-any-return]
+
+
+def mark_looked(conn: sa.Connection, creates: Iterable[uuid.UUID], began: datetime) -> int:
+    """The sweep listed the provider over these creates' time windows in a walk that began at
+    ``began`` (``look_began``): the newest instant every page could show. Never moves a stamp back."""
     ids = [str(c) for c in creates]
     if not ids:
         return 0
     r = conn.execute(
-        sql(f"UPDATE {TABLE} SET looked_at = now() WHERE id = ANY(:ids)").bindparams(
-            sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))
-        ),
-        {"ids": ids},
+        sql(
+            f"""
+            UPDATE {TABLE} SET looked_at = GREATEST(COALESCE(looked_at, :at), :at)
+            WHERE id = ANY(:ids)
+            """
+        ).bindparams(sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))),
+        {"ids": ids, "at": began},
     )
     return int(r.rowcount or 0)
 
@@ -301,17 +320,35 @@ def unanswered(conn: sa.Connection, provider: str, since: datetime) -> list[Crea
 
 
 def unjudged_tasks(conn: sa.Connection, provider: str, since: datetime) -> list[Create]:
-    """``provider``'s creates since ``since`` with a task id and no fate yet (KIE's whole record:
-    it has no list endpoint)."""
+    """``provider``'s creates since ``since`` with a task id and no fate yet, or a fate still
+    followed (a cancel that did not stop it) whatever its age (KIE's whole record: it has no list
+    endpoint)."""
     rows = conn.execute(
         sql(
             f"""
             SELECT {_COLUMNS} FROM {TABLE}
-            WHERE provider = :p AND intent_at >= :since AND task_id IS NOT NULL AND fate IS NULL
+            WHERE provider = :p AND task_id IS NOT NULL
+              AND ((intent_at >= :since AND fate IS NULL) OR fate = ANY(:followed))
             ORDER BY intent_at
             """
-        ),
-        {"p": provider, "since": since},
+        ).bindparams(sa.bindparam("followed", type_=pg.ARRAY(sa.Text))),
+        {"p": provider, "since": since, "followed": [f.value for f in FOLLOWED]},
+    ).mappings()
+    return [_create(r) for r in rows]
+
+
+def followed(conn: sa.Connection, provider: str) -> list[Create]:
+    """``provider``'s tasks whose cancel did not stop them (a ``FOLLOWED`` fate), whatever their
+    age: the sweep follows each until it ends."""
+    rows = conn.execute(
+        sql(
+            f"""
+            SELECT {_COLUMNS} FROM {TABLE}
+            WHERE provider = :p AND task_id IS NOT NULL AND fate = ANY(:followed)
+            ORDER BY intent_at
+            """
+        ).bindparams(sa.bindparam("followed", type_=pg.ARRAY(sa.Text))),
+        {"p": provider, "followed": [f.value for f in FOLLOWED]},
     ).mappings()
     return [_create(r) for r in rows]
 
@@ -319,19 +356,18 @@ def unjudged_tasks(conn: sa.Connection, provider: str, since: datetime) -> list[
 def awaiting_look(
     conn: sa.Connection, job_ids: Collection[uuid.UUID], providers: Collection[str], wait: timedelta
 ) -> set[uuid.UUID]:
-    """Jobs among ``job_ids`` whose latest create, at one of ``providers`` (those that can be
-    listed), is unanswered and was not yet looked for by the orphan sweep after it ended so: the
-    sweep must look for its task before such a job is failed and refunded."""
+    """Jobs among ``job_ids`` with any create (not only the latest: a refused retry must not
+    unmask an earlier lost one) at one of ``providers`` (those that can be listed) still
+    unanswered and not yet looked for by a list walk that began after it ended so: the sweep must
+    look for its task before such a job is failed and refunded. ``wait`` after its intent a
+    create no longer holds its job (the look is overdue: the job is swept as before)."""
     if not job_ids or not providers:
         return set()
     rows = conn.execute(
         sql(
             f"""
-            SELECT c.job_id FROM (
-              SELECT DISTINCT ON (job_id) job_id, provider, state, task_id, looked_at, state_at, fate, intent_at
-              FROM {TABLE} WHERE job_id = ANY(:ids) ORDER BY job_id, seq DESC
-            ) c
-            WHERE c.provider = ANY(:p) AND c.task_id IS NULL AND c.fate IS NULL
+            SELECT DISTINCT c.job_id FROM {TABLE} c
+            WHERE c.job_id = ANY(:ids) AND c.provider = ANY(:p) AND c.task_id IS NULL AND c.fate IS NULL
               AND c.state IN ('sending', 'ambiguous')
               AND (c.looked_at IS NULL OR c.looked_at < c.state_at)
               AND c.intent_at > now() - make_interval(secs => :wait)
@@ -347,6 +383,7 @@ def awaiting_look(
 __all__ = [
     "LEDGER_NAMESPACE",
     "TABLE",
+    "FOLLOWED",
     "Create",
     "CreateState",
     "Fate",
@@ -356,6 +393,8 @@ __all__ = [
     "create_id",
     "creates_of_job",
     "fingerprint",
+    "followed",
+    "look_began",
     "mark_looked",
     "marker_for",
     "parse_marker",

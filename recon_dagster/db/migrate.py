@@ -35,7 +35,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
@@ -46,8 +46,9 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import errors as pg_errors
 
+from recon_dagster.config import Settings, settings
 from recon_dagster.db import baseline
-from recon_dagster.db.engine import project_root
+from recon_dagster.db.engine import normalize_url, project_root, resolve_database_url
 from recon_dagster.db.migration_sql import MigrationSqlError, Statement, split
 
 MIGRATIONS_DIR_NAME = "migrations"
@@ -199,6 +200,70 @@ def check_drift(migrations: list[Migration], applied: dict[int, tuple[str, str]]
         )
 
 
+# --- which database, and never through a transaction pooler ------------------------------------------
+
+OWNER_FIX = (
+    "run migrate as the role that owns the app's tables (jobs among them), in "
+    f"{Settings.migrate_database_url.name} (docs/deploying.md#roles-and-grants), then run "
+    "`recon-dagster migrate` again"
+)
+POOLER_FIX = (
+    f"set {Settings.migrate_database_url.name} to PostgreSQL itself (not the pooler; the role that owns "
+    "the app's tables), then run `recon-dagster migrate` again"
+)
+
+
+def resolve_migrate_url() -> tuple[str, str]:
+    """(URL, the variable it came from): ``RECON_MIGRATE_DATABASE_URL``, else ``RECON_DATABASE_URL``."""
+    own = settings().migrate_database_url
+    if own:
+        return normalize_url(own), Settings.migrate_database_url.name
+    return resolve_database_url(), Settings.database_url.name
+
+
+def refuse_transaction_pooler(engine: sa.Engine, source: str) -> None:
+    """One ``MigrationError`` line when ``engine`` goes through a transaction pooler: the flag says
+    so of ``RECON_DATABASE_URL``, or two connections of it were served by one server session.
+
+    Behind a pooler in transaction mode the session advisory lock stays on a server connection
+    another client gets next (hanging the next migrate), and a statement retried after a refused
+    lock may run on a server connection without its ``lock_timeout`` (the app's writes to ``jobs``
+    then queue behind it for as long as it waits)."""
+    if source == Settings.database_url.name and settings().db_transaction_pooler:
+        raise MigrationError(
+            f"{source} goes through a transaction pooler ({Settings.db_transaction_pooler.name}=1), where "
+            "migrate's advisory lock and lock_timeout would land on other sessions",
+            fix=POOLER_FIX,
+        )
+    shared = shared_server_session(engine)
+    if shared is not None:
+        raise MigrationError(
+            f"{source} goes through a transaction pooler: two connections were served by one server "
+            f"session (backend pid {shared}), where migrate's advisory lock and lock_timeout would land "
+            "on other sessions",
+            fix=POOLER_FIX,
+        )
+
+
+def shared_server_session(engine: sa.Engine, tries: int = 3) -> int | None:
+    """The backend pid two distinct connections of ``engine`` both got, or None.
+
+    Directly on PostgreSQL (or through a pooler in session mode) every open connection has its own
+    backend, so a shared pid proves a pooler in transaction (or statement) mode. Each connection
+    ends its transaction before the other asks, handing the server connection back to such a
+    pooler, which gives the most recently freed one out next (PgBouncer's default)."""
+    for _ in range(tries):
+        # Through the engine's connections, so a failure to connect is its one-line DatabaseUnavailable.
+        with engine.connect() as first, engine.connect() as second:
+            pids = []
+            for conn in (first, second):
+                pids.append(int(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()))
+                conn.rollback()  # back to the pooler before the other connection asks
+        if pids[0] == pids[1]:
+            return pids[0]
+    return None
+
+
 # --- the session -------------------------------------------------------------------------------------
 
 
@@ -221,6 +286,14 @@ def reset_session(pg: psycopg.Connection) -> None:
     pg.execute("RESET ALL")
     pg.execute(f"SET lock_timeout = '{DEFAULT_LOCK_TIMEOUT}'")
     pg.execute(f"SET application_name = '{APPLICATION_NAME}'")
+
+
+def set_local(pg: psycopg.Connection, settings_now: dict[str, str | None]) -> None:
+    """Inside a transaction: the settings its statements rely on, ``SET LOCAL`` (they hold on the
+    server session that runs the transaction, whatever ran before on it, and end with it)."""
+    for name, value in settings_now.items():
+        if value is not None:  # None: a RESET, the server's default stands
+            pg.execute("SELECT set_config(%s, %s, true)", [name, value])
 
 
 def applied_versions(pg: psycopg.Connection) -> dict[int, tuple[str, str]] | None:
@@ -316,6 +389,9 @@ class Runner:
     retry_for_s: float
     say: Callable[[str], None]
     deadline: float = 0.0
+    # The settings the current file relies on (its own SETs over the default lock_timeout), set
+    # again inside every transaction that runs one of its statements.
+    settings_now: dict[str, str | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.deadline = time.monotonic() + self.retry_for_s
@@ -353,7 +429,11 @@ class Runner:
         what = f"{migration.filename} line {st.line} ({st.first_line})"
         tables = sorted({lock.table for lock in st.locks if not lock.table.startswith("index ")})
         if st.setting is not None:
-            _execute(self.pg, migration, st)
+            name, value = st.setting
+            self.settings_now[name] = value
+            _execute(
+                self.pg, migration, st
+            )  # also for the session: CONCURRENTLY runs outside any transaction
             return
         if skip_reason(self.pg, st) is not None:
             return
@@ -365,7 +445,7 @@ class Runner:
                 what, tables, lambda: self.pg.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
             )
         try:
-            self.with_lock_retries(what, tables, lambda: _execute(self.pg, migration, st))
+            self.with_lock_retries(what, tables, lambda: self._one(migration, st))
         except BaseException:
             if index is not None and st.concurrent:
                 self.drop_invalid(*index)
@@ -380,8 +460,19 @@ class Runner:
         except psycopg.Error:
             pass
 
+    def _one(self, migration: Migration, st: Statement) -> None:
+        """One statement; in its own transaction with the file's settings, unless it must run
+        outside one (CONCURRENTLY: then on this session, where the settings were just made)."""
+        if st.concurrent:
+            _execute(self.pg, migration, st)
+            return
+        with self.pg.transaction():
+            set_local(self.pg, self.settings_now)
+            _execute(self.pg, migration, st)
+
     def file(self, migration: Migration) -> None:
         reset_session(self.pg)
+        self.settings_now = {"lock_timeout": DEFAULT_LOCK_TIMEOUT}
         if migration.transactional:
             tables = sorted({lock.table for st in migration.statements for lock in st.locks})
             self.with_lock_retries(migration.filename, tables, lambda: self._in_one_transaction(migration))
@@ -395,6 +486,7 @@ class Runner:
 
     def _in_one_transaction(self, migration: Migration) -> None:
         with self.pg.transaction():
+            set_local(self.pg, {"lock_timeout": DEFAULT_LOCK_TIMEOUT})  # the file's own SETs follow
             for st in migration.statements:
                 if st.setting is not None or skip_reason(self.pg, st) is None:
                     _execute(self.pg, migration, st)
@@ -411,8 +503,11 @@ def _execute(pg: psycopg.Connection, migration: Migration, st: Statement) -> Non
         line = st.line
         if diag.statement_position:
             line += st.text.count("\n", 0, int(diag.statement_position) - 1)
+        # A permission refused is the role's, not the migration's: say which role to run it as.
+        ours = isinstance(exc, pg_errors.InsufficientPrivilege)
         raise MigrationError(
-            f"migration {migration.filename} failed at line {line} ({st.first_line}): {message}"
+            f"migration {migration.filename} failed at line {line} ({st.first_line}): {message}",
+            fix=OWNER_FIX if ours else None,
         ) from None
 
 
@@ -434,34 +529,48 @@ def migrate(
     *,
     retry_for_s: float = DEFAULT_RETRY_FOR_S,
     say: Callable[[str], None] | None = None,
+    source: str = "the database URL",
 ) -> list[str]:
-    """Apply the pending ``migrations`` (default: every file in ``migrations/``); return their names."""
+    """Apply the pending ``migrations`` (default: every file in ``migrations/``); return their names.
+
+    ``source`` names where the engine's URL came from, for the line refusing a transaction pooler."""
     migrations = discover() if migrations is None else sorted(migrations, key=lambda m: m.version)
     say = say or log.warning
+    refuse_transaction_pooler(engine, source)
     with migration_session(engine) as pg:
         reset_session(pg)
         _take_advisory_lock(pg, say)
-        pg.execute(_CREATE_BOOKKEEPING)
-        applied = applied_versions(pg) or {}
-        check_drift(migrations, applied)
-        runner = Runner(pg, retry_for_s, say)
-        base = next((m for m in migrations if m.version == BASELINE_VERSION), None)
-        applied_now: list[str] = []
-        for migration in migrations:
-            if migration.version in applied:
-                continue
-            if migration.version == BASELINE_VERSION and baseline.present_app_tables(pg):
-                _check_baseline(pg, migration)
-                pg.execute(
-                    f"INSERT INTO {BOOKKEEPING_TABLE} (version, name, checksum) VALUES (%s, %s, %s)",
-                    [migration.version, migration.name, migration.checksum],
-                )
-            else:
-                runner.file(migration)
-            applied_now.append(migration.name)
-        if base is not None and BASELINE_VERSION in applied:
-            _check_baseline(pg, base)  # the app's tables may have changed since
-        pg.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_KEY])
+        try:
+            return _apply(pg, migrations, retry_for_s, say)
+        finally:
+            if not pg.closed and not pg.broken:
+                with suppress(psycopg.Error):
+                    pg.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_KEY])
+
+
+def _apply(
+    pg: psycopg.Connection, migrations: list[Migration], retry_for_s: float, say: Callable[[str], None]
+) -> list[str]:
+    pg.execute(_CREATE_BOOKKEEPING)
+    applied = applied_versions(pg) or {}
+    check_drift(migrations, applied)
+    runner = Runner(pg, retry_for_s, say)
+    base = next((m for m in migrations if m.version == BASELINE_VERSION), None)
+    applied_now: list[str] = []
+    for migration in migrations:
+        if migration.version in applied:
+            continue
+        if migration.version == BASELINE_VERSION and baseline.present_app_tables(pg):
+            _check_baseline(pg, migration)
+            pg.execute(
+                f"INSERT INTO {BOOKKEEPING_TABLE} (version, name, checksum) VALUES (%s, %s, %s)",
+                [migration.version, migration.name, migration.checksum],
+            )
+        else:
+            runner.file(migration)
+        applied_now.append(migration.name)
+    if base is not None and BASELINE_VERSION in applied:
+        _check_baseline(pg, base)  # the app's tables may have changed since
     return applied_now
 
 

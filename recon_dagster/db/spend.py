@@ -122,9 +122,20 @@ def creates_without_charge(
     return [(str(r.task_id), uuid.UUID(str(r.job_id))) for r in rows]
 
 
+_NAMED_BY_ROWS = sql(
+    "SELECT provider_task_id, id FROM jobs WHERE provider_task_id = ANY(:t) AND provider_kind = ANY(:kinds)"
+).bindparams(sa.bindparam("t", type_=pg.ARRAY(sa.Text)), sa.bindparam("kinds", type_=pg.ARRAY(sa.Text)))
+
+
 def owners(conn: sa.Connection, provider: str, task_ids: Collection[str]) -> dict[str, uuid.UUID]:
-    """The ledger's job of each of ``task_ids`` it holds (``ledger.by_task_ids``)."""
-    return {task_id: create.job_id for task_id, create in by_task_ids(conn, provider, task_ids).items()}
+    """The job of each of ``task_ids``: the ledger's (``ledger.by_task_ids``), else the job whose
+    row names it (an app that writes the task id on its row but not the ledger owns it too)."""
+    found = {task_id: create.job_id for task_id, create in by_task_ids(conn, provider, task_ids).items()}
+    rest = [t for t in task_ids if t not in found]
+    if rest:
+        rows = conn.execute(_NAMED_BY_ROWS, {"t": rest, "kinds": kinds_of(provider)})
+        found.update({str(r.provider_task_id): uuid.UUID(str(r.id)) for r in rows})
+    return found
 
 
 __all__ = ["Charge", "charges", "creates_without_charge", "kinds_of", "owners"]

@@ -14,7 +14,8 @@ from pydantic import Field
 
 from recon_dagster.config import Settings, Var, settings
 from recon_dagster.db import budget
-from recon_dagster.db.engine import get_engine, limit_pool
+from recon_dagster.db.engine import DatabaseUnavailable, get_engine, limit_pool
+from recon_dagster.db.grants import check_grants
 from recon_dagster.media.download import allowed_hosts_from_env
 from recon_dagster.reconcile.finalize import DEFAULT_MAX_MEDIA_BYTES, HeadersFor, MediaPolicy
 from recon_dagster.reconcile.reconciler import ReconcileSettings
@@ -47,6 +48,7 @@ class DatabaseResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # ba
     """
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        check_runtime_grants()
         instance = context.instance
         if instance is None or instance.is_ephemeral:
             # Built outside any instance, or executing in this process on an ephemeral one (a
@@ -61,6 +63,25 @@ class DatabaseResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # ba
 
     def get_engine(self) -> sa.Engine:
         return get_engine()
+
+
+_grants_checked: set[str] = set()
+
+
+def check_runtime_grants() -> None:
+    """Once per process and database: the role in ``RECON_DATABASE_URL`` has every privilege
+    recon_dagster needs (``db/grants.py``), or a ``MissingGrant`` line naming the GRANT to run. An
+    unreachable database is left to the code that uses it (its own one line, or a skipped tick)."""
+    engine = get_engine()
+    key = str(engine.url)
+    if key in _grants_checked:
+        return
+    try:
+        with engine.connect() as conn:
+            check_grants(conn)
+    except DatabaseUnavailable:
+        return
+    _grants_checked.add(key)
 
 
 def _knob_field(setting: Var[Any]) -> Any:

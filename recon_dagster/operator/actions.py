@@ -1,4 +1,5 @@
-"""The operator's actions on one job: retry it now, or fail it and refund its credits.
+"""The operator's actions on one job: retry it now, or fail it and refund its credits (and, in
+``operator.orphans``, adopt or cancel a task the orphan sweep found only ``probably_ours``).
 
 Both are guarded writes on an in-flight row, so they are safe against a reconcile run working the
 same job at the same moment: ``retry`` only moves the job's next attempt to now (the run that
@@ -26,8 +27,10 @@ from recon_dagster.reconcile.finalize import fail_and_refund
 
 RETRY = "operator_retry"
 FAIL = "operator_fail"
+ADOPT = "operator_adopt"  # a probably_ours task adopted onto its job (operator.orphans)
+CANCEL = "operator_cancel"  # a probably_ours task cancelled upstream (operator.orphans)
 # Outcomes of reconcile_events rows that are operator actions, not reconcile attempts.
-OPERATOR_OUTCOMES = (RETRY, FAIL)
+OPERATOR_OUTCOMES = (RETRY, FAIL, ADOPT, CANCEL)
 MAX_REASON = 500
 
 
@@ -94,6 +97,13 @@ def _refuse_if_shadowed(row: jobs_db.JobRow | None, action: str) -> None:
             f"({Settings.mode.name} / {Settings.shadow_kinds.name}): recon_dagster changes none of its rows; enforce the "
             f"kind to {action} it"
         )
+
+
+def record_action(
+    conn: sa.Connection, row: jobs_db.JobRow, outcome: str, who: str, why: str, run_id: str | None
+) -> None:
+    """The ``reconcile_events`` row of an operator's action on ``row``'s job: who and why."""
+    _record(conn, row, outcome, who, why, run_id)
 
 
 def _record(

@@ -24,6 +24,7 @@ from recon_dagster.config import Settings, settings
 from recon_dagster.core.runtags import RUN_KEY_TAG
 from recon_dagster.db import ledger
 from recon_dagster.db.jobs import readable, readable_ts, unreadable_columns
+from recon_dagster.db.retention import Pruned, pruned_of
 from recon_dagster.reconcile.decide import Outcome, not_sent_reason
 
 UI_URL_ENV = Settings.dagster_ui_url.name
@@ -56,6 +57,11 @@ class Attempt:
     def not_sent(self) -> bool:
         """A poll this process never sent (its account's limiter refused it): not an attempt."""
         return self.outcome == Outcome.NOT_SENT.value
+
+    @property
+    def counted(self) -> bool:
+        """Whether this was an attempt: a poll never sent and a fault of ours are not."""
+        return self.outcome not in (Outcome.NOT_SENT.value, Outcome.OUR_FAULT.value)
 
     @property
     def not_sent_reason(self) -> str | None:
@@ -137,6 +143,8 @@ class JobStory:
     lease_expires_at: datetime | None = None
     # Every create sent for the job and every task id it returned (the create ledger).
     creates: list[CreateEntry] = field(default_factory=list)
+    # What the retention schedule pruned of the job's history (recon_pruned_jobs), if anything.
+    pruned: Pruned | None = None
 
     @property
     def outcome(self) -> str:
@@ -192,6 +200,11 @@ def load_story(engine: sa.Engine, job_id: uuid.UUID | str) -> JobStory:
             {"j": str(jid)},
         ).first()
         if row is None:
+            gone = pruned_of(conn, str(jid))
+            if gone is not None:
+                raise JobNotFound(
+                    f"job {jid} is no longer in the jobs table; its history here: {gone.line()}"
+                )
             raise JobNotFound(f"no job {jid} in the jobs table")
         events = conn.execute(
             sa.text(
@@ -227,7 +240,9 @@ def load_story(engine: sa.Engine, job_id: uuid.UUID | str) -> JobStory:
             CreateEntry(c.seq, c.provider_kind, c.intent_at, c.state, c.task_id, c.fate, c.fate_at, c.detail)
             for c in ledger.creates_of_job(conn, jid)
         ]
+        pruned = pruned_of(conn, str(jid))
     return JobStory(
+        pruned=pruned,
         creates=creates,
         job_id=str(row.id),
         status=row.status,
@@ -346,6 +361,7 @@ def facts(story: JobStory) -> list[tuple[str, str]]:
         ("assets", "; ".join(f"{a.asset_type} {a.storage_key}" for a in story.assets) or "none"),
         ("credit anomalies", "; ".join(f"{a.reason} ({_ts(a.at)})" for a in story.anomalies) or "none"),
         ("upstream creates", _creates_fact(story)),
+        *([("pruned history", story.pruned.line())] if story.pruned else []),
     ] + ([("unreadable timestamps", ", ".join(story.unreadable))] if story.unreadable else [])
 
 
@@ -422,6 +438,13 @@ def runs_in_order(story: JobStory) -> list[tuple[str, str]]:
     return out
 
 
+def _no_attempts(story: JobStory) -> str:
+    """No attempt row left: pruned past its retention (say so), or never reconciled."""
+    if story.pruned and story.pruned.events:
+        return f"{story.pruned.events} pruned (see pruned history)"
+    return "never reconciled"
+
+
 def to_markdown(story: JobStory, base_url: str | None) -> str:
     """The story as two markdown tables: facts, then one row per attempt with its run link."""
     lines = ["| | |", "|---|---|"]
@@ -429,10 +452,10 @@ def to_markdown(story: JobStory, base_url: str | None) -> str:
     lines += ["", "| when | attempt | outcome | what upstream said | run |", "|---|---:|---|---|---|"]
     for a in story.attempts:
         run = f"[{a.run_id[:8]}]({run_url(a.run_id, base_url)})" if a.run_id else _cell(a.run_key)
-        number = "-" if a.not_sent else str(a.attempt)  # not an attempt: nothing was sent
+        number = str(a.attempt) if a.counted else "-"  # not an attempt: not sent, or our fault
         lines.append(f"| {_ts(a.at)} | {number} | {a.outcome} | {_cell(a.detail)} | {run} |")
     if not story.attempts:
-        lines.append("| - | - | never reconciled | - | - |")
+        lines.append(f"| - | - | {_no_attempts(story)} | - | - |")
     if story.creates:
         lines += ["", "| upstream creates (the create ledger) |", "|---|"]
         lines += [f"| {_cell(line)} |" for line in create_lines(story)]
@@ -445,11 +468,16 @@ def to_text(story: JobStory, base_url: str | None) -> str:
     out = [f"{k:<{width}}  {v}" for k, v in facts(story)]
     out.append("")
     unsent = sum(a.not_sent for a in story.attempts)
-    counted = f"{len(story.attempts) - unsent}" + (f", and {unsent} poll(s) not sent" if unsent else "")
-    out.append(f"attempts ({counted}):" if story.attempts else "attempts: never reconciled")
+    ours = sum(not a.counted and not a.not_sent for a in story.attempts)
+    counted = (
+        f"{len(story.attempts) - unsent - ours}"
+        + (f", and {unsent} poll(s) not sent" if unsent else "")
+        + (f", and {ours} stopped by a fault of ours (not counted)" if ours else "")
+    )
+    out.append(f"attempts ({counted}):" if story.attempts else f"attempts: {_no_attempts(story)}")
     for a in story.attempts:
         run = run_url(a.run_id, base_url) if a.run_id else f"run key {a.run_key} (run not found)"
-        number = "-" if a.not_sent else str(a.attempt)  # not an attempt: nothing was sent
+        number = str(a.attempt) if a.counted else "-"  # not an attempt: not sent, or our fault
         out.append(f"  {_ts(a.at)}  #{number:<3} {a.outcome:<13} {a.detail or '-'}")
         out.append(f"  {'':19}        run: {run}")
     if story.creates:
@@ -463,7 +491,7 @@ def to_json(story: JobStory, base_url: str | None) -> dict[str, Any]:
     data["outcome"] = story.outcome
     for a, raw in zip(story.attempts, data["attempts"], strict=True):
         raw["run_url"] = run_url(a.run_id, base_url) if a.run_id else None
-        raw["counted"] = not a.not_sent
+        raw["counted"] = a.counted
         raw["not_sent_reason"] = a.not_sent_reason
     jsonable: dict[str, Any] = _jsonable(data)
     return jsonable

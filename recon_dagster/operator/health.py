@@ -36,6 +36,7 @@ from recon_dagster.config import settings
 from recon_dagster.core.kinds import KINDS, provider_names
 from recon_dagster.core.text import short_reason
 from recon_dagster.db.sqltext import sql
+from recon_dagster.providers.resource import not_configured, not_configured_line
 from recon_dagster.reconcile.cause import health_pairs
 
 
@@ -44,6 +45,8 @@ class State(StrEnum):
     DEGRADED = "degraded"
     HEALTHY = "healthy"
     IDLE = "idle"
+    # Its key is not set here: never polled, so never judged (its one line says what to set).
+    NOT_CONFIGURED = "not_configured"
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ class Verdict:
 
     @property
     def passed(self) -> bool:
-        return self.state in (State.HEALTHY, State.IDLE)
+        return self.state in (State.HEALTHY, State.IDLE, State.NOT_CONFIGURED)
 
 
 # Each job's latest poll in the window among the rows health reads (the (outcome, cause) pairs of
@@ -234,4 +237,10 @@ def judge(f: ProviderFigures, policy: HealthPolicy) -> Verdict:
 def verdicts(conn: sa.Connection, policy: HealthPolicy) -> list[Verdict]:
     """Every provider's verdict, in the registry's order."""
     figures = provider_figures(conn, policy.window_s)
-    return [judge(figures[p], policy) for p in provider_names()]
+    missing = set(not_configured())
+    return [
+        Verdict(p, State.NOT_CONFIGURED, not_configured_line(p), figures[p])
+        if p in missing
+        else judge(figures[p], policy)
+        for p in provider_names()
+    ]

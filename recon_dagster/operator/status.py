@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from recon_dagster.config import settings
 from recon_dagster.db.engine import get_engine
 from recon_dagster.db.jobs import inflight_counts, readable, scan_stale
+from recon_dagster.providers.resource import not_configured, not_configured_line
 
 # Status reads the whole due set; a bound keeps a pathological backlog from loading millions.
 _DUE_LIMIT = 100_000
@@ -125,6 +126,8 @@ def print_status() -> int:
         now = conn.execute(sa.text("SELECT now()")).scalar_one()
     if not rows:
         print("no jobs in flight")
+        for provider in not_configured():
+            print(not_configured_line(provider))
         return 0
     cap = settings().max_attempts
     header = (
@@ -147,4 +150,6 @@ def print_status() -> int:
     )
     for line in notes:
         print(line)
+    for provider in not_configured():
+        print(not_configured_line(provider))
     return 0

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import dagster as dg
 import httpx
@@ -19,6 +19,7 @@ from recon_dagster.core.redaction import register_secret
 from recon_dagster.providers.create_marker import CreateLedgerHook
 from recon_dagster.providers.http import HttpSettings, Limits, ProviderHttp, ProviderNotFound, json_body
 from recon_dagster.providers.limits import account_limits_from_env
+from recon_dagster.providers.observed_http import ObservedProviderHttp
 from recon_dagster.providers.status import MediaRef, NotSent, ProviderError, UpstreamState, UpstreamStatus
 
 ProgressCallback = Callable[[UpstreamStatus], None]
@@ -154,6 +155,14 @@ class ProviderResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # ba
             if name != "api_key":
                 yield name, value
 
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy; one that changes a field builds its own client (the original's was made with the
+        original's URL, key and limits), one that changes nothing shares it."""
+        copy = super().model_copy(update=update, deep=deep)
+        if update:
+            copy._lazy = _LazyClient()
+        return copy
+
     # -- hooks --------------------------------------------------------------------------------
 
     def _auth_headers(self, api_key: str) -> dict[str, str]:
@@ -206,7 +215,7 @@ class ProviderResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # ba
                     key = raw.strip()
                     if not key:
                         raise ProviderConfigError(f"{self.PROVIDER} api_key is blank")
-                    lazy.http = ProviderHttp(
+                    lazy.http = ObservedProviderHttp(
                         provider=str(self.PROVIDER),
                         base_url=self.resolved_base_url(),
                         auth_headers=self._auth_headers(key),
@@ -272,7 +281,10 @@ class ProviderResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # ba
         """Stream an authenticated media endpoint of this provider (``needs_auth`` refs only)."""
         if not ref.needs_auth:
             raise ProviderConfigError(f"{ref.url!r} is a public URL: fetch it with the media downloader")
-        self.media_headers(ref)  # host check
+        if not self._owns(ref.url):  # the key goes to this provider's own API host only
+            raise ProviderConfigError(
+                f"media {ref.url!r} needs auth but is not on the {self.PROVIDER} API host; key withheld"
+            )
         with self.http.stream(ref.url, label=str(self.PROVIDER)) as response:
             yield response
 

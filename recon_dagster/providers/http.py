@@ -12,7 +12,6 @@ from __future__ import annotations
 import email.utils
 import logging
 import random
-import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -34,6 +33,9 @@ from recon_dagster.core.proxy import proxy_settings
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.providers.limits import AccountLimits, account_limiter
+from recon_dagster.providers.process_limits import Limits as Limits  # re-exported: its old home
+from recon_dagster.providers.process_limits import TokenBucket as TokenBucket  # re-exported
+from recon_dagster.providers.process_limits import shared_limiter
 from recon_dagster.providers.status import (
     AmbiguousCreateError,
     NotSent,
@@ -61,89 +63,6 @@ _TIMEOUT_PHASES: dict[type[Exception], tuple[str, str]] = {
 }
 # Errors in our own configuration (a base URL without a scheme...): retrying cannot help.
 _CONFIG_ERRORS = (httpx.UnsupportedProtocol, httpx.InvalidURL, httpx.LocalProtocolError)
-
-
-class TokenBucket:
-    """A thread-safe token bucket: ``rate`` tokens per second, bursts up to ``burst``.
-
-    A caller reserves its token at once (the balance may go negative) and then sleeps outside the
-    lock until that token exists, so waiting threads are served in arrival order.
-    """
-
-    def __init__(self, rate_per_s: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
-        if rate_per_s <= 0 or burst < 1:
-            raise ValueError(f"token bucket needs rate_per_s > 0 and burst >= 1, got {rate_per_s}, {burst}")
-        self.rate = rate_per_s
-        self.burst = burst
-        self._clock = clock
-        self._tokens = float(burst)
-        self._stamp = clock()
-        self._lock = threading.Lock()
-
-    def reserve(self, max_wait: float | None = None) -> float | None:
-        """Take one token; returns how many seconds the caller must wait before using it. With
-        ``max_wait``, a token that comes later is not taken: None (the bucket is left as it was)."""
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
-            self._stamp = now
-            wait = max(0.0, 1.0 - self._tokens) / self.rate
-            if max_wait is not None and wait > max_wait:
-                return None
-            self._tokens -= 1.0
-            return wait
-
-    def next_token_s(self) -> float:
-        """Seconds until the next token exists (0: one is there)."""
-        with self._lock:
-            tokens = min(self.burst, self._tokens + (self._clock() - self._stamp) * self.rate)
-            return max(0.0, 1.0 - tokens) / self.rate
-
-    def acquire(self, sleep: Callable[[float], None] = time.sleep) -> float:
-        """Block until a token is available; returns the seconds waited."""
-        wait = self.reserve() or 0.0
-        if wait > 0:
-            sleep(wait)
-        return wait
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Concurrency and rate limits of one provider account, as configured."""
-
-    max_concurrency: int = 16
-    create_rate_per_s: float | None = None
-    create_burst: int = 1
-    read_rate_per_s: float | None = None
-    read_burst: int = 1
-
-
-@dataclass
-class _SharedLimiter:
-    semaphore: threading.BoundedSemaphore
-    create_bucket: TokenBucket | None
-    read_bucket: TokenBucket | None
-
-
-_LIMITERS: dict[tuple[Any, ...], _SharedLimiter] = {}
-_LIMITERS_LOCK = threading.Lock()
-
-
-def shared_limiter(provider: str, base_url: str, limits: Limits) -> _SharedLimiter:
-    """The process-wide limiter of one provider account: every resource copy and thread shares it."""
-    key = (provider, base_url.rstrip("/"), limits)
-    with _LIMITERS_LOCK:
-        limiter = _LIMITERS.get(key)
-        if limiter is None:
-            limiter = _SharedLimiter(
-                threading.BoundedSemaphore(limits.max_concurrency),
-                TokenBucket(limits.create_rate_per_s, limits.create_burst)
-                if limits.create_rate_per_s
-                else None,
-                TokenBucket(limits.read_rate_per_s, limits.read_burst) if limits.read_rate_per_s else None,
-            )
-            _LIMITERS[key] = limiter
-        return limiter
 
 
 class RetryableError(ProviderHTTPError):
@@ -422,6 +341,8 @@ class ProviderHttp:
         # The account's shared budget (when configured) is the rate limit; the process's own
         # bucket is the whole rate limit only without one (``RECON_LIMITS=process``).
         bucket = self._limiter.read_bucket if idempotent else self._limiter.create_bucket
+        if self._account is None:
+            self._wait_out_process_block(label, deadline)
         if bucket is not None and self._account is None:
             self._take_process_token(bucket, label, deadline)
         all_headers = {"accept-encoding": ACCEPT_ENCODING, **self._auth, **(headers or {})}
@@ -466,10 +387,28 @@ class ProviderHttp:
         try:
             return self._classify(response, method, path, label, idempotent)
         except RetryableError as exc:
-            if exc.retry_after_s and self._account is not None:
-                # The provider throttles the account: everyone sharing it waits, not only us.
-                self._account.block_for(min(exc.retry_after_s, self.settings.retry_after_max_s))
+            if exc.retry_after_s:
+                # The provider throttles the account: everyone sharing it waits, not only us (every
+                # process through the shared budget; without one, every thread of this process).
+                seconds = min(exc.retry_after_s, self.settings.retry_after_max_s)
+                (self._account or self._limiter).block_for(seconds)
             raise
+
+    def _wait_out_process_block(self, label: str, deadline: float | None) -> None:
+        """``RECON_LIMITS=process``: a Retry-After this process heard holds every request to the
+        account until it ends; one whose deadline comes first is not sent."""
+        blocked = self._limiter.blocked_s()
+        if blocked <= 0:
+            return
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and blocked > left:
+            raise NotSent(
+                label, NotSentReason.LIMITER_REFUSED,
+                f"{self.provider}: the provider's Retry-After blocks this process's requests for "
+                f"{blocked:.1f} s, past the request's deadline ({max(left, 0.0):.1f} s left); not sent",
+                retry_in_s=blocked,
+            )  # fmt: skip
+        self._sleep(blocked)
 
     @contextmanager
     def _process_slot(self, label: str, deadline: float | None) -> Iterator[None]:
@@ -653,13 +592,33 @@ class ProviderHttp:
     @contextmanager
     def stream(self, url: str, *, label: str) -> Iterator[httpx.Response]:
         """Open an authenticated streaming GET on this provider's own host (no retries: the
-        media downloader owns retry and size policy)."""
+        media downloader owns retry and size policy). Like a poll, it waits for the account (its
+        read token and a concurrency slot, held while the body streams) and for one of the
+        process's slots only until the read deadline; not let out by then: ``NotSent``."""
+        limit = self.settings.read_deadline_s
+        deadline = time.monotonic() + limit if limit else None
+        account = (
+            self._account.request(label, create=False, deadline=deadline) if self._account else nullcontext()
+        )
         try:
-            with self._limiter.semaphore, self.client.stream("GET", url, headers=self._auth) as response:
+            with (
+                account,
+                self._process_slot(label, deadline),
+                # Media comes as it is (identity): a compressed body cut short would decode as a
+                # whole, shorter file, while a cut identity body fails against its Content-Length.
+                self.client.stream(
+                    "GET", url, headers={**self._auth, "accept-encoding": "identity"}
+                ) as response,
+            ):
                 if response.status_code >= 400:
                     response.read()
                     message = self._clean(self._error_message(response) or generic_error_message(response))
                     raise ProviderHTTPError(label, response.status_code, message)
+                encoding = response.headers.get("content-encoding", "identity").strip().lower()
+                if encoding not in ("", "identity"):
+                    raise ProviderHTTPError(
+                        label, response.status_code, f"media in {encoding!r}, not asked for"
+                    )
                 yield response
         except httpx.TransportError as exc:
             raise ProviderHTTPError(

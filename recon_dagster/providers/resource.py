@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
@@ -23,8 +24,9 @@ from recon_dagster.providers.base import (
     TaskCreatedCallback,
 )
 from recon_dagster.providers.limits import resource_limit_fields
-from recon_dagster.providers.status import MediaRef, UpstreamStatus
+from recon_dagster.providers.status import MediaRef, NotSent, UpstreamStatus
 from recon_dagster.providers.upstream_tasks import TaskListing
+from recon_dagster.telemetry.instruments import POLLS_NOT_SENT, POLLS_SENT
 
 
 def resource_class(spec: ProviderSpec) -> type[ProviderResource]:
@@ -46,6 +48,24 @@ def listing_providers() -> frozenset[str]:
     )
 
 
+def not_configured(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The providers whose key is unset or blank here, in the registry's order: not wired, their
+    kinds not reconciled (no run is requested for them), every other provider unaffected."""
+    return tuple(spec.name for spec in provider_specs() if not config.is_set(spec.settings.key_env, environ))
+
+
+def not_configured_line(name: str) -> str:
+    """The one line health, ``status``, the plan, the sensor and a run say of a provider without
+    its key."""
+    spec = provider_spec(name)
+    kinds = ", ".join(k.name for k in spec.kinds)
+    key = spec.settings.key_env
+    return (
+        f"{name}: not configured ({key} is not set); its kinds ({kinds}) stay in flight with no "
+        f"attempt counted; set {key} for the code server, daemon and run workers"
+    )
+
+
 def api_key_env_vars() -> tuple[str, ...]:
     """Every provider's key variable (registered for masking before any client is built)."""
     return tuple(spec.settings.key_env for spec in provider_specs())
@@ -62,8 +82,7 @@ class ProvidersBase(dg.ConfigurableResource):  # type: ignore[type-arg]  # bare,
         """The resource of the provider called ``name``."""
         resource = getattr(self, name, None)
         if not isinstance(resource, ProviderResource):
-            key = provider_spec(name).settings.key_env
-            raise ProviderConfigError(f"provider {name!r} is not configured here (set {key} to use it)")
+            raise ProviderConfigError(not_configured_line(name))
         return resource
 
     def configured(self) -> tuple[ProviderResource, ...]:
@@ -86,8 +105,17 @@ class ProvidersBase(dg.ConfigurableResource):  # type: ignore[type-arg]  # bare,
         return self._async(kind).create(kind, payload)
 
     def poll(self, kind: str, task_id: str) -> UpstreamStatus:
-        """One poll of ``task_id`` of ``kind``."""
-        return self._async(kind).poll(kind, task_id)
+        """One poll of ``task_id`` of ``kind``, counted as sent or not sent (with its reason)."""
+        try:
+            status = self._async(kind).poll(kind, task_id)
+        except NotSent as exc:
+            POLLS_NOT_SENT.add(1, kind=kind, reason=exc.reason.value)
+            raise
+        except Exception:
+            POLLS_SENT.add(1, kind=kind)  # it left: whatever came back is the attempt's evidence
+            raise
+        POLLS_SENT.add(1, kind=kind)
+        return status
 
     def run(
         self,
@@ -158,7 +186,8 @@ def _base_url(name: str, default: str) -> str:
 def providers_from_env() -> ProvidersResource:
     """The production wiring: keys from ``dg.EnvVar`` (never literals, so they stay out of run
     config and the UI), base URLs from ``*_BASE_URL`` when set, else the real providers. A provider
-    whose key is optional (``ProviderSettings.key_optional``) is wired only when its key is set.
+    is wired only when its key is set (not blank): one missing key never fails the resource, and so
+    every run, at initialisation; that provider's kinds answer a one-line ``ProviderConfigError``.
 
     The keys present now are registered for masking at once, before any client is built."""
     for name in api_key_env_vars():
@@ -171,6 +200,6 @@ def providers_from_env() -> ProvidersResource:
                 **resource_limit_fields(spec.name),
             )
             for spec in provider_specs()
-            if not spec.settings.key_optional or config.is_set(spec.settings.key_env)
+            if config.is_set(spec.settings.key_env)
         }
     )

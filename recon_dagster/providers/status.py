@@ -93,8 +93,6 @@ class NotSentReason(StrEnum):
 
     # The account is blocked by a provider's Retry-After until after the request's deadline.
     LIMITER_REFUSED = "limiter_refused"
-    # The provider's circuit breaker in this process is open: requests are not let out for now.
-    BREAKER_OPEN = "breaker_open"
     # The account's next rate token comes after the request's deadline (or the run's lease).
     TOKEN_WAIT = "token_wait_past_deadline"
     # No concurrency slot of the account came free before the request's deadline.
@@ -104,7 +102,7 @@ class NotSentReason(StrEnum):
 
 
 class NotSent(ProviderHTTPError):
-    """This process never sent the request: its own limiter or breaker refused it, or its deadline
+    """This process never sent the request: its own limiter refused it, or its deadline
     ran out while it waited for a token or a slot. Nothing reached the provider, so the caller may
     send it again later; reconciliation reschedules the job without counting an attempt.
 

@@ -12,7 +12,7 @@ limits, deadlines and redaction with polls.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -57,11 +57,24 @@ class CancelResult(StrEnum):
     CANCELLED = "cancelled"  # the provider accepted the cancel (it may take a moment to stop)
     ALREADY_ENDED = "already_ended"  # it had already finished, failed or been cancelled
     NOT_FOUND = "not_found"
+    REFUSED = "cancel_refused"  # the provider cannot cancel it (no cancel at all: KIE)
 
 
 @runtime_checkable
 class TaskListing(Protocol):
-    """A provider that lists the account's recent tasks, newest first, page by page."""
+    """A provider that lists the account's recent tasks, newest first, page by page, one
+    collection (Replicate's predictions, its trainings) at a time: the orphan sweep walks and
+    judges each collection on its own, so one failed list never discards another's."""
+
+    def task_collections(self) -> Mapping[str, frozenset[str]]:
+        """Each collection this provider lists -> the provider kinds of the tasks it holds."""
+        ...
+
+    def list_collection(
+        self, collection: str, *, created_after: datetime, created_before: datetime | None = None
+    ) -> Iterator[UpstreamTask]:
+        """Every task of ``collection`` created in ``[created_after, created_before)``."""
+        ...
 
     def list_tasks(
         self, *, created_after: datetime, created_before: datetime | None = None

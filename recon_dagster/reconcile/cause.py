@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+import sqlalchemy as sa
+
+from recon_dagster.db.engine import DatabaseUnavailable
 from recon_dagster.media.errors import MediaError
 from recon_dagster.providers.base import ProviderConfigError
 from recon_dagster.providers.status import NotSent, ProviderHTTPError, ProviderProtocolError
@@ -43,6 +46,7 @@ HEALTH_BY_OUTCOME: dict[Outcome, bool] = {
     Outcome.LOST_RACE: False,  # another writer settled the job first
     Outcome.SKIPPED: False,  # not worked by this run
     Outcome.NOT_SENT: False,  # this process never sent the poll (its own limiter refused it)
+    Outcome.OUR_FAULT: False,  # our configuration, storage or database stopped it, not the provider
 }
 
 # How a cause reads in provider health: True an answer, False no answer, None not the provider's.
@@ -78,6 +82,39 @@ def health_pairs() -> tuple[tuple[str, str, bool], ...]:
         for cause, answered in HEALTH_BY_CAUSE.items()
         if answered is not None
     )
+
+
+class OurFault(StrEnum):
+    """A failure of ours that stopped an attempt (``Outcome.OUR_FAULT``): never the job's, so it
+    costs the job no attempt and never leads to a refund; loud on our own health check instead."""
+
+    CONFIGURATION = "our_configuration"  # a provider key missing or refused, a wrong resource
+    STORAGE = "our_storage"  # our media store refused the write (permissions, disk full, bucket)
+    DATABASE = "our_database"  # the app's database dropped or refused us mid-attempt (a blip)
+
+
+# An answer that refuses our credentials (or our egress proxy's): the key is ours to fix.
+_OUR_AUTH_STATUSES = frozenset({401, 403, 407})
+
+
+def our_fault(exc: BaseException) -> OurFault | None:
+    """The fault of ours behind ``exc``, or None when it is the provider's, the job's, or a bug
+    (a bug still counts the attempt, so a row that breaks us every time ends at the cap)."""
+    if isinstance(exc, NotSent):
+        return None  # its own outcome: never sent
+    if isinstance(exc, ProviderConfigError):
+        return OurFault.CONFIGURATION
+    if isinstance(exc, ProviderHTTPError) and exc.status_code in _OUR_AUTH_STATUSES:
+        return OurFault.CONFIGURATION
+    if isinstance(exc, ProviderProtocolError) and getattr(exc, "code", None) in _OUR_AUTH_STATUSES:
+        return OurFault.CONFIGURATION  # KIE's 401 inside an HTTP 200
+    if isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError | DatabaseUnavailable):
+        return OurFault.DATABASE  # connection lost, server restarting, too many clients
+    if isinstance(exc, MediaError | UnusableResult):
+        return None  # the job's own media
+    if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("botocore", "boto3"):
+        return OurFault.STORAGE  # a folder we cannot write, a full disk, a bucket that refuses us
+    return None
 
 
 # HTTP statuses that mean the provider as a whole is not answering us usefully: authentication,

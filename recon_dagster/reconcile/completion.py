@@ -15,6 +15,7 @@ from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.sqltext import sql
 from recon_dagster.db.transitions import COMPLETE_UPDATE, NOTIFY_RETURNING, complete_params
 from recon_dagster.media.base import StoredObject
+from recon_dagster.telemetry.instruments import CREDITS_COMMITTED, CREDITS_COMMITTED_AMOUNT, add_on_commit
 
 
 def reopen_sole_cause_workflow(conn: sa.Connection, workflow_execution_id: uuid.UUID, node_id: str) -> bool:
@@ -169,8 +170,11 @@ def settle_completion(
     if not rows[0].won:
         return Settled(False)
     locked = [r for r in rows if r.id is not None]
-    return Settled(
-        True,
-        usage_log_id=credits.commit_locked(conn, row.id, params["cost"], locked),
-        asset_created=rows[0].assets > 0,
-    )
+    committed = credits.commit_locked(conn, row.id, params["cost"], locked)
+    if committed is not None:
+        amount = next((r.amount for r in locked if str(r.id) == str(committed)), None)
+        add_on_commit(conn, CREDITS_COMMITTED, 1, kind=provider_kind)
+        add_on_commit(
+            conn, CREDITS_COMMITTED_AMOUNT, float(credits.valid_amount(amount) or 0), kind=provider_kind
+        )
+    return Settled(True, usage_log_id=committed, asset_created=rows[0].assets > 0)

@@ -40,10 +40,15 @@ class Outcome(StrEnum):
     EXHAUSTED = "exhausted"
     LOST_RACE = "lost_race"  # another writer (worker, webhook, cancel) got there first
     SKIPPED = "skipped"  # not ours any more (lease lost, row no longer in flight)
-    # The poll never left this process (its own limiter or breaker refused it, or its deadline ran
+    # The poll never left this process (its own limiter refused it, or its deadline ran
     # out waiting for a token or a slot): no attempt counted, the job rescheduled. The reason is
     # the first word of the outcome's detail (``not_sent_reason``).
     NOT_SENT = "not_sent"
+    # A fault of ours, not the job's (our configuration: a provider key missing or refused; our
+    # storage: the media store refused the write; our database: a blip mid-attempt): no attempt
+    # counted, nothing refunded, the job due again after a cadence. The fault is the first word of
+    # the detail (``reconcile.cause.OurFault``).
+    OUR_FAULT = "our_fault"
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,7 @@ def not_sent_detail(reason: str, message: str, due_in_s: float) -> str:
 
 
 def not_sent_reason(detail: str | None) -> str | None:
-    """The reason a ``not_sent`` outcome recorded (``limiter_refused``, ``breaker_open``,
+    """The reason a ``not_sent`` outcome recorded (``limiter_refused``,
     ``token_wait_past_deadline``, ``slot_wait_past_deadline``, ``limiter_database_unreachable``)."""
     if not detail:
         return None

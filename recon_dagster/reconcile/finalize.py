@@ -50,6 +50,8 @@ from recon_dagster.providers.status import MediaRef, UpstreamState, UpstreamStat
 from recon_dagster.reconcile.completion import reopen_sole_cause_workflow, settle_completion
 from recon_dagster.reconcile.decide import foreign_task, unusable_result
 from recon_dagster.reconcile.decide import promised_kind as promised_by_job
+from recon_dagster.telemetry.instruments import CREDITS_REFUNDED, CREDITS_REFUNDED_AMOUNT, add_on_commit
+from recon_dagster.telemetry.tracing import span
 
 log = logging.getLogger("recon_dagster.finalize")
 
@@ -246,7 +248,8 @@ def finalize_job_with_media(
     # Phase 2: media (the row's own should_watermark, never the user's current tier).
     watermark = watermark_required(row)
     try:
-        stored = store_result_media(store, row, result, should_watermark=watermark, policy=policy)
+        with span("download", {"recon.job_id": str(row.id), "recon.media_count": len(result.media)}):
+            stored = store_result_media(store, row, result, should_watermark=watermark, policy=policy)
     except MediaUnusable as exc:
         raise UnusableResult(row.id, result.provider_kind, exc.reason()) from None
     except (MediaNotImage, MediaNotVideo) as exc:
@@ -440,24 +443,32 @@ class Failed:
     refund: credits.Refund | None
 
 
-def fail_and_refund(engine: sa.Engine, job_id: uuid.UUID | str, error_message: str) -> bool:
+def fail_and_refund(
+    engine: sa.Engine, job_id: uuid.UUID | str, error_message: str, *, kind: str | None = None
+) -> bool:
     """Guarded fail, then the reservation back to its pools, in one transaction.
 
-    False: the row was already terminal; nothing was refunded by this call.
+    False: the row was already terminal; nothing was refunded by this call. ``kind`` labels the
+    refund's metrics only.
     """
     job_id = uuid.UUID(str(job_id))
     with engine.begin() as conn:
-        return _fail_and_refund(conn, job_id, error_message) is not None
+        return _fail_and_refund(conn, job_id, error_message, kind) is not None
 
 
 def force_fail_and_refund(
-    engine: sa.Engine, job_id: uuid.UUID | str, *, attempts: int, last_error: str | None
+    engine: sa.Engine,
+    job_id: uuid.UUID | str,
+    *,
+    attempts: int,
+    last_error: str | None,
+    kind: str | None = None,
 ) -> bool:
     """Attempts exhausted: fail, refund, and leave a ``reconcile_exhausted`` credit anomaly."""
     job_id = uuid.UUID(str(job_id))
     with engine.begin() as conn:
         failed = _fail_and_refund(
-            conn, job_id, f"reconcile_exhausted: {attempts} attempts; last error: {last_error or '-'}"
+            conn, job_id, f"reconcile_exhausted: {attempts} attempts; last error: {last_error or '-'}", kind
         )
         if failed is None:
             return False
@@ -479,17 +490,22 @@ def force_fail_and_refund(
         return True
 
 
-def sweep_no_recovery(engine: sa.Engine, job_id: uuid.UUID | str) -> bool:
+def sweep_no_recovery(engine: sa.Engine, job_id: uuid.UUID | str, *, kind: str | None = None) -> bool:
     """Spec 5.6: a stale sync / task-less / legacy row cannot be recovered: fail + refund."""
-    return fail_and_refund(engine, job_id, "reconcile_no_recovery")
+    return fail_and_refund(engine, job_id, "reconcile_no_recovery", kind=kind)
 
 
-def _fail_and_refund(conn: sa.Connection, job_id: uuid.UUID, error_message: str) -> Failed | None:
+def _fail_and_refund(
+    conn: sa.Connection, job_id: uuid.UUID, error_message: str, kind: str | None = None
+) -> Failed | None:
     """None when the guarded fail lost (the row was already terminal): nothing else happens."""
     # The failure event goes out with the won write (same statement, delivered at COMMIT).
     if not jobs_db.fail_job(conn, job_id, error_message, notify_source="reconcile"):
         return None
     refund = credits.refund_reserved_credits_for_job(conn, job_id)
+    if refund is not None:  # counted when the transaction commits
+        add_on_commit(conn, CREDITS_REFUNDED, 1, kind=kind)
+        add_on_commit(conn, CREDITS_REFUNDED_AMOUNT, float(refund.amount), kind=kind)
     _character_failed(conn, job_id, error_message)
     crash_point("refund.in_settle")
     return Failed(refund)

@@ -1,11 +1,17 @@
 """The orphan sweep's rule: what to do with one task a provider has for our account.
 
-A task is *ours* when the create ledger holds its task id, or it carries the job marker of one of
-our creates (the ledger then names the job), or it matches an unanswered create of ours by
-fingerprint in that create's time window; else it is *unknown* (another system may share the key)
-and is only reported, never cancelled. For ours, the job's row decides:
+A task is *ours* only on proof: the create ledger holds its task id, or it carries the job marker
+of one of our creates (the ledger then names the job), or a job row names it
+(``jobs.provider_task_id``: an app that writes the task id on the row, as the spec's contract
+asks, but not the ledger). A task that only *resembles* an unanswered create of ours (the same
+fingerprint of what it asked, in that create's time window) is ``probably_ours``: another system
+sharing the key and the prompt looks exactly alike, so it is reported with the create it
+resembles and never cancelled nor adopted; the operator decides (``recon-dagster orphans
+--adopt`` / ``--cancel``). Anything else is *unknown* and only reported. For ours, the job's row
+decides:
 
-- the row names the task: it is the reconciler's (``owned``);
+- the row names the task and the job is in flight or completed: it is the reconciler's
+  (``owned``); a job that failed or was cancelled collects nothing: its task is an orphan;
 - the row is in flight without a task id (its create was ambiguous, or its worker died between
   the provider's answer and the row's update) and the task runs or succeeded: ``adopt`` it, so
   the reconciler polls it and recovers the result instead of refunding;
@@ -37,6 +43,7 @@ class OrphanAction(StrEnum):
     ORPHAN_BILLED = "orphan_billed"
     ENDED = "ended"
     UNKNOWN = "unknown"
+    PROBABLY_OURS = "probably_ours"
     WAIT = "wait"
 
 
@@ -73,18 +80,22 @@ def reconcile(
     now: datetime,
     grace: timedelta,
 ) -> OrphanVerdict:
-    """The action for ``task``, given the ledger's create that made it (None: not ours, as far as
-    the ledger knows) and that create's job row (None: no such row)."""
+    """The action for ``task``, given the ledger's create that made it (None: not in the ledger
+    nor marked) and that create's job row, or without a create the job row naming the task (None:
+    no such row)."""
     kind = task_kind(task, create)
-    if create is None:
-        return OrphanVerdict(task, OrphanAction.UNKNOWN, "not in the create ledger and no job marker: "
-                             "another system's, never cancelled", kind=kind)  # fmt: skip
-    job_id = create.job_id
+    named = job is not None and job.provider_task_id == task.task_id
+    if create is None and not named:
+        return OrphanVerdict(task, OrphanAction.UNKNOWN, "not in the create ledger, no job marker and no "
+                             "job names it: another system's, never cancelled", kind=kind)  # fmt: skip
+    job_id = create.job_id if create is not None else job.id if job is not None else None
+    if kind is None and job is not None:
+        kind = job.provider_kind
 
     def verdict(action: OrphanAction, reason: str) -> OrphanVerdict:
         return OrphanVerdict(task, action, reason, job_id, create, kind)
 
-    if job is not None and job.provider_task_id == task.task_id:
+    if named and job is not None and (job.inflight or job.status == "completed"):
         return verdict(OrphanAction.OWNED, f"job {job_id} names it: the reconciler's")
     young = task.created_at is not None and task.created_at > now - grace
     inflight = job is not None and job.inflight
@@ -103,6 +114,7 @@ def reconcile(
     owner = (
         f"job {job_id} is gone" if job is None
         else f"job {job_id} already has task {job.provider_task_id}" if inflight
+        else f"job {job_id} names it but is {job.status}" if named
         else f"job {job_id} is {job.status}"
     )  # fmt: skip
     if task.phase is TaskPhase.RUNNING:
@@ -112,12 +124,27 @@ def reconcile(
     return verdict(OrphanAction.ENDED, f"{owner}; ended upstream ({task.status}): nothing bills")
 
 
+def resembles(task: UpstreamTask, create: Create, job: JobRow | None) -> OrphanVerdict:
+    """A task matched to an unanswered create by fingerprint only: a guess, never proof. Reported
+    with the create it resembles; the operator adopts or cancels it explicitly."""
+    state = "gone" if job is None else job.status
+    return OrphanVerdict(
+        task, OrphanAction.PROBABLY_OURS,
+        f"asked what unanswered create {create.seq} of job {create.job_id} ({state}) asked, "
+        f"{create.intent_at:%H:%M:%S} UTC, but carries no proof (no ledger task id, marker or job row): "
+        f"never cancelled nor adopted; `recon-dagster orphans --adopt {task.task_id} --job {create.job_id}` "
+        f"or `--cancel {task.task_id}`",
+        create.job_id, create, task_kind(task, create),
+    )  # fmt: skip
+
+
 def match_unanswered(
     tasks: list[UpstreamTask], unanswered: list[Create], window: timedelta
 ) -> dict[str, Create]:
-    """Task id -> the unanswered create (sending or ambiguous) it most likely is: the same
+    """Task id -> the unanswered create (sending or ambiguous) it most resembles: the same
     fingerprint, created within ``window`` after the create's intent (nearest first), each task
-    and each create used once. Tasks without a listed fingerprint or time never match."""
+    and each create used once. Tasks without a listed fingerprint or time never match. A
+    resemblance only (``resembles``): never grounds to cancel or adopt."""
     matched: dict[str, Create] = {}
     for create in sorted(unanswered, key=lambda c: c.intent_at):
         if not create.fingerprint:

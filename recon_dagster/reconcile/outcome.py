@@ -97,10 +97,15 @@ class Summary:
         """Polls this process never sent: rescheduled, no attempt counted."""
         return self.counts[Outcome.NOT_SENT]
 
+    @property
+    def our_faults(self) -> int:
+        """Jobs a fault of ours stopped (configuration, storage, database): no attempt counted."""
+        return self.counts[Outcome.OUR_FAULT]
+
     def line(self) -> str:
         extra = "".join(
             f" {k}={self.counts[k]}"
-            for k in (Outcome.LOST_RACE, Outcome.SKIPPED, Outcome.NOT_SENT)
+            for k in (Outcome.LOST_RACE, Outcome.SKIPPED, Outcome.NOT_SENT, Outcome.OUR_FAULT)
             if self.counts[k]
         )
         return (

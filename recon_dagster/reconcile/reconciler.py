@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import sqlalchemy as sa
+from opentelemetry.context import Context
 
 from recon_dagster.core.crashpoints import crash_point
 from recon_dagster.core.kinds import KINDS
@@ -26,7 +27,7 @@ from recon_dagster.providers.status import NotSent, UpstreamState, UpstreamStatu
 from recon_dagster.reconcile import lora
 from recon_dagster.reconcile.batches import claim_at_start, claim_isolated, renew_leases
 from recon_dagster.reconcile.breaker import NotFoundBreaker
-from recon_dagster.reconcile.cause import Cause, finalize_error_cause, poll_error_cause
+from recon_dagster.reconcile.cause import Cause, finalize_error_cause, our_fault, poll_error_cause
 from recon_dagster.reconcile.decide import (
     Action,
     Outcome,
@@ -45,6 +46,7 @@ from recon_dagster.reconcile.finalize import (
     force_fail_and_refund,
     sweep_no_recovery,
 )
+from recon_dagster.reconcile.observed import claimed_events, current_context, job_attributes, span
 from recon_dagster.reconcile.orphans import listable_providers
 from recon_dagster.reconcile.outcome import (
     EventLog,
@@ -115,11 +117,13 @@ class Reconciler(Settling):
         """Lease the planned jobs to ``owner``; returns the rows to work and the outcomes already
         settled here: jobs not won (skipped) and takeovers that reached the cap (force-failed)."""
         started = time.monotonic()
-        with self.engine.begin() as conn:
+        # One statement claims the whole batch: one span, with an event per job it won.
+        with span("claim", {"recon.jobs": len(planned)}) as claiming, self.engine.begin() as conn:
             won, errors = claim_at_start(
                 conn, planned, owner, self.settings.lease_ttl, cap=self.settings.max_attempts
             )
             rows = {r.id: r for r in jobs_db.load_jobs(conn, [c.job_id for c in won])}
+            claimed_events(claiming, won)
         won_ids = {c.job_id for c in won}
         settled = [
             self._outcome(
@@ -145,8 +149,9 @@ class Reconciler(Settling):
                 why = row.reconcile_last_error or "lease expired before the run finished"
                 try:
                     won_fail = force_fail_and_refund(
-                        self.engine, row.id, attempts=row.reconcile_attempts, last_error=why
-                    )
+                        self.engine, row.id, attempts=row.reconcile_attempts, last_error=why,
+                        kind=row.provider_kind,
+                    )  # fmt: skip
                 except Exception as exc:  # isolated: an anomaly, retried at the next takeover
                     self._settle_anomaly(row, "force_fail", exc, row.reconcile_attempts)
                     settled.append(
@@ -184,15 +189,17 @@ class Reconciler(Settling):
     def poll(self, rows: Sequence[JobRow]) -> list[Polled]:
         """Poll every job concurrently (the provider resource enforces its own rate limits)."""
         self._poll_phase_started = time.monotonic()
+        parent = current_context()  # the run's span, handed to the poll threads
         try:
-            return self._map(self._poll_guarded, rows)
+            return self._map(lambda row: self._poll_guarded(row, parent), rows)
         finally:
             self.flush()
 
-    def _poll_guarded(self, row: JobRow) -> Polled:
+    def _poll_guarded(self, row: JobRow, parent: Context | None = None) -> Polled:
         started = time.monotonic()
         try:
-            return self._poll_one(row)
+            with span("poll", job_attributes(row), parent=parent):
+                return self._poll_one(row)
         except Exception as exc:  # one bad job never takes the batch down
             log.exception("poll of job %s failed unexpectedly", row.id)
             return Polled(
@@ -234,6 +241,12 @@ class Reconciler(Settling):
                 not_sent=exc.reason.value,
             )
         except Exception as exc:
+            fault = our_fault(exc)
+            if fault is not None:  # a key missing or refused: ours to fix, not the job's attempt
+                return Polled(
+                    row, Step.DEFER, f"poll failed: {type(exc).__name__}: {exc}", outcome=Outcome.OUR_FAULT,
+                    poll_ms=_ms(started), not_sent=fault.value, cause=Cause.INTERNAL,
+                )  # fmt: skip
             self.breaker.record_error(row.provider_kind, exc)
             return Polled(
                 row,
@@ -303,19 +316,25 @@ class Reconciler(Settling):
         try:
             for o in lost:
                 self._record(o, owner)
+            parent = current_context()  # the run's span, handed to the settle threads
             return lost + self._map(
-                lambda p: self._act_recorded(p, owner, snapshots.get(p.row.id)),
+                lambda p: self._act_recorded(p, owner, snapshots.get(p.row.id), parent),
                 [p for p in polled if p.row.id in ours],
             )
         finally:
             self.flush()
 
     def _act_recorded(
-        self, p: Polled, owner: str, snapshot: jobs_db.RowAndReservation | None = None
+        self,
+        p: Polled,
+        owner: str,
+        snapshot: jobs_db.RowAndReservation | None = None,
+        parent: Context | None = None,
     ) -> JobOutcome:
         started = time.monotonic() - p.poll_ms / 1000
         try:
-            outcome = self._act_one(p, owner, started, snapshot)
+            with span("settle", {**job_attributes(p.row), "recon.step": p.step.value}, parent=parent):
+                outcome = self._act_one(p, owner, started, snapshot)
         except Exception as exc:  # one bad job never takes the batch down
             log.exception("reconcile of job %s failed unexpectedly", p.row.id)
             outcome = self._attempt_failed(
@@ -331,7 +350,7 @@ class Reconciler(Settling):
         attempt = row.reconcile_attempts + 1
         if p.step is Step.SWEEP:
             try:
-                won = sweep_no_recovery(self.engine, row.id)
+                won = sweep_no_recovery(self.engine, row.id, kind=row.provider_kind)
             except Exception as exc:
                 return self._settle_failed(row, owner, "sweep", exc, started)
             return self._outcome(
@@ -345,7 +364,7 @@ class Reconciler(Settling):
             )
         if p.step is Step.FAIL:
             try:
-                won = fail_and_refund(self.engine, row.id, failure_message(p.reason))
+                won = fail_and_refund(self.engine, row.id, failure_message(p.reason), kind=row.provider_kind)
             except Exception as exc:
                 return self._settle_failed(row, owner, "fail_and_refund", exc, started)
             return self._outcome(
@@ -376,6 +395,12 @@ class Reconciler(Settling):
             deferred = Polled(row, Step.DEFER, str(exc), retry_in_s=exc.retry_in_s, not_sent=exc.reason.value)
             return self._reschedule(row, owner, deferred, started)
         except Exception as exc:
+            fault = our_fault(exc)
+            if fault is not None:  # our storage or database failed, not the job: no attempt counted
+                ours = Polled(
+                    row, Step.DEFER, finalize_failure(exc), outcome=Outcome.OUR_FAULT, not_sent=fault.value
+                )
+                return self._reschedule(row, owner, ours, started)
             # An expired signed URL or a refused host: never complete without the media.
             return self._attempt_failed(
                 row, owner, finalize_failure(exc), Outcome.ERROR, started, finalize_error_cause(exc)

@@ -24,10 +24,11 @@ from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import JobRow
 from recon_dagster.providers.status import MediaRef, UpstreamStatus
 from recon_dagster.reconcile.breaker import NotFoundBreaker
-from recon_dagster.reconcile.cause import Cause
+from recon_dagster.reconcile.cause import Cause, our_fault
 from recon_dagster.reconcile.decide import Action, Outcome, decide_after_attempt, not_sent_detail
 from recon_dagster.reconcile.finalize import force_fail_and_refund
-from recon_dagster.reconcile.outcome import EventLog, JobOutcome, Polled, make_outcome
+from recon_dagster.reconcile.observed import count_outcome
+from recon_dagster.reconcile.outcome import EventLog, JobOutcome, Polled, Step, make_outcome
 
 log = logging.getLogger("recon_dagster.reconcile")
 
@@ -106,7 +107,9 @@ class Settling:
             )
         if decide_after_attempt(attempts, self.settings.max_attempts) is Action.FORCE_FAIL:
             try:
-                won = force_fail_and_refund(self.engine, row.id, attempts=attempts, last_error=why)
+                won = force_fail_and_refund(
+                    self.engine, row.id, attempts=attempts, last_error=why, kind=row.provider_kind
+                )
             except Exception as exc:
                 # Left in flight at the cap (bump_attempts never climbs past it): retried next cadence.
                 self._settle_anomaly(row, "force_fail", exc, attempts)
@@ -128,8 +131,10 @@ class Settling:
 
     def _reschedule(self, row: JobRow, owner: str, p: Polled, started: float) -> JobOutcome:
         """A poll that was never sent: the lease released and the job due again when its account
-        will let a poll out (at most one cadence away); the attempt counter untouched."""
-        delay = self.not_sent_delay(p.retry_in_s)
+        will let a poll out (at most one cadence away); the attempt counter untouched. A fault of
+        ours (``Outcome.OUR_FAULT``) is released the same way, due again after a cadence."""
+        ours = p.outcome is Outcome.OUR_FAULT
+        delay = self.settings.cadence if ours else self.not_sent_delay(p.retry_in_s)
         with self.engine.begin() as conn:
             won = jobs_db.reschedule_not_sent(
                 conn, row.id, expected_attempts=row.reconcile_attempts, owner=owner, next_in=delay
@@ -141,6 +146,11 @@ class Settling:
                 f"row moved on while the unsent poll was rescheduled ({p.reason})", started,
             )  # fmt: skip
         detail = not_sent_detail(p.not_sent or "not_sent", p.reason, delay.total_seconds())
+        if ours:
+            log.error("job %s: %s", row.id, redact_secrets(detail))
+            return self._outcome(
+                row.id, row.provider_kind, Outcome.OUR_FAULT, attempt, detail, started, Cause.INTERNAL
+            )
         return self._outcome(
             row.id, row.provider_kind, Outcome.NOT_SENT, attempt, detail, started, Cause.NOT_ASKED
         )
@@ -170,7 +180,13 @@ class Settling:
     def _settle_failed(
         self, row: JobRow, owner: str, step: str, exc: Exception, started: float
     ) -> JobOutcome:
-        """A fail/refund/sweep that raised: an anomaly, and the attempt counted (capped)."""
+        """A fail/refund/sweep that raised: an anomaly, and the attempt counted (capped); our
+        database failing us (a blip) counts nothing and is retried after a cadence."""
+        fault = our_fault(exc)
+        if fault is not None:
+            why = f"settle step {step} raised {type(exc).__name__}: {exc}"
+            ours = Polled(row, Step.DEFER, why, outcome=Outcome.OUR_FAULT, not_sent=fault.value)
+            return self._reschedule(row, owner, ours, started)
         self._settle_anomaly(row, step, exc, row.reconcile_attempts + 1)
         return self._attempt_failed(
             row,
@@ -209,6 +225,7 @@ class Settling:
 
     def _record(self, o: JobOutcome, owner: str) -> None:
         self.events.add(o, owner)
+        count_outcome(o)
         if self.on_outcome is not None:
             self.on_outcome(o)
 

@@ -103,16 +103,21 @@ def modes_from_values(
 # --- the decisions table -----------------------------------------------------------------------------
 
 
+# The reconciler's own decisions: the orphan sweep records its shadow decisions about a job's task
+# in the same table (action ``orphan_*``), which must not hide the job from the sensor for a cadence.
+_OWN = r"action NOT LIKE 'orphan\_%'"
+
+
 def recently_decided(
     conn: sa.Connection, job_ids: Collection[uuid.UUID], cadence: timedelta
 ) -> set[uuid.UUID]:
-    """The jobs among ``job_ids`` with a shadow decision within the cadence."""
+    """The jobs among ``job_ids`` with a shadow decision of the reconciler within the cadence."""
     if not job_ids:
         return set()
     rows = conn.execute(
         sa.text(
             "SELECT DISTINCT job_id FROM reconcile_decisions WHERE job_id = ANY(:ids) "
-            "AND created_at > now() - make_interval(secs => :s)"
+            f"AND created_at > now() - make_interval(secs => :s) AND {_OWN}"
         ).bindparams(sa.bindparam("ids", type_=pg.ARRAY(pg.UUID))),
         {"ids": [str(j) for j in job_ids], "s": cadence.total_seconds()},
     ).scalars()
@@ -129,7 +134,8 @@ def scan_due(
         return jobs_db.scan_stale(conn, limit)
     recent = conn.execute(
         sa.text(
-            "SELECT count(DISTINCT job_id) FROM reconcile_decisions WHERE created_at > now() - make_interval(secs => :s)"
+            "SELECT count(DISTINCT job_id) FROM reconcile_decisions "
+            f"WHERE created_at > now() - make_interval(secs => :s) AND {_OWN}"
         ),
         {"s": cadence.total_seconds()},
     ).scalar_one()
@@ -140,12 +146,12 @@ def scan_due(
 
 
 _RECORD = sa.text(
-    """
+    f"""
     INSERT INTO reconcile_decisions (job_id, provider_kind, attempt, upstream, action, reason,
       commit_credits, refund_subscription, refund_topup, run_id, mode)
     SELECT :j, :k, :a, :up, :act, :why, :c, :rs, :rt, :run, 'shadow'
     WHERE NOT EXISTS (SELECT 1 FROM reconcile_decisions
-                      WHERE job_id = :j AND created_at > now() - make_interval(secs => :s))
+                      WHERE job_id = :j AND created_at > now() - make_interval(secs => :s) AND {_OWN})
     RETURNING id
     """
 )

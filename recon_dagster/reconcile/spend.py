@@ -135,7 +135,7 @@ def match_replicate(
     job's one task in the ledger); any other billed task is spend nobody charged: unknown (no
     ledger row, no marker), an orphan (its job was charged for another task), or refunded. A
     committed charge none of whose task ids was listed is a job charged without a task."""
-    by_job = {c.job_id: c for c in charges}
+    by_job = paying_charges(charges)
     listed = {t.task_id for t in tasks}
     job_of = {t.task_id: _owner(t, owners) for t in tasks}
     jobs_listed = {job for job in job_of.values() if job is not None}
@@ -183,6 +183,17 @@ def match_replicate(
         our_cost_usd=charged_cost(c for c in charges if start <= c.created_at < end),
         breakdown={m: round(s, 3) for m, s in sorted(seconds_by_model.items())},
     )
+
+
+def paying_charges(charges: Iterable[Charge]) -> dict[uuid.UUID, Charge]:
+    """The charge that stands for each job: a committed one when any is (a job reserved twice
+    and settled once has its oldest charge committed and the rest refunded, in any order), else
+    its latest."""
+    out: dict[uuid.UUID, Charge] = {}
+    for c in sorted(charges, key=lambda c: c.created_at):
+        if c.job_id not in out or not out[c.job_id].charged:
+            out[c.job_id] = c
+    return out
 
 
 def _owner(task: UpstreamTask, owners: Mapping[str, uuid.UUID]) -> uuid.UUID | None:

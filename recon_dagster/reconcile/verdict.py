@@ -65,6 +65,16 @@ def run_verdict(outcomes: Sequence[JobOutcome], degraded_share: float = 0.2) -> 
     ``degraded_share``: the share of its worked jobs without an answer from which it is degraded."""
     worked = [o for o in outcomes if o.outcome not in _NOT_WORKED]
     sample = tuple(_first_line(o.detail) for o in worked[:5] if o.detail)
+    ours = [o for o in worked if o.outcome is Outcome.OUR_FAULT]
+    if ours and len(ours) == len(worked):
+        # Loud, as an outage is, but honest: nothing was charged to the jobs.
+        return RunVerdict(
+            INTERNAL_ERRORS,
+            f"every job of this run ({len(worked)}) was stopped by a fault of ours, not the job's: no "
+            f"attempt counted, nothing refunded, each due again after a cadence (last: {_first_line(ours[-1].detail)})",
+            len(worked),
+            sample,
+        )
     stopped = [o for o in worked if o.outcome in _STOPPED]
     # At least one attempt errored: a run whose jobs were all force-failed at the cap settled them.
     if worked and len(stopped) == len(worked) and any(o.outcome is Outcome.ERROR for o in stopped):
@@ -90,6 +100,8 @@ def run_verdict(outcomes: Sequence[JobOutcome], degraded_share: float = 0.2) -> 
             )
     if any(o.outcome is Outcome.EXHAUSTED for o in worked):
         return RunVerdict(REFUNDED_AT_CAP, jobs=len(worked), sample=sample)
+    if ours:
+        return RunVerdict(INTERNAL_ERRORS, jobs=len(worked), sample=sample)
     if any(o.outcome in _STOPPED and o.cause in (Cause.INTERNAL, None) for o in worked):
         return RunVerdict(INTERNAL_ERRORS, jobs=len(worked), sample=sample)
     unanswered = [o for o in worked if o.outcome in _STOPPED and o.cause is Cause.PROVIDER]

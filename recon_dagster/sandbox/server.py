@@ -240,13 +240,15 @@ class SandboxServer:
             raise RuntimeError("the sandbox is not started: call start() or use it as a context manager")
         return self.sandbox.base_url
 
-    def __getattr__(self, name: str) -> str:
-        """``<provider>_base_url``: a registered provider's API root on the sandbox (``/<provider>``
-        plus its plugin's ``base_path``), e.g. ``server.fal_base_url``."""
-        provider = name.removesuffix("_base_url")
-        if provider == name or provider.startswith("_") or provider not in plugins.plugins():
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return self.provider_base_url(provider) + plugins.plugins()[provider].base_path
+    def api_base_url(self, provider: str) -> str:
+        """A registered provider's API root on the sandbox (``/<provider>`` plus its plugin's
+        ``base_path``), what its clients take as their base URL: ``server.api_base_url("fal")``.
+        A method, not an attribute per provider: mypy checks every call (a ``KeyError`` names an
+        unregistered provider)."""
+        plugin = plugins.plugins().get(provider)
+        if plugin is None:
+            raise KeyError(f"{provider!r} is not a registered provider with a sandbox")
+        return self.provider_base_url(provider) + plugin.base_path
 
     @property
     def admin_url(self) -> str:

@@ -24,7 +24,7 @@ from recon_dagster.providers import KieResource, ProviderError
 from recon_dagster.providers.http import HttpSettings, ProviderHttp, generic_error_message
 from recon_dagster.sandbox import SandboxServer, Scenario
 from recon_dagster_tests.support.factories import job_row, make_job, make_user, reserve
-from recon_dagster_tests.support.reconcile import make_defs, reconcile_once
+from recon_dagster_tests.support.reconcile import make_defs, reconcile_once, usage_status
 from recon_dagster_tests.support.redaction import runs
 
 # '+', '/' and '=' make the URL-encoded forms differ from the key itself.
@@ -154,10 +154,36 @@ def _everywhere(db, instance, capfd, captured_logs) -> dict[str, str]:
 def test_an_echoed_key_appears_nowhere_after_reconcile_once(
     db, instance, media_dir, echo_sandbox, captured_logs, capfd, monkeypatch, configured
 ):
+    """The gateway refuses the key (401) and echoes it back. A refused key is our configuration,
+    not the jobs' fault: no attempt is counted and nothing is refunded, but the refusal is written
+    down (the attempt's event, the run's failure line, the logs), and the key is in none of it."""
     monkeypatch.setenv("KIE_API_KEY", configured)
-    counted, _, _ = _reconcile_echoing_jobs(db, instance, media_dir, echo_sandbox, Scenario(echo_key=True))
-    assert "401" in counted["reconcile_last_error"]
-    assert_no_key(_everywhere(db, instance, capfd, captured_logs), configured)
+    kind = "kie-standard"
+    jobs = []
+    for attempts in (0, MAX_ATTEMPTS - 1):
+        user = make_user(db)
+        task = echo_sandbox.add_task(kind, Scenario(echo_key=True))
+        job = make_job(
+            db,
+            user,
+            provider_kind=kind,
+            provider_task_id=task,
+            started_minutes_ago=KINDS[kind].stale_threshold.total_seconds() / 60 + 1,
+            reconcile_attempts=attempts,
+        )
+        reserve(db, job, user, 30)
+        jobs.append((job, task, attempts))
+
+    reconcile_once(make_defs(media_dir), instance=instance)
+
+    assert all(echo_sandbox.poll_count(task) >= 1 for _, task, _ in jobs)
+    for job, _, attempts in jobs:
+        row = job_row(db, job)
+        assert row["status"] == "processing" and row["reconcile_attempts"] == attempts
+        assert usage_status(db, job) == "reserved"
+    texts = _everywhere(db, instance, capfd, captured_logs)
+    assert "401" in texts["reconcile_events"] and MASK in texts["reconcile_events"]
+    assert_no_key(texts, configured)
 
 
 def test_a_key_escaped_in_a_500_body_appears_nowhere_after_reconcile_once(
@@ -177,7 +203,7 @@ def test_a_key_escaped_in_a_500_body_appears_nowhere_after_reconcile_once(
 
 
 def test_a_key_with_a_newline_is_stripped_when_read_and_the_call_succeeds(echo_sandbox):
-    kie = KieResource(base_url=echo_sandbox.kie_base_url, api_key=KEY + "\n")
+    kie = KieResource(base_url=echo_sandbox.api_base_url("kie"), api_key=KEY + "\n")
     task = echo_sandbox.add_task("kie-standard", Scenario(polls_before_done=5))
 
     status = kie.poll("kie-standard", task)
@@ -191,7 +217,7 @@ def test_a_header_that_cannot_be_sent_never_shows_the_key(echo_sandbox):
     register_secret(raw)
     http = ProviderHttp(
         provider="kie",
-        base_url=echo_sandbox.kie_base_url,
+        base_url=echo_sandbox.api_base_url("kie"),
         auth_headers={"Authorization": f"Bearer {raw}"},
         secret=raw,
         settings=HttpSettings(max_attempts=1),

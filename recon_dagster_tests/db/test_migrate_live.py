@@ -27,6 +27,7 @@ LOCK_TIMEOUT_S = float(DEFAULT_LOCK_TIMEOUT.rstrip("s"))
 OUR_INDEXES_ON_APP_TABLES = {
     "jobs_inflight_idx",
     "jobs_taskless_inflight_idx",
+    "jobs_provider_task_idx",
     "usage_logs_reserved_idx",
     "characters_training_job_id_idx",
 }

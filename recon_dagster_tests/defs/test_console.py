@@ -429,6 +429,7 @@ def test_the_outcome_assets_say_every_reconcile_run_writes_them_and_nothing_auto
     assert not any(isinstance(s, dg.AutomationConditionSensorDefinition) for s in repo.sensor_defs)
     assert {s.name for s in repo.sensor_defs} == {
         "stale_inflight_jobs_sensor",
+        "release_failed_run_leases",
         "reconcile_alerts",
         "provider_health_at_startup",
     }

@@ -38,7 +38,12 @@ pytestmark = pytest.mark.skipif(ROOT is None, reason="reads the checkout's pypro
 PACKAGE = Path(__file__).resolve().parents[2] / "recon_dagster"
 
 # Modules that may import an optional extra's package (imported only when asked for).
-EXTRA_OF_MODULE = {"recon_dagster/db/embedded.py": "embedded"}
+EXTRA_OF_MODULE = {
+    "recon_dagster/db/embedded.py": "embedded",
+    # OpenTelemetry's SDK and exporters, imported only with RECON_TELEMETRY on (telemetry/setup.py).
+    "recon_dagster/telemetry/sdk.py": "telemetry",
+    "recon_dagster/telemetry/setup.py": "telemetry",
+}
 # Runtime requirements no module imports, and why they are required all the same.
 LOADED_BY_NAME = {
     "dagster-postgres": "dagster.yaml's storage (dagster_postgres), loaded by every Dagster process",
@@ -69,14 +74,38 @@ def _extra(name: str) -> list[Requirement]:
 
 
 def _imports(path: Path) -> set[str]:
-    """Top-level names of the absolute imports in one file (TYPE_CHECKING blocks included)."""
+    """Dotted names of the absolute imports in one file (TYPE_CHECKING blocks included); for
+    ``from a.b import c`` both ``a.b`` and ``a.b.c`` (``c`` may be a module)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names |= {alias.name.split(".")[0] for alias in node.names}
+            names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names - set(sys.stdlib_module_names) - {"recon_dagster", "__future__"}
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {
+        n
+        for n in names
+        if n.split(".")[0] not in set(sys.stdlib_module_names) | {"recon_dagster", "__future__"}
+    }
+
+
+def _owners(module: str, dists: dict[str, list[str]]) -> list[str]:
+    """The distributions that provide ``module``: its top-level package's, narrowed, for a
+    namespace package several distributions share (``opentelemetry``), to those whose files hold
+    the module's own path (``opentelemetry.trace`` is the API's, not the SDK's)."""
+    candidates = dists[module.split(".")[0]]
+    if len(candidates) == 1:
+        return candidates
+    if "." not in module:  # ``from opentelemetry import trace``: its ``opentelemetry.trace`` says whose
+        return []
+    path = module.replace(".", "/")
+    owning = [
+        d
+        for d in candidates
+        if any(str(f) == f"{path}.py" or str(f).startswith(f"{path}/") for f in metadata.files(d) or ())
+    ]
+    return owning
 
 
 def _third_party_imports() -> dict[str, set[str]]:
@@ -86,8 +115,9 @@ def _third_party_imports() -> dict[str, set[str]]:
     for path in PACKAGE.rglob("*.py"):
         rel = path.relative_to(PACKAGE.parent).as_posix()
         for module in _imports(path):
-            assert module in dists, f"{rel} imports {module}, which no installed distribution provides"
-            for dist in dists[module]:
+            top = module.split(".")[0]
+            assert top in dists, f"{rel} imports {top}, which no installed distribution provides"
+            for dist in _owners(module, dists):
                 found.setdefault(canonicalize_name(dist), set()).add(rel)
     return found
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from decimal import Decimal
 
 import dagster as dg
@@ -19,8 +20,10 @@ import pytest
 import sqlalchemy as sa
 
 from recon_dagster.db import ledger
+from recon_dagster.operator.orphans import adopt_probable
 from recon_dagster.providers import AmbiguousCreateError, ProvidersResource, providers_from_env
 from recon_dagster.reconcile.app_worker import run_or_resume
+from recon_dagster.reconcile.orphan_sweep import SweepPolicy
 from recon_dagster.sandbox import SandboxServer, Scenario
 from recon_dagster_tests.support.factories import balances, job_row, make_job, reserve
 from recon_dagster_tests.support.orphans import actions, sweep
@@ -33,6 +36,7 @@ WORKER = """
 import sys
 from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile.app_worker import run_or_resume
+from recon_dagster.reconcile.orphan_sweep import SweepPolicy
 p = providers_from_env()
 payload = {"version": "v1", "input": {"prompt": "a lighthouse at dusk"}}
 run_or_resume(sys.argv[1], "replicate-prediction",
@@ -51,6 +55,10 @@ def providers(sandbox: SandboxServer) -> Iterator[ProvidersResource]:
 def creates(db: sa.Engine, job: uuid.UUID) -> list[ledger.Create]:
     with db.connect() as conn:
         return ledger.creates_of_job(conn, job)
+
+
+def policy() -> SweepPolicy:
+    return SweepPolicy(window=timedelta(hours=6), grace=timedelta(0), act=True, shadowed=lambda kind: False)
 
 
 def stalled(db: sa.Engine, job: uuid.UUID, minutes: int = 40) -> None:
@@ -93,7 +101,7 @@ def test_a_worker_killed_between_the_answer_and_the_row_update_leaves_a_task_ado
     assert sandbox.create_count() == 1
 
 
-def test_an_ambiguous_create_is_not_refunded_before_its_task_is_looked_for_then_adopted(
+def test_an_ambiguous_create_is_not_refunded_before_its_task_is_looked_for_then_adopted_by_the_operator(
     db: sa.Engine, sandbox: SandboxServer, providers: ProvidersResource, user: uuid.UUID,
     instance: dg.DagsterInstance, media_dir: str,
 ) -> None:  # fmt: skip
@@ -115,8 +123,13 @@ def test_an_ambiguous_create_is_not_refunded_before_its_task_is_looked_for_then_
     tick(make_defs(media_dir), instance, sweep=True)  # the stale sweep leaves it for the orphan sweep
     assert job_row(db, job)["status"] == "processing" and balances(db, user) == (Decimal(70), Decimal(50))
     report = sweep(db, providers)
-    [task] = [t for t, a in actions(report).items() if a == "adopt"]
+    # Replicate's list shows no webhook, so no marker: the lost create's task only resembles it.
+    [task] = [t for t, a in actions(report).items() if a == "probably_ours"]
     assert actions(report)[other] == "unknown"
+    assert job_row(db, job)["provider_task_id"] is None  # never adopted on a resemblance
+    tick(make_defs(media_dir), instance, sweep=True)
+    assert job_row(db, job)["status"] == "processing"  # and the job waits for the operator
+    adopt_probable(db, providers, task, job, policy(), who="ops", why="our prompt, our minute")
     stalled(db, job)
     tick(make_defs(media_dir), instance)
 

@@ -12,7 +12,7 @@ import pytest
 from recon_dagster.core.types import INFLIGHT_STATUSES, TERMINAL_STATUSES, JobRow
 from recon_dagster.db.ledger import Create, fingerprint
 from recon_dagster.providers.upstream_tasks import TaskPhase, UpstreamTask
-from recon_dagster.reconcile.orphans import OrphanAction, match_unanswered, reconcile
+from recon_dagster.reconcile.orphans import ACTING, OrphanAction, match_unanswered, reconcile, resembles
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 GRACE = timedelta(minutes=2)
@@ -49,9 +49,36 @@ def test_a_task_not_in_the_ledger_is_unknown_whatever_else(phase: TaskPhase, sta
 
 
 @pytest.mark.parametrize("phase", list(TaskPhase))
-@pytest.mark.parametrize("status", [*INFLIGHT_STATUSES, *TERMINAL_STATUSES])
-def test_a_task_its_job_names_is_owned(phase: TaskPhase, status: str) -> None:
-    assert act(task(phase), create(), job(status, "t1")) is OrphanAction.OWNED
+@pytest.mark.parametrize("status", [*INFLIGHT_STATUSES, "completed"])
+@pytest.mark.parametrize("in_ledger", [True, False], ids=["ledger", "row-only"])
+def test_a_task_its_job_names_is_owned_while_the_job_is_in_flight_or_completed(
+    phase: TaskPhase, status: str, in_ledger: bool
+) -> None:
+    assert act(task(phase), create() if in_ledger else None, job(status, "t1")) is OrphanAction.OWNED
+
+
+@pytest.mark.parametrize(
+    ("phase", "expected"),
+    [(TaskPhase.RUNNING, OrphanAction.CANCEL), (TaskPhase.SUCCEEDED, OrphanAction.ORPHAN_BILLED),
+     (TaskPhase.ENDED, OrphanAction.ENDED)],
+)  # fmt: skip
+@pytest.mark.parametrize("status", ["failed", "cancelled"])
+@pytest.mark.parametrize("in_ledger", [True, False], ids=["ledger", "row-only"])
+def test_a_task_its_job_names_is_an_orphan_once_the_job_failed_or_was_cancelled(
+    phase: TaskPhase, expected: OrphanAction, status: str, in_ledger: bool
+) -> None:
+    verdict = reconcile(task(phase), create() if in_ledger else None, job(status, "t1"), now=NOW, grace=GRACE)
+    assert (verdict.action, verdict.job_id) == (expected, JOB)
+
+
+@pytest.mark.parametrize("phase", list(TaskPhase))
+@pytest.mark.parametrize("status", [*INFLIGHT_STATUSES, *TERMINAL_STATUSES, None])
+def test_a_resemblance_is_probably_ours_and_never_an_action(phase: TaskPhase, status: str | None) -> None:
+    lost = create(task_id=None)
+    verdict = resembles(task(phase), lost, job(status) if status else None)
+    assert verdict.action is OrphanAction.PROBABLY_OURS and verdict.action not in ACTING
+    assert (verdict.job_id, verdict.create) == (JOB, lost)
+    assert "--adopt t1" in verdict.reason and "--cancel t1" in verdict.reason
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from recon_dagster.config import Settings
+from recon_dagster.db import ledger
 from recon_dagster.defs.orphans.sweep import upstream_orphans
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.providers import ProvidersResource, providers_from_env
@@ -69,3 +70,38 @@ def test_a_newly_billed_orphan_warns_once(
     assert (first.passed, first.severity) == (False, dg.AssetCheckSeverity.WARN)
     assert "predict_time" in (first.description or "")
     assert second.passed
+
+
+def test_the_check_stays_red_while_a_task_that_could_not_be_cancelled_still_runs(
+    db: sa.Engine, sandbox: SandboxServer, providers: ProvidersResource, user: uuid.UUID,
+    instance: dg.DagsterInstance,
+) -> None:  # fmt: skip
+    task = sandbox.add_task("kie-standard", Scenario(outcome="run_forever"))  # KIE has no cancel
+    recorded(db, make_job(db, user, status="failed", provider_kind="kie-standard"), "kie-standard", task)
+
+    first, second = check_of(providers, instance), check_of(providers, instance)
+
+    assert (first.passed, first.severity) == (False, dg.AssetCheckSeverity.ERROR)
+    assert (second.passed, second.severity) == (False, dg.AssetCheckSeverity.ERROR)  # still followed
+    assert task in (second.description or "")
+
+
+def test_a_probably_ours_task_warns_and_names_the_job_it_resembles(
+    db: sa.Engine, sandbox: SandboxServer, providers: ProvidersResource, user: uuid.UUID,
+    instance: dg.DagsterInstance,
+) -> None:  # fmt: skip
+    asked = {"prompt": "a lighthouse"}
+    job = make_job(db, user, status="failed")
+    with db.begin() as conn:
+        intent = ledger.record_intent(conn, job, provider="replicate", kind="replicate-prediction",
+                                      fingerprint=ledger.fingerprint({"input": asked}), marker_sent=True)  # fmt: skip
+        ledger.record_outcome(conn, intent.id, ledger.CreateState.AMBIGUOUS, "answer lost")
+    task = sandbox.sandbox.state.add_task(
+        "replicate-prediction", Scenario(outcome="run_forever"), input=asked
+    )
+
+    evaluation = check_of(providers, instance)
+
+    assert (evaluation.passed, evaluation.severity) == (False, dg.AssetCheckSeverity.WARN)
+    assert task.task_id in (evaluation.description or "") and str(job) in (evaluation.description or "")
+    assert sandbox.task_info(task.task_id)["canceled"] is False

@@ -240,7 +240,7 @@ def test_retry_after_from_the_provider_blocks_every_process_on_the_account(db, s
     os.environ["RECON_LIMIT_KIE"] = f"reads=600/60,account={account}"
     try:
         kie = KieResource(
-            base_url=sandbox.kie_base_url, api_key=sandbox.env()["KIE_API_KEY"], shared_limits=True,
+            base_url=sandbox.api_base_url("kie"), api_key=sandbox.env()["KIE_API_KEY"], shared_limits=True,
             max_attempts=1, retry_after_max_s=30,
         )  # fmt: skip
         task = sandbox.add_task("kie-standard", Scenario(rate_limit_first=1, retry_after_s=5))

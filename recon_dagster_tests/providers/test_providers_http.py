@@ -247,7 +247,7 @@ def test_create_rejection_is_http_error_with_provider_message(sb):
 
 def test_connection_refused_poll_is_retried_then_reported(sb):
     with SandboxServer(api_key=KEY) as other:
-        url = other.kie_base_url
+        url = other.api_base_url("kie")
     kie = KieResource(base_url=url, api_key=KEY, max_attempts=2, **FAST)
     with pytest.raises(ProviderHTTPError, match="ConnectError") as info:
         kie.poll("kie-standard", "t1")

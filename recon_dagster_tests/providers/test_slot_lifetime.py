@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(60)
 def _client(sandbox, **limits) -> ProviderHttp:
     account = AccountLimits(f"slot-{secrets.token_hex(4)}", concurrency=2, slot_ttl_s=60, **limits)
     return ProviderHttp(
-        "kie", sandbox.kie_base_url, {}, "probe-secret",
+        "kie", sandbox.api_base_url("kie"), {}, "probe-secret",
         HttpSettings(max_attempts=1, read_deadline_s=5, limits=Limits(max_concurrency=2), account=account),
         lambda response: None,
     )  # fmt: skip

@@ -139,7 +139,7 @@ def test_replicate_model_scoped_prediction_and_cancel(client: httpx.Client, sb: 
     assert r.status_code == 201
     pred = r.json()
     assert pred["model"] == "black-forest-labs/flux-schnell"
-    assert pred["urls"]["get"] == f"{sb.replicate_base_url}/predictions/{pred['id']}"
+    assert pred["urls"]["get"] == f"{sb.api_base_url('replicate')}/predictions/{pred['id']}"
     cancel = client.post(pred["urls"]["cancel"], headers=BEARER)
     assert cancel.status_code == 200 and cancel.json()["status"] == "canceled"
     assert poll(client, "replicate-prediction", pred["id"]).json()["status"] == "canceled"

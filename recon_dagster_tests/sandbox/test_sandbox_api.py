@@ -226,7 +226,7 @@ def test_busy_port_is_a_clear_error_and_restart_works(sb: SandboxServer) -> None
     other.start()
     try:
         tid = other.add_task("kie-standard", Scenario(polls_before_done=0))
-        r = httpx.get(f"{other.kie_base_url}/api/v1/jobs/recordInfo?taskId={tid}", headers=BEARER)
+        r = httpx.get(f"{other.api_base_url('kie')}/api/v1/jobs/recordInfo?taskId={tid}", headers=BEARER)
         assert r.json()["data"]["state"] == "success"
     finally:
         other.stop()

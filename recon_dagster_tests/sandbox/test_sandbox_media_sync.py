@@ -175,7 +175,7 @@ def test_held_open_calls_are_concurrent_and_released_by_reset(sb: SandboxServer)
     statuses: list[int] = []
 
     def call() -> None:
-        r = httpx.post(f"{sb.anthropic_base_url}/v1/messages", headers=ANTH, json=body, timeout=60)
+        r = httpx.post(f"{sb.api_base_url('anthropic')}/v1/messages", headers=ANTH, json=body, timeout=60)
         statuses.append(r.status_code)
 
     threads = [threading.Thread(target=call) for _ in range(10)]

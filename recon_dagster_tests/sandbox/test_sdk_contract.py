@@ -41,7 +41,7 @@ def test_anthropic_sdk_creates_a_message_with_its_current_auth_and_version() -> 
     anthropic = pytest.importorskip("anthropic")
     pass_through = {"max_retries": 0, "timeout": 10.0}
     with SandboxServer(api_key=KEY) as server:
-        client = anthropic.Anthropic(api_key=KEY, base_url=server.anthropic_base_url, **pass_through)
+        client = anthropic.Anthropic(api_key=KEY, base_url=server.api_base_url("anthropic"), **pass_through)
         message = client.messages.create(
             model="claude-sonnet-5-5", max_tokens=64, messages=[{"role": "user", "content": "hello"}]
         )
@@ -49,7 +49,9 @@ def test_anthropic_sdk_creates_a_message_with_its_current_auth_and_version() -> 
         assert message.content[0].type == "text" and message.content[0].text
         assert message.usage.input_tokens >= 0
         # A wrong key is still refused in the SDK's own error type, whatever header carries it.
-        wrong = anthropic.Anthropic(api_key="not-the-key", base_url=server.anthropic_base_url, **pass_through)
+        wrong = anthropic.Anthropic(
+            api_key="not-the-key", base_url=server.api_base_url("anthropic"), **pass_through
+        )
         with pytest.raises(anthropic.AuthenticationError):
             wrong.messages.create(
                 model="claude-sonnet-5-5", max_tokens=8, messages=[{"role": "user", "content": "x"}]
@@ -59,7 +61,7 @@ def test_anthropic_sdk_creates_a_message_with_its_current_auth_and_version() -> 
 def test_anthropic_sdk_with_the_older_x_api_key_header_still_works(sb: SandboxServer) -> None:
     # Our own client and older SDKs send x-api-key; the service accepts both.
     response = httpx.post(
-        f"{sb.anthropic_base_url}/v1/messages",
+        f"{sb.api_base_url('anthropic')}/v1/messages",
         headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
         json={"model": "claude-sonnet-5-5", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]},
         timeout=10,

@@ -171,7 +171,7 @@ def test_history_and_the_usage_report_are_read_to_their_last_page(
     assert len(sandbox.request_times("elevenlabs", "read")) == 3  # pages of 2, 2 and 1
 
     usage = AnthropicUsageResource(
-        base_url=sandbox.anthropic_base_url, api_key=sandbox.sandbox.api_key, report_page_hours=5
+        base_url=sandbox.api_base_url("anthropic"), api_key=sandbox.sandbox.api_key, report_page_hours=5
     )
     reads = len(sandbox.request_times("anthropic", "read"))
     buckets = usage.usage_report(start, end)
@@ -216,7 +216,7 @@ def test_one_hour_of_anthropic_usage_is_judged_on_its_own_once_final(
 
 def test_a_wrong_admin_key_fails_the_read_with_the_key_masked(sandbox: SandboxServer) -> None:
     wrong = "sk-ant-admin01-wrong-key-7f3a9c"
-    usage = AnthropicUsageResource(base_url=sandbox.anthropic_base_url, api_key=wrong)
+    usage = AnthropicUsageResource(base_url=sandbox.api_base_url("anthropic"), api_key=wrong)
     start = datetime(2026, 11, 3, tzinfo=UTC)
     with pytest.raises(ProviderHTTPError) as caught:
         usage.usage_report(start, start + timedelta(days=1))

@@ -19,7 +19,9 @@ does and answers as it does:
   ``X-Recon-Signature`` (``sha256=`` HMAC of the body) and answers ``401`` on a mismatch.
 
 ``fail_next(path_prefix, n, status)`` makes the next ``n`` requests under a prefix fail (a
-receiver that is down), to test redelivery.
+receiver that is down), to test redelivery; ``hang(path_prefix)`` makes every request under it
+wait without an answer (a receiver that accepts the connection and never answers) until
+``answer_again(path_prefix)`` or the receivers close; such a request is recorded with status 0.
 """
 
 from __future__ import annotations
@@ -58,6 +60,28 @@ class Receivers:
     received: list[Received] = field(default_factory=list)
     failing: dict[str, list[int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    hanging: dict[str, threading.Event] = field(default_factory=dict)
+    closed: threading.Event = field(default_factory=threading.Event)
+
+    def hang(self, prefix: str) -> None:
+        with self.lock:
+            self.hanging[prefix] = threading.Event()
+
+    def answer_again(self, prefix: str) -> None:
+        with self.lock:
+            released = self.hanging.pop(prefix, None)
+        if released is not None:
+            released.set()
+
+    def _hang_if_asked(self, path: str) -> bool:
+        """Wait while ``path`` hangs; True when it did (the request then gets no answer)."""
+        with self.lock:
+            events = [e for prefix, e in self.hanging.items() if path.startswith(prefix)]
+        if not events:
+            return False
+        while not (events[0].is_set() or self.closed.is_set()):
+            events[0].wait(0.2)
+        return True
 
     @property
     def slack_url(self) -> str:
@@ -93,7 +117,7 @@ class Receivers:
 
     def accepted(self, prefix: str) -> list[Received]:
         with self.lock:
-            return [r for r in self.received if r.path.startswith(prefix) and r.status < 300]
+            return [r for r in self.received if r.path.startswith(prefix) and 0 < r.status < 300]
 
     def _forced(self, path: str) -> int | None:
         with self.lock:
@@ -178,6 +202,11 @@ def alert_receivers(secret: str | None = None) -> Iterator[Receivers]:
         def do_POST(self) -> None:
             receivers = state["r"]
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            if receivers._hang_if_asked(self.path):
+                with receivers.lock:
+                    receivers.received.append(Received(self.path, dict(self.headers.items()), body, 0))
+                self.close_connection = True
+                return
             forced = receivers._forced(self.path)
             try:
                 data = json.loads(body)
@@ -216,5 +245,6 @@ def alert_receivers(secret: str | None = None) -> Iterator[Receivers]:
     try:
         yield state["r"]
     finally:
+        state["r"].closed.set()
         server.shutdown()
         server.server_close()

@@ -3,6 +3,7 @@ the PostgreSQL databases it and the benchmarks create and drop."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -117,6 +118,72 @@ def ensure_database(database_url: str, name: str) -> bool:
         return True
 
 
+def _storage_template(database_url: str, app_db: str) -> str:
+    """An empty Dagster storage database (its schema created once per process and app database),
+    for ``dagster_home`` to clone: dagster-postgres creating its schema takes 10-20 s, PostgreSQL
+    copying a database about one. Dropped by ``drop_storage_template`` or when the process exits."""
+    name = f"{app_db}_dagster_tmpl"
+    if name in _TEMPLATES:
+        return name
+    drop_database(database_url, name)  # a leftover of a killed process on the same app database
+    ensure_database(database_url, name)
+    path = Path(tempfile.mkdtemp(prefix="recon-dagster-template-"))
+    storage_url = dagster_storage_url(with_database(database_url, name))
+    try:
+        (path / "dagster.yaml").write_text(
+            "storage:\n  postgres:\n    postgres_url:\n      env: DAGSTER_POSTGRES_URL\n"
+            "telemetry:\n  enabled: false\n"
+        )
+        with DagsterHome(path, storage_url, name).instance():
+            pass  # dagster-postgres creates its schema on open
+    except BaseException:
+        drop_database(database_url, name)
+        raise
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+    # Dropped through the server's maintenance database: the app database may be gone by then.
+    _TEMPLATES[name] = with_database(database_url, "postgres")
+    return name
+
+
+_TEMPLATES: dict[str, str] = {}  # template database -> a URL on its server
+
+
+def drop_storage_template(database_url: str) -> None:
+    """Drop the storage template made for ``database_url``'s database (if this process made one)."""
+    name = f"{parse_url(database_url).database}_dagster_tmpl"
+    server = _TEMPLATES.pop(name, None)
+    if server is not None:
+        with contextlib.suppress(psycopg.Error):
+            drop_database(server, name)
+
+
+@atexit.register
+def _drop_templates() -> None:
+    for name, url in list(_TEMPLATES.items()):
+        with contextlib.suppress(psycopg.Error):
+            drop_database(url, name)
+    _TEMPLATES.clear()
+
+
+def _clone_database(database_url: str, name: str, template: str) -> bool:
+    """Create database ``name`` as a copy of ``template`` if missing; True if created."""
+    with psycopg.connect(libpq_url(database_url), autocommit=True, connect_timeout=5) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            return False
+        # A copy needs its template to have no session: ours are closed, a straggler is ended.
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (template,))
+        try:
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(name), sql.Identifier(template)
+                )
+            )
+        except psycopg.errors.DuplicateDatabase:
+            return False
+        return True
+
+
 def drop_database(database_url: str, name: str) -> None:
     """Drop database ``name`` (connections to it are terminated)."""
     with psycopg.connect(libpq_url(database_url), autocommit=True, connect_timeout=5) as conn:
@@ -143,13 +210,14 @@ def dagster_home(
     """A temp ``DAGSTER_HOME`` whose storage is ``<db>_dagster`` on the same PostgreSQL.
 
     The storage database is created if missing (and dropped at exit when created here, unless
-    ``keep_storage``); its schema is created before this yields, so daemon and test never race to.
+    ``keep_storage``), as a copy of an empty storage made once per process (``_storage_template``);
+    its schema exists before this yields, so daemon and test never race to create it.
     """
     app_db = parse_url(database_url).database
     if not app_db:
         raise ValueError(f"database URL names no database: {redact(database_url)}")
     name = storage_database or f"{app_db}_dagster"
-    created = ensure_database(database_url, name)
+    created = _clone_database(database_url, name, _storage_template(database_url, app_db))
     storage_url = dagster_storage_url(with_database(database_url, name))
     path = Path(tempfile.mkdtemp(prefix="recon-dagster-home-"))
     home = DagsterHome(path, storage_url, name)
@@ -177,4 +245,4 @@ def dagster_home(
                 drop_database(database_url, name)
 
 
-__all__ = ["DagsterHome", "dagster_home", "drop_database", "ensure_database"]
+__all__ = ["DagsterHome", "dagster_home", "drop_database", "drop_storage_template", "ensure_database"]

@@ -143,7 +143,8 @@ def media_urls(kind: str, body: dict, sb: SandboxServer, task_id: str) -> list[s
         return [f["url"] for f in files]
     assert kind == "elevenlabs-async"
     return [
-        f"{sb.elevenlabs_base_url}/v1/dubbing/{task_id}/audio/{lang}" for lang in body["target_languages"]
+        f"{sb.api_base_url('elevenlabs')}/v1/dubbing/{task_id}/audio/{lang}"
+        for lang in body["target_languages"]
     ]
 
 

@@ -77,7 +77,7 @@ def resources(
         "providers": providers,
         "database": DatabaseResource(),
         "anthropic_usage": AnthropicUsageResource(
-            base_url=sandbox.anthropic_base_url, api_key=sandbox.sandbox.api_key if admin_key else ""
+            base_url=sandbox.api_base_url("anthropic"), api_key=sandbox.sandbox.api_key if admin_key else ""
         ),
     }
 

@@ -27,6 +27,15 @@ class DatabaseGroup:
         "embedded server instead. Under pytest: the server on which each session creates its own database.",
         parse=text, bounds="postgresql / postgres / postgresql+psycopg(2) scheme", shown_default="required",
     )
+    migrate_database_url = setting(
+        "database", "PostgreSQL URL", None,
+        "The URL `recon-dagster migrate` uses: PostgreSQL itself (never a transaction pooler: migrate holds "
+        "a session advisory lock and session settings), as the role that owns the app's tables "
+        "([deploying.md](deploying.md#roles-and-grants)). Unset: `RECON_DATABASE_URL`, which migrate then "
+        "refuses when `RECON_DB_TRANSACTION_POOLER=1` or when it finds a transaction pooler behind it.",
+        parse=text, bounds="postgresql / postgres / postgresql+psycopg(2) scheme",
+        shown_default="`RECON_DATABASE_URL`",
+    )
     embedded_postgres = setting(
         "database", "flag", False,
         "`1`: with no `RECON_DATABASE_URL`, start (or join) the embedded PostgreSQL (the `embedded` extra, "
@@ -55,7 +64,8 @@ class DatabaseGroup:
         "database", "flag", False,
         "`1`: `RECON_DATABASE_URL` points at a connection pooler in transaction mode (PgBouncer `pool_mode = "
         "transaction`): psycopg's server-side prepared statements are off, since each transaction may run on "
-        "another server connection. Run `recon-dagster migrate` against PostgreSQL itself.",
+        "another server connection. `recon-dagster migrate` refuses such a URL: give it PostgreSQL itself in "
+        "`RECON_MIGRATE_DATABASE_URL`.",
         parse=choice(FLAG_VALUES, "1 or 0"), bounds=FLAG_BOUNDS, shown_default="`0`",
     )
     # fmt: on

@@ -8,8 +8,11 @@ nothing in between), and delivers each alert to the targets that are configured 
 PagerDuty, Microsoft Teams, a JSON webhook; ``AlertTargetsResource``) and to ``RECON_ALERT_HOOK``.
 
 Its cursor (JSON) holds the last check record id per check, the last failed-run storage id, the
-open incidents and the deliveries still owed to a target that failed (retried each tick, at most
-``MAX_TRIES`` times). It holds no secret. With no target configured, it still logs each alert at
+open incidents and the deliveries still owed to a target that failed (retried each tick; a target
+is given up on after ``MAX_TRIES`` failed tries, ``recon_dagster.alerting.delivery``). Deliveries
+end ``DELIVERY_BUDGET_S`` after the tick began, so a target that never answers cannot make the
+tick outlive Dagster's sensor timeout (the daemon would keep the old cursor and every target
+would get every alert again). It holds no secret. With no target configured, it still logs each alert at
 ERROR (trigger) or INFO (resolve), so the sensor's tick history is the alert log.
 """
 
@@ -24,18 +27,23 @@ from typing import Any
 import dagster as dg
 import httpx
 
+from recon_dagster.alerting.delivery import Owed, deliver_within
 from recon_dagster.alerting.incidents import Alert, IncidentBook, Signal
 from recon_dagster.alerting.runbook import with_runbook
-from recon_dagster.alerting.targets import Target, deliver
+from recon_dagster.alerting.targets import Target
 from recon_dagster.config import PREFIX, Settings, settings
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.tls import shared_tls_context
 from recon_dagster.defs.alerts.resource import AlertTargetsResource
 from recon_dagster.defs.alerts.signals import alerted_jobs, read_checks, read_failed_runs, read_recoveries
+from recon_dagster.defs.telemetry import timed_tick
 
 SENSOR_NAME = "reconcile_alerts"
 MAX_TRIES = 10
 MAX_PENDING = 50
+# A tick's deliveries end by this long after it began, well inside Dagster's sensor timeout
+# (60 s): what is not delivered by then is owed, and the cursor (with the incidents) is saved.
+DELIVERY_BUDGET_S = 20.0
 
 
 def load_cursor(raw: str | None) -> dict[str, Any]:
@@ -75,6 +83,7 @@ def run_tick(
     now: float | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """One tick: read, decide, deliver. Returns the new cursor state and one line per thing done."""
+    started = time.monotonic()
     now = time.time() if now is None else now
     state = load_cursor(context.cursor)
     repository = context.repository_def
@@ -82,6 +91,7 @@ def run_tick(
     include_warn = settings().alert_min_severity == "warn"
 
     check_keys = sorted(repository.asset_graph.asset_check_keys, key=lambda k: k.to_user_string())
+    notes: list[str] = []
     check_signals, state["checks"] = read_checks(
         context.instance,
         check_keys,
@@ -89,7 +99,10 @@ def run_tick(
         since=state["since"],
         include_warn=include_warn,
         ui_url=ui_url,
+        notes=notes,
     )
+    for note in notes:
+        context.log.warning(note)
     if state["since"] is None:
         state["since"] = now  # from now on a check seen for the first time is read from here
     run_signals, state["runs"] = read_failed_runs(
@@ -110,56 +123,61 @@ def run_tick(
 
     done: list[str] = []
     hook = _hook()
-    by_name = {t.name: t for t in targets}
-    owed: list[dict[str, Any]] = []
-    if not alerts and not state.get("pending"):
+    queue = [*_owed_from(state.get("pending", [])), *(Owed(a, t.name) for a in alerts for t in targets)]
+    for alert in alerts:
+        _log(context, alert)
+        if hook is not None:
+            try:
+                hook(alert)
+            except Exception as exc:  # custom code must not stop the built-in targets
+                context.log.error(
+                    redact_secrets(
+                        f"{Settings.alert_hook.name} raised on {alert.key}: {type(exc).__name__}: {exc}"
+                    )
+                )
+    if not queue:
         state["pending"] = []
         return state, done
-    # The process's shared TLS context: a client's own costs ~30 ms of CPU to load the CA bundle.
-    with httpx.Client(timeout=timeout_s, verify=shared_tls_context()) as client:
-        for item in state.get("pending", []):
-            alert = _alert_from(item["alert"])
-            failed = deliver(client, alert, [by_name[n] for n in item["targets"] if n in by_name])
-            done.append(f"retried {alert.action} {alert.key}: " + (", ".join(failed.values()) or "delivered"))
-            _owe(context, owed, alert, failed, int(item.get("tries", 1)) + 1)
-        for alert in alerts:
-            _log(context, alert)
-            failed = deliver(client, alert, targets)
-            sent = [t.name for t in targets if t.name not in failed]
-            done.append(
-                f"{alert.action} {alert.key}"
-                + (f" -> {', '.join(sent)}" if sent else "")
-                + (f"; failed: {'; '.join(failed.values())}" if failed else "")
-            )
-            _owe(context, owed, alert, failed, 1)
-            if hook is not None:
-                try:
-                    hook(alert)
-                except Exception as exc:  # custom code must not stop the built-in targets
-                    context.log.error(
-                        redact_secrets(
-                            f"{Settings.alert_hook.name} raised on {alert.key}: {type(exc).__name__}: {exc}"
-                        )
-                    )
-    state["pending"] = owed[-MAX_PENDING:]
+    outcome = deliver_within(
+        queue,
+        targets,
+        timeout_s=timeout_s,
+        deadline=started + DELIVERY_BUDGET_S,
+        # The process's shared TLS context: a client's own costs ~30 ms of CPU to load the CA bundle.
+        client=lambda: httpx.Client(timeout=timeout_s, verify=shared_tls_context()),
+        max_tries=MAX_TRIES,
+        max_owed=MAX_PENDING,
+    )
+    sent: dict[tuple[str, str], list[str]] = {}
+    for item in outcome.delivered:
+        sent.setdefault((item.alert.action, item.alert.key), []).append(item.target)
+    for (action, key), names in sent.items():
+        done.append(f"{action} {key} -> {', '.join(sorted(names))}")
+    if outcome.failed:
+        done.append("failed: " + "; ".join(outcome.failed[n] for n in sorted(outcome.failed)))
+    if outcome.owed:
+        owed_to = ", ".join(sorted({i.target for i in outcome.owed}))
+        done.append(f"{len(outcome.owed)} delivery(ies) owed to {owed_to}")
+    for line in outcome.given_up:
+        context.log.error(redact_secrets(line))
+    if outcome.dropped:
+        context.log.error(
+            f"dropped the {outcome.dropped} oldest owed alert deliveries: more than {MAX_PENDING} were owed"
+        )
+    state["pending"] = [item.as_json() for item in outcome.owed]
     return state, done
 
 
-def _owe(
-    context: dg.SensorEvaluationContext,
-    owed: list[dict[str, Any]],
-    alert: Alert,
-    failed: dict[str, str],
-    tries: int,
-) -> None:
-    if not failed:
-        return
-    if tries >= MAX_TRIES:
-        context.log.error(
-            f"gave up delivering {alert.action} {alert.key} to {', '.join(failed)} after {tries} tries"
-        )
-        return
-    owed.append({"alert": alert.as_json(), "targets": sorted(failed), "tries": tries})
+def _owed_from(pending: list[dict[str, Any]]) -> list[Owed]:
+    """The cursor's owed deliveries (one per alert and target; an older cursor's list of targets
+    per alert is read as one each)."""
+    out = []
+    for item in pending:
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            alert = _alert_from(item["alert"])
+            names = [item["target"]] if "target" in item else list(item.get("targets", []))
+            out += [Owed(alert, str(name), int(item.get("tries", 1))) for name in names]
+    return out
 
 
 @dg.sensor(
@@ -173,6 +191,7 @@ def _owe(
     f"{Settings.alert_hook.name}. A reconcile run failed by its provider's outage belongs to that provider's "
     "health incident. With no target set, each alert is logged here.",
 )
+@timed_tick("reconcile_alerts")
 def reconcile_alerts(
     context: dg.SensorEvaluationContext, alert_targets: AlertTargetsResource
 ) -> dg.SkipReason:

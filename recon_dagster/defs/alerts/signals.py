@@ -28,12 +28,15 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 
 from recon_dagster.alerting.incidents import Severity, Signal
 from recon_dagster.core.runtags import KIND_TAG, OUTCOME_TAG, PROVIDER_TAG, ROLE_TAG
+from recon_dagster.defs.alerts.check_records import RunReader, evaluated_by_its_run, partitions_of
 from recon_dagster.reconcile.verdict import PROVIDER_OUTAGE
 
 HEALTH_ASSET = "provider_health"
 # Jobs whose failures are shown to whoever launched them, never alerted.
 QUIET_ROLES = frozenset({"operator", "explain", "plan"})
 HISTORY_PER_TICK = 25
+# Unread executions counted for the log line when a check had more than a tick reads.
+UNREAD_COUNTED = 1000
 RUNS_PER_TICK = 100
 # The first tick reads failed runs of this long ago (older ones were someone else's to alert on).
 FIRST_LOOK_BACK_S = 600.0
@@ -48,8 +51,11 @@ class Read:
     run_storage_id: int | None
 
 
-def check_incident(key: dg.AssetCheckKey) -> str:
-    return f"check:{key.asset_key.to_user_string()}:{key.name}"
+def check_incident(key: dg.AssetCheckKey, partition: str | None = None) -> str:
+    """``check:<asset>:<check>``, and ``[<partition>]`` for a partitioned asset's check: each
+    partition is an incident of its own (yesterday's green never resolves a red day)."""
+    base = f"check:{key.asset_key.to_user_string()}:{key.name}"
+    return f"{base}[{partition}]" if partition else base
 
 
 def runs_incident(job_name: str, provider: str | None) -> str:
@@ -75,22 +81,30 @@ def _simple(metadata: Mapping[str, Any], limit: int = 10) -> dict[str, Any]:
 
 
 def _check_signal(
-    record: Any, evaluation: Any, failing: bool, severity: Severity, ui_url: str | None
+    record: Any,
+    evaluation: Any,
+    failing: bool,
+    severity: Severity,
+    ui_url: str | None,
+    partition: str | None = None,
 ) -> Signal:
     key: dg.AssetCheckKey = record.key
     asset = key.asset_key.to_user_string()
     details = _simple(evaluation.metadata) if evaluation is not None else {}
+    if partition:
+        details = {"partition": partition, **details}
+    of = f" of {partition}" if partition else ""
     description = (evaluation.description if evaluation is not None else None) or ""
     provider = key.name if asset == HEALTH_ASSET else None
     if evaluation is None:  # skipped by a run that did its work
         description = (
             f"{provider} idle: no job of it polled in the health window, nothing failing"
             if provider
-            else f"{asset} check {key.name} skipped by its run: nothing failing"
+            else f"{asset} check {key.name}{of} skipped by its run: nothing failing"
         )
     elif not description:
         shown = ", ".join(f"{k} {v}" for k, v in list(details.items())[:4])
-        description = f"{asset} check {key.name} {'failed' if failing else 'passed'}" + (
+        description = f"{asset} check {key.name}{of} {'failed' if failing else 'passed'}" + (
             f": {shown}" if shown else ""
         )
     title = (
@@ -98,11 +112,11 @@ def _check_signal(
         if provider and failing
         else f"{provider} (provider_health)"
         if provider
-        else f"{asset} check {key.name} failed"
+        else f"{asset} check {key.name}{of} failed"
     )
     path = "/assets/" + "/".join(key.asset_key.path) + "?view=checks"
     return Signal(
-        key=check_incident(key),
+        key=check_incident(key, partition),
         failing=failing,
         title=title,
         summary=description,
@@ -132,21 +146,37 @@ def read_checks(
     since: float | None,
     include_warn: bool,
     ui_url: str | None,
+    notes: list[str] | None = None,
 ) -> tuple[list[Signal], dict[str, int]]:
     """Signals of every check evaluation newer than ``last_ids``; for a check without one, those
-    since ``since`` (when the sensor first looked), or only its latest on that very first look."""
+    since ``since`` (when the sensor first looked), or only its latest on that very first look.
+    The verdict is the evaluation, never the plan (``check_records``); each names its partition.
+    ``notes`` gets one line per check whose evaluations were more than a tick reads."""
     signals: list[Signal] = []
     ids = dict(last_ids)
     storage = instance.event_log_storage
+    runs = RunReader(instance)
     for key in check_keys:
         name = key.to_user_string()
         last = ids.get(name)
         records = sorted(
-            storage.get_asset_check_execution_history(key, limit=HISTORY_PER_TICK), key=lambda r: r.id
+            storage.get_asset_check_execution_history(key, limit=HISTORY_PER_TICK + 1), key=lambda r: r.id
         )
+        if len(records) > HISTORY_PER_TICK:
+            records = records[1:]
+            if last is not None and records[0].id > last + 1 and notes is not None:
+                skipped = _unread(storage, key, last, records[0].id)
+                if skipped:
+                    notes.append(
+                        f"{name}: {skipped} evaluation(s) older than the latest {HISTORY_PER_TICK} "
+                        "since the last tick were left unread"
+                    )
         if last is None:
             records = records[-1:] if since is None else [r for r in records if _when(r) >= since]
         for record in (r for r in records if last is None or r.id > last):
+            if evaluated_by_its_run(record, runs):
+                ids[name] = record.id  # its evaluation's own row is the verdict
+                continue
             if record.status is AssetCheckExecutionRecordStatus.PLANNED:
                 run = instance.get_run_by_id(record.run_id) if record.run_id else None
                 if run is not None and not run.is_finished:
@@ -154,15 +184,27 @@ def read_checks(
                 ids[name] = record.id
                 if run is None or run.status == dg.DagsterRunStatus.SUCCESS:
                     # Skipped by a run that did its work: nothing is failing (an idle provider).
-                    signals.append(_check_signal(record, None, False, "info", ui_url))
+                    signals.append(_check_signal(record, None, False, "info", ui_url, record.partition))
                 continue  # a check that could not run: its run's failure is the alert
             ids[name] = record.id
             evaluation = record.evaluation
             failed = record.status is AssetCheckExecutionRecordStatus.FAILED
             warn = evaluation is not None and evaluation.severity == dg.AssetCheckSeverity.WARN
             failing = failed and (include_warn or not warn)
-            signals.append(_check_signal(record, evaluation, failing, "warning" if warn else "error", ui_url))
+            for partition in partitions_of(record, runs):
+                signals.append(
+                    _check_signal(
+                        record, evaluation, failing, "warning" if warn else "error", ui_url, partition
+                    )
+                )
     return signals, ids
+
+
+def _unread(storage: Any, key: dg.AssetCheckKey, last: int, oldest_read: int) -> int:
+    """How many executions of ``key`` lie between the cursor and the oldest one read (at most
+    ``UNREAD_COUNTED``)."""
+    older = storage.get_asset_check_execution_history(key, limit=UNREAD_COUNTED, cursor=oldest_read)
+    return sum(1 for r in older if r.id > last)
 
 
 def failure_reason(step_failures: Sequence[dg.DagsterEvent], fallback: str | None) -> str:

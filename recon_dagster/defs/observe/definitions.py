@@ -12,6 +12,7 @@ from recon_dagster.defs.observe.backlog import (
     reconcile_health_schedule,
 )
 from recon_dagster.defs.observe.health import provider_health, provider_health_at_startup, provider_health_job
+from recon_dagster.defs.observe.ours import no_faults_of_ours
 from recon_dagster.defs.observe.outcomes import (
     credit_anomalies,
     no_new_exhausted_jobs,
@@ -19,6 +20,7 @@ from recon_dagster.defs.observe.outcomes import (
     reconcile_error_rates,
     reconcile_outcomes,
 )
+from recon_dagster.defs.observe.sensor_health import reconcile_sensor_ticking
 from recon_dagster.defs.observe.severity import no_settle_errors
 from recon_dagster.defs.observe.stuck import fail_and_refund_job, retry_job_now, stuck_jobs
 
@@ -38,6 +40,8 @@ defs = dg.Definitions(
         no_not_found_burst,
         no_new_exhausted_jobs,
         no_settle_errors,
+        no_faults_of_ours,
+        reconcile_sensor_ticking,
     ],
     jobs=[reconcile_health_job, retry_job_now, fail_and_refund_job, provider_health_job],
     sensors=[provider_health_at_startup],

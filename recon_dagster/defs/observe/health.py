@@ -128,6 +128,7 @@ def _metadata(judged: list[Verdict], policy: HealthPolicy) -> dict[str, Any]:
         "degraded": named(State.DEGRADED),
         "healthy": named(State.HEALTHY),
         "idle": named(State.IDLE),
+        "not_configured": named(State.NOT_CONFIGURED),
         "slow": ", ".join(v.provider for v in judged if slowness(v.figures, policy)) or "none",
         "providers": dg.MetadataValue.md(_table(judged, policy)),
         "window_s": policy.window_s,
@@ -239,10 +240,20 @@ provider_health_job = dg.define_asset_job(
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="At startup: materialize provider_health once if it never was, so the console "
-    "shows each provider's state from the first minute.",
+    "shows each provider's state from the first minute (again after a failed run, until one succeeds).",
 )
 def provider_health_at_startup(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
     if context.instance.get_latest_materialization_event(HEALTH) is not None:
         return dg.SkipReason("provider_health has been materialized")
-    # One key: Dagster launches it once; a failed first run is left to the health schedule.
-    return dg.SensorResult(run_requests=[dg.RunRequest(run_key="provider-health-at-startup")])
+    runs = context.instance.get_runs(filters=dg.RunsFilter(job_name=provider_health_job.name))
+    if any(r.status not in _ENDED for r in runs):
+        return dg.SkipReason("a provider_health_job run is under way")
+    # Until one succeeds, each ended run gets a successor under a fresh key (Dagster never launches
+    # a key twice): its success is what resolves the incident the failed first run opened.
+    ended = sum(r.status in _ENDED for r in runs)
+    key = STARTUP_KEY if not ended else f"{STARTUP_KEY}~{ended}"
+    return dg.SensorResult(run_requests=[dg.RunRequest(run_key=key)])
+
+
+STARTUP_KEY = "provider-health-at-startup"
+_ENDED = frozenset({dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED})

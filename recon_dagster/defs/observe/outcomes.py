@@ -42,6 +42,8 @@ SERIES = {
     "lost_race_or_skipped": (Outcome.LOST_RACE, Outcome.SKIPPED),
     # Polls the account's limiter never let out: rescheduled, no attempt (docs/operations.md, what counts as an attempt).
     "not_sent": (Outcome.NOT_SENT,),
+    # Stopped by a fault of ours (configuration, storage, database): rescheduled, no attempt.
+    "our_fault": (Outcome.OUR_FAULT,),
 }
 
 # Anomalies are judged over this recent window (the health schedule runs every 5 minutes, so an

@@ -10,6 +10,7 @@ import dagster as dg
 
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.providers import ProvidersResource
+from recon_dagster.telemetry.instruments import ORPHAN_ACTIONS
 
 UPSTREAM_ORPHANS = dg.AssetKey("upstream_orphans")
 SAMPLE = 50
@@ -20,15 +21,17 @@ SAMPLE = 50
     group_name="reconciliation",
     description="Upstream tasks (listed at each provider that lists its tasks; from the create ledger "
     "at one that does not) that no in-flight job owns: ours adopted onto their job or cancelled, "
-    "billed orphans reported (orphan_billed anomaly), unknown ones reported and never cancelled.",
+    "billed orphans reported (orphan_billed anomaly), probably_ours and unknown ones reported and "
+    "never cancelled nor adopted.",
     check_specs=[
         dg.AssetCheckSpec(
             "no_orphaned_upstream_work",
             asset=UPSTREAM_ORPHANS,
             description="Fails (ERROR) while a task of ours runs upstream that nobody will collect and the "
             "sweep could not cancel it (shadow mode, a provider without cancel, a refused cancel); "
-            "WARN when a task of ours succeeded after its job ended (billed for nothing: orphan_billed); "
-            "passes otherwise. Unknown tasks never fail it.",
+            "WARN when a task of ours succeeded after its job ended (billed for nothing: orphan_billed), "
+            "or a task only resembles a lost create of ours (probably_ours: the operator adopts or "
+            "cancels it); passes otherwise. Unknown tasks never fail it.",
         )
     ],
 )
@@ -53,7 +56,11 @@ def upstream_orphans(
         s for s in report.tasks
         if s.verdict.action is OrphanAction.ORPHAN_BILLED and not s.done.startswith("already")
     ]  # fmt: skip
+    probable = [s for s in report.tasks if s.verdict.action is OrphanAction.PROBABLY_OURS]
     counts = report.counts()
+    for s in report.tasks:
+        if s.verdict.action is not OrphanAction.OWNED:
+            ORPHAN_ACTIONS.add(1, provider=s.verdict.task.provider, action=s.verdict.action.value)
     if running:
         passed, severity = False, dg.AssetCheckSeverity.ERROR
         why = f"{len(running)} task(s) of ours still running with nobody to collect them: " + ", ".join(
@@ -63,6 +70,16 @@ def upstream_orphans(
         passed, severity = False, dg.AssetCheckSeverity.WARN
         why = f"{len(billed)} task(s) of ours succeeded after their job ended (orphan_billed): " + ", ".join(
             f"{s.verdict.task.provider} {s.verdict.task.task_id} cost {s.verdict.cost}" for s in billed[:5]
+        )
+    elif probable:
+        passed, severity = False, dg.AssetCheckSeverity.WARN
+        why = (
+            f"{len(probable)} task(s) only resemble a lost create of ours (probably_ours; never acted on: "
+            + ("`recon-dagster orphans --adopt TASK --job JOB` or `--cancel TASK`): ")
+            + ", ".join(
+                f"{s.verdict.task.provider} {s.verdict.task.task_id} ~ job {s.verdict.job_id}"
+                for s in probable[:5]
+            )
         )
     else:
         passed, severity, why = True, dg.AssetCheckSeverity.ERROR, None
@@ -82,7 +99,11 @@ def upstream_orphans(
         passed=passed,
         severity=severity,
         description=why,
-        metadata={"running_uncollected": len(running), "orphan_billed": len(billed)},
+        metadata={
+            "running_uncollected": len(running),
+            "orphan_billed": len(billed),
+            "probably_ours": len(probable),
+        },
     )
 
 

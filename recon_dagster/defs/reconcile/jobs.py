@@ -22,12 +22,14 @@ from recon_dagster.core.runtags import NOT_SENT_TAG, OUTCOME_TAG, ROLE_TAG, RUN_
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim
 from recon_dagster.defs.observe.health import report_health
+from recon_dagster.defs.observe.ours import flag_ours
 from recon_dagster.defs.observe.outcomes import provider_kind_partitions, report_outcomes
 from recon_dagster.defs.observe.severity import flag_money
 from recon_dagster.defs.observe.stuck import report_stuck
 from recon_dagster.defs.reconcile.console import CONSOLE_RUN_CONFIG, concise_console_logger
 from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
 from recon_dagster.defs.settings_check import breaker_policy, shadow_modes
+from recon_dagster.defs.telemetry import flush_run, run_span
 from recon_dagster.media.store import MediaStore
 from recon_dagster.providers import ProvidersResource
 from recon_dagster.providers.resource import listing_providers
@@ -288,9 +290,10 @@ def claim_and_poll(
             planned = [Claim(r.id, next_attempt(r)) for r in rows]
     outcome_log = _OutcomeLog(context)
     rec = _reconciler(context, database, providers, media_store, reconcile_settings, outcome_log)
-    rows, settled = rec.claim(planned, owner)
-    _tag_jobs(context, [r.id for r in rows])
-    polled = rec.poll(rows)
+    with run_span(context, "claim_and_poll"):
+        rows, settled = rec.claim(planned, owner)
+        _tag_jobs(context, [r.id for r in rows])
+        polled = rec.poll(rows)
     outcome_log.flush()
     counts = Counter(p.step.value for p in polled)
     context.log.info(
@@ -349,7 +352,8 @@ def _act(
     outcome_log = _OutcomeLog(context)
     rec = _reconciler(context, database, providers, media_store, reconcile_settings, outcome_log)
     try:
-        outcomes = rec.act(handoff.items, handoff.owner)
+        with run_span(context, context.op.name):
+            outcomes = rec.act(handoff.items, handoff.owner)
     finally:
         outcome_log.flush()
     counts = Counter(o.outcome.value for o in outcomes)
@@ -410,12 +414,13 @@ def record_outcomes(
     summary = Summary(scanned=len(flat)).add(flat)
     report_outcomes(context, flat, database)
     flag_money(context, flat, database)
+    flag_ours(context, flat)
     report_health(context, database, {o.provider_kind for o in flat} | _partition(context))
     if any(o.outcome not in (Outcome.SKIPPED, Outcome.NOT_SENT) for o in flat):
         report_stuck(context, database)  # what this run changed, shown now
     output = _report(context, flat, summary)
-    if summary.not_sent:  # claimed, but no attempt left on them: never "ended before claiming"
-        _tag_run(context, {NOT_SENT_TAG: str(summary.not_sent)})
+    if summary.not_sent or summary.our_faults:  # claimed, no attempt left: never "ended before claiming"
+        _tag_run(context, {NOT_SENT_TAG: str(summary.not_sent + summary.our_faults)})
     verdict = run_verdict(flat, degraded_share=read_settings().health_degraded_share)
     if verdict.tag is not None:
         _tag_run(context, {OUTCOME_TAG: verdict.tag})
@@ -429,6 +434,7 @@ def record_outcomes(
         }
     elif summary.errors:
         context.log.warning(f"{summary.errors} of {verdict.jobs} job(s) errored: {summary.line()}")
+    flush_run()  # the run's work is done: its metrics and spans are pushed now (OTLP)
     return dg.Output({**output.value, "outage": outage}, metadata=output.metadata)
 
 
@@ -475,9 +481,13 @@ def sweep_unrecoverable_jobs(
         context, database, None, media_store, reconcile_settings, outcome_log, listable=listable
     )
     try:
-        scanned, outcomes = rec.sweep_stale(f"sweep:{context.run_id}", limit=reconcile_settings.scan_limit)
+        with run_span(context, "sweep_unrecoverable_jobs"):
+            scanned, outcomes = rec.sweep_stale(
+                f"sweep:{context.run_id}", limit=reconcile_settings.scan_limit
+            )
     finally:
         outcome_log.flush()
+        flush_run()
     # The sweep learns its jobs only by sweeping: each job it settled tags it afterwards, so the
     # Runs page's tag filter finds a swept job's run as it finds a reconciled job's.
     _tag_jobs(context, [o.job_id for o in outcomes if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE)])

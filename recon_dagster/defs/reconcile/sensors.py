@@ -27,13 +27,17 @@ from recon_dagster.core.runtags import (
     job_tags,
     kind_tags,
 )
+from recon_dagster.core.types import JobRow
 from recon_dagster.db.engine import DatabaseUnavailable
 from recon_dagster.defs.reconcile.console import CONSOLE_RUN_CONFIG
 from recon_dagster.defs.reconcile.jobs import reconcile_job
 from recon_dagster.defs.resources import DatabaseResource, ReconcileSettingsResource
 from recon_dagster.defs.settings_check import shadow_modes
+from recon_dagster.defs.telemetry import requested_run_tags, timed_tick
 from recon_dagster.providers.limits import batch_sizes_within_budgets, poll_budgets
+from recon_dagster.providers.resource import not_configured, not_configured_line
 from recon_dagster.reconcile.batches import Batch, plan_batches, within_poll_budgets
+from recon_dagster.reconcile.decide import Route, route
 from recon_dagster.reconcile.reconciler import Summary, outcomes_since
 from recon_dagster.reconcile.shadow import scan_due
 
@@ -105,6 +109,25 @@ def _per_provider(batches: list[Batch]) -> str:
     return ",".join(f"{p}:{n}" for p, n in sorted(counts.items()))
 
 
+def _without_unconfigured(rows: list[JobRow]) -> tuple[list[JobRow], Counter[str]]:
+    """``rows`` minus those that need a poll of a provider whose key is not set here, and how many
+    of each such provider were left out (a row with nothing to poll still goes: its sweep needs no
+    provider)."""
+    missing = set(not_configured())
+    if not missing:
+        return rows, Counter()
+    kept: list[JobRow] = []
+    left: Counter[str] = Counter()
+    for r in rows:
+        kind = KINDS.get(r.provider_kind or "")
+        provider = kind.provider if kind is not None else None
+        if provider in missing and route(r) is Route.POLL:
+            left[str(provider)] += 1
+        else:
+            kept.append(r)
+    return kept, left
+
+
 def lane_tags(batch: Batch) -> dict[str, str]:
     provider = str(KINDS[batch.provider_kind].provider)
     if len(batch.claims) <= SMALL_RUN_JOBS:
@@ -125,6 +148,7 @@ def run_request_for(batch: Batch) -> dg.RunRequest:
         JOB_COUNT_TAG: str(len(batch.claims)),
         ATTEMPT_TAG: ",".join(str(a) for a in sorted(set(batch.attempts))),
         **job_tags([c.job_id for c in batch.claims]),
+        **requested_run_tags(batch.run_key, batch.provider_kind, len(batch.claims)),
     }
     return dg.RunRequest(
         run_key=batch.run_key,
@@ -198,6 +222,7 @@ def fresh_keys(instance: dg.DagsterInstance, batches: list[Batch]) -> tuple[list
     "reconcile runs for them, one per job or packed per kind in a backlog. Writes nothing: each "
     "run takes the lease on its jobs when it starts.",
 )
+@timed_tick("stale_inflight_jobs_sensor")
 def stale_inflight_jobs_sensor(
     context: dg.SensorEvaluationContext,
     database: DatabaseResource,
@@ -229,6 +254,11 @@ def stale_inflight_jobs_sensor(
         return dg.SkipReason(f"database unavailable, nothing scanned: {exc}")
 
     scanned = [r for r in rows if r.id not in busy][: reconcile_settings.scan_limit]
+    # A provider without its key is not configured: no run for the jobs it would have to poll
+    # (they stay in flight, no attempt counted), one line per tick; every other provider goes on.
+    scanned, unconfigured = _without_unconfigured(scanned)
+    for provider, n in sorted(unconfigured.items()):
+        context.log.warning(f"{n} due job(s) not requested: {not_configured_line(provider)}")
     batch_sizes = batch_sizes_within_budgets(
         reconcile_settings.batch_size, reconcile_settings.concurrency, reconcile_settings.lease_seconds
     )
@@ -274,6 +304,10 @@ def stale_inflight_jobs_sensor(
             skip_reason=f"no stale job due: scanned={len(scanned)} (past threshold, not leased, not in a "
             f"queued or running run), leftToSweep={len(unroutable)}"
             + (f", waitingForPollBudget={_per_provider(waiting)}" if waiting else "")
+            + "".join(
+                f"; {n} due job(s) of {p} not requested: not configured"
+                for p, n in sorted(unconfigured.items())
+            )
             + f"; outcomes since last tick: {summary.line()}",
             cursor=write_cursor(now),
         )

@@ -1,5 +1,6 @@
 """``plan_reconcile``: ``recon-dagster plan`` from the Launchpad. The run shows the plan's table and
-totals as metadata; like the command it writes nothing (``recon_dagster.reconcile.plan``)."""
+totals, and the orphan sweep's dry run, as metadata; like the command it writes nothing
+(``recon_dagster.reconcile.plan``, ``recon_dagster.reconcile.orphan_sweep``)."""
 
 from typing import Any
 
@@ -48,23 +49,33 @@ def plan_reconcile_table(
         context.log.info(line)
     data = plan.to_json()
     totals = data["totals"]
-    return dg.Output(
-        totals,
-        metadata={
-            "plan": dg.MetadataValue.md(to_markdown(plan)),
-            "jobs": len(plan.jobs),
-            "by_action": dg.MetadataValue.json(totals["by_action"]),
-            "by_kind": dg.MetadataValue.json(totals["by_kind"]),
-            "credits": dg.MetadataValue.json(totals["credits"]),
-        },
-    )
+    metadata: dict[str, Any] = {
+        "plan": dg.MetadataValue.md(to_markdown(plan)),
+        "jobs": len(plan.jobs),
+        "by_action": dg.MetadataValue.json(totals["by_action"]),
+        "by_kind": dg.MetadataValue.json(totals["by_kind"]),
+        "credits": dg.MetadataValue.json(totals["credits"]),
+    }
+    if not config.no_poll:
+        # What the orphan sweep would do to the providers' recent tasks, as `recon-dagster plan`
+        # shows it: a dry run, nothing written or cancelled.
+        from recon_dagster.operator.orphans import orphan_policy
+        from recon_dagster.reconcile.orphan_sweep import sweep_orphans
+
+        orphans = sweep_orphans(database.get_engine(), providers, orphan_policy(act=False))
+        shown = orphans.to_text()
+        context.log.info(shown)
+        metadata["orphans"] = dg.MetadataValue.md(f"```\n{shown}\n```")
+        metadata["orphan_actions"] = dg.MetadataValue.json(dict(orphans.counts()))
+    return dg.Output(totals, metadata=metadata)
 
 
 @dg.job(
     executor_def=dg.in_process_executor,
     description="Plan, writing nothing: for every job the next tick would take, what reconciliation would "
     "do and why (complete and commit / fail and refund per pool / count / force-fail / sweep / leave "
-    "alone), with totals. Config: ops.plan_reconcile_table.config.kind, no_poll.",
+    "alone), with totals, and what the orphan sweep would do to the providers' recent tasks. Config: "
+    "ops.plan_reconcile_table.config.kind, no_poll.",
     tags={ROLE_TAG: "plan"},
 )
 def plan_reconcile() -> None:

@@ -29,8 +29,16 @@ ANTHROPIC = dg.AssetKey("anthropic_spend")
 KIE = dg.AssetKey("kie_spend")
 PROVIDER_ASSETS = {"replicate": REPLICATE, "elevenlabs": ELEVENLABS, "anthropic": ANTHROPIC, "kie": KIE}
 # Replicate's tasks listed this far past either end of the day, only to find a charged job's
-# task created across midnight (they count to the day they were created in).
+# task created across midnight (they count to the day they were created in), on top of the
+# longest a job may wait between its charge and its create (``listing_margin``).
 MIDNIGHT_MARGIN = timedelta(hours=1)
+
+
+def listing_margin(precall_budget_s: float) -> timedelta:
+    """How far past either end of the day charges and tasks are read: a job is charged when it is
+    reserved and may wait up to the pre-call budget before its create, so its task may be created
+    that long after midnight (or its charge taken that long before), plus ``MIDNIGHT_MARGIN``."""
+    return timedelta(seconds=precall_budget_s) + MIDNIGHT_MARGIN
 
 
 @dg.asset(
@@ -56,11 +64,10 @@ def replicate_spend(
             tolerance=tolerance, configured=False, note="this Replicate resource cannot list its tasks",
         )  # fmt: skip
         return result(report)
-    tasks = list(
-        resource.list_tasks(created_after=start - MIDNIGHT_MARGIN, created_before=end + MIDNIGHT_MARGIN)
-    )
+    margin = listing_margin(settings().precall_budget_s)
+    tasks = list(resource.list_tasks(created_after=start - margin, created_before=end + margin))
     with database.get_engine().connect() as conn:
-        charges = our_side.charges(conn, "replicate", start - MIDNIGHT_MARGIN, end + MIDNIGHT_MARGIN)
+        charges = our_side.charges(conn, "replicate", start - margin, end + margin)
         owners = our_side.owners(conn, "replicate", [t.task_id for t in tasks])
     report = match_replicate(tasks, owners, charges, start=start, end=end, tolerance_s=tolerance)
     context.log.info(report.line())

@@ -9,6 +9,7 @@ from typing import Any
 import dagster as dg
 
 from recon_dagster.reconcile.spend import SpendReport
+from recon_dagster.telemetry.instruments import SPEND_DIFFERENCE
 
 GROUP = "spend"
 CHECK = "bill_matches_our_charges"
@@ -43,6 +44,8 @@ def figures(report: SpendReport) -> dict[str, Any]:
 
 def result(report: SpendReport, extra: dict[str, Any] | None = None) -> dg.MaterializeResult[Any]:
     """The asset's materialization with its check's evaluation."""
+    if report.configured:
+        SPEND_DIFFERENCE.record(float(report.judged_difference), provider=report.provider, unit=report.unit)
     meta: dict[str, Any] = {
         **figures(report),
         "unit": report.unit,

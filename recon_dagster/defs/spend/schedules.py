@@ -28,6 +28,13 @@ def days_to_reconcile(at: datetime, delay_s: float) -> tuple[date, date | None]:
     return yesterday, (final_day if final_day < yesterday else None)
 
 
+def spend_days_final_after_s() -> float:
+    """How long after a day ends the latest of the providers' reports of it is final: the day's
+    spend findings (and what retention must keep for them) change until then. Anthropic's usage
+    report fills in last, so its delay is the day's."""
+    return float(settings().spend_anthropic_final_after_s)
+
+
 @dg.schedule(
     name="spend_reconciliation_schedule",
     cron_schedule="0 1 * * *",

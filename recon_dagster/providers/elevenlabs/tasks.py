@@ -10,7 +10,7 @@ carries the job marker in the dub's ``name``, which the list shows back.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -69,6 +69,16 @@ class ElevenLabsTasks:
             else f"{MARKER_PREFIX}{marker}"
         )
         return {**payload, "name": named}
+
+    def task_collections(self) -> Mapping[str, frozenset[str]]:
+        return {COLLECTION: frozenset({DUBBING_KIND})}
+
+    def list_collection(
+        self, collection: str, *, created_after: datetime, created_before: datetime | None = None
+    ) -> Iterator[UpstreamTask]:
+        if collection != COLLECTION:
+            raise ValueError(f"elevenlabs has no task collection {collection!r}")
+        return self.list_tasks(created_after=created_after, created_before=created_before)
 
     def list_tasks(
         self, *, created_after: datetime, created_before: datetime | None = None

@@ -51,9 +51,7 @@ SPEC = ProviderSpec(
         base_url="https://queue.fal.run",
         base_url_env="FAL_BASE_URL",
         key_env="FAL_KEY",
-        key_doc="fal API key (`Authorization: Key ...`); optional: unset, fal is not wired and its kinds answer a "
-        "one-line configuration error.",
-        key_optional=True,
+        key_doc="fal API key (`Authorization: Key ...`).",
     ),
     # fal limits concurrent requests per account (by plan); it publishes no request rates, so the
     # rates and the concurrency are our own ceilings.

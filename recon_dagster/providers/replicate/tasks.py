@@ -10,7 +10,7 @@ and the redaction of polls. A create carries the job marker as a query parameter
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -100,6 +100,16 @@ class ReplicateTasks:
 
     def create_headers(self, kind: str) -> dict[str, str]:
         return cancel_after_header(kind)
+
+    def task_collections(self) -> Mapping[str, frozenset[str]]:
+        return {c: frozenset({KIND_OF_COLLECTION[c]}) for c in COLLECTIONS}
+
+    def list_collection(
+        self, collection: str, *, created_after: datetime, created_before: datetime | None = None
+    ) -> Iterator[UpstreamTask]:
+        if collection not in COLLECTIONS:
+            raise ValueError(f"replicate has no task collection {collection!r}")
+        return self._list_collection(collection, created_after, created_before)
 
     def list_tasks(
         self, *, created_after: datetime, created_before: datetime | None = None

@@ -1,0 +1,333 @@
+"""A year beside the app, compressed: how big our side gets, with and without retention, and what a
+pruning pass costs the app's writes.
+
+Two parts:
+
+``year``: two databases, one pruned by ``prune_pass`` at each month's end and one never pruned,
+each given twelve months of history bulk-seeded in the shape the app and recon_dagster write it:
+``--per-day`` generations a day (the issue's mid-size app is 50,000; the default here is 1,000,
+a 1/50 scale, because the machine is shared), one ``usage_logs`` row and one create-ledger row per
+generation, 2% stuck, each stuck job with 3 reconcile attempts. At months 1, 6 and 12 it prints
+each of our tables' and their indexes' sizes, the stale scan's and ``explain``'s latency (median of
+20), and the pruning pass's duration, batches and slowest batch. All history is seeded in bulk:
+no day runs through the real reconciler at full rate here (``benchmarks/backlog.py`` measures
+that), and the UI's GraphQL pages are not measured.
+
+``lock``: ``--lock-events`` rows of ``reconcile_events`` past their retention (10,000,000 in the
+issue; 2,000,000 by default here), then the app's writers (INSERT and UPDATE ``jobs``, INSERT
+``reconcile_events``, autocommit, as ``benchmarks/migrate_live.py`` runs them) measured for a few
+seconds, then a pruning pass of ``--pass-s`` seconds while they run: their p50 / p99 / max latency
+before and during, how many of their statements waited on a lock (``pg_stat_activity`` sampled
+every 20 ms), and the pass's slowest batch.
+
+    RECON_DATABASE_URL=postgresql://root@127.0.0.1:5432/postgres \\
+      .venv/bin/python benchmarks/year.py [--part year|lock|both] [--per-day 1000] [--lock-events 2000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import statistics
+import sys
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # recon_dagster_tests (not installed)
+
+from recon_dagster.db.engine import (
+    dispose_engines,
+    get_engine,
+    libpq_url,
+    normalize_url,
+    resolve_database_url,
+    with_database,
+)
+from recon_dagster.db.jobs import scan_stale
+from recon_dagster.db.migrate import migrate
+from recon_dagster.db.retention import Horizons, cutoffs, prune_pass
+from recon_dagster.operator.explain import load_story
+from recon_dagster_tests.support.instance import drop_database, ensure_database
+
+DAY = 86_400.0
+TABLES = (
+    "jobs",
+    "usage_logs",
+    "reconcile_events",
+    "upstream_creates",
+    "recon_pruned_jobs",
+    "reconcile_decisions",
+)
+HORIZONS = Horizons(
+    events_s=90 * DAY, decisions_s=30 * DAY, creates_s=90 * DAY, tombstones_s=400 * DAY,
+    poll_answers_s=600, orphan_window_s=6 * 3600, spend_final_after_s=DAY,
+)  # fmt: skip
+
+# One simulated day of history, :day days before now: jobs, their usage and creates, and for 2%
+# (every 50th) three reconcile attempts. Kinds in rough registry proportions.
+SEED_DAY = """
+WITH j AS (
+  INSERT INTO jobs (user_id, job_type, status, provider_kind, provider_task_id, provider_call_started_at,
+                    created_at, completed_at, updated_at)
+  SELECT md5(CAST(:day AS text) || '/' || g)::uuid,
+         (ARRAY['image','image','image','video','audio','text'])[1 + g % 6],
+         CASE WHEN g % 50 = 0 AND g % 100 = 0 THEN 'failed' ELSE 'completed' END,
+         (ARRAY['kie-standard','kie-standard','fal-image','kie-veo','elevenlabs-async','replicate-prediction'])[1 + g % 6],
+         'task-' || CAST(:day AS text) || '-' || g,
+         now() - make_interval(days => :day) + make_interval(secs => g * 86400.0 / :n),
+         now() - make_interval(days => :day) + make_interval(secs => g * 86400.0 / :n),
+         now() - make_interval(days => :day) + make_interval(secs => g * 86400.0 / :n + 60),
+         now() - make_interval(days => :day)
+  FROM generate_series(1, :n) AS g
+  RETURNING id, status, provider_kind, provider_task_id, created_at
+), u AS (
+  INSERT INTO usage_logs (user_id, job_id, amount, status, created_at)
+  SELECT md5(id::text)::uuid, id, 10, CASE WHEN status = 'completed' THEN 'committed' ELSE 'refunded' END, created_at FROM j
+  RETURNING job_id
+), c AS (
+  INSERT INTO upstream_creates (id, job_id, seq, provider, provider_kind, marker, fingerprint, state, task_id, fate, intent_at)
+  SELECT md5('c' || id::text)::uuid, id, 1, split_part(provider_kind, '-', 1), provider_kind, id::text || '.1', 'f',
+         'created', provider_task_id, 'attached', created_at FROM j
+  RETURNING job_id
+), e AS (
+  INSERT INTO reconcile_events (job_id, provider_kind, attempt, outcome, detail, run_key, run_id, cause, created_at)
+  SELECT id, provider_kind, a, CASE WHEN a < 3 THEN 'still_running' WHEN status = 'completed' THEN 'recovered' ELSE 'failed' END,
+         'upstream said running', id::text || ':' || a, md5(id::text || a)::uuid::text, 'answered',
+         created_at + make_interval(mins => 10 + 5 * a)
+  FROM j, generate_series(1, 3) AS a WHERE ('x' || substr(md5(id::text), 1, 8))::bit(32)::int % 50 = 0
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM c), (SELECT count(*) FROM e)
+"""
+
+
+def sizes(conn: sa.Connection) -> str:
+    parts = []
+    for t in TABLES:
+        rows, table, idx = conn.execute(
+            sa.text(f"SELECT (SELECT count(*) FROM {t}), pg_table_size('{t}'), pg_indexes_size('{t}')")
+        ).one()
+        parts.append(f"{t} {rows:,} rows {table / 2**20:.1f}+{idx / 2**20:.1f} MiB")
+    return "; ".join(parts)
+
+
+def median_ms(fn, times: int = 20) -> float:  # type: ignore[no-untyped-def]
+    out = []
+    for _ in range(times):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(out)
+
+
+def year(server: str, per_day: int) -> None:
+    names = {mode: f"recon_bench_year_{mode}_{secrets.token_hex(3)}" for mode in ("pruned", "kept")}
+    try:
+        engines = {}
+        for mode, name in names.items():
+            ensure_database(server, name)
+            engines[mode] = get_engine(with_database(server, name))
+            migrate(engines[mode])
+            with engines[mode].begin() as conn:  # the stale backlog the scan finds (constant)
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO jobs (user_id, job_type, status, provider_kind, provider_task_id, "
+                        "provider_call_started_at) SELECT gen_random_uuid(), 'image', 'processing', 'kie-standard', "
+                        "'stuck-' || g, now() - interval '1 hour' FROM generate_series(1, 200) g"
+                    )
+                )
+        start = datetime.now(UTC) - timedelta(days=360)
+        print(
+            f"year: {per_day:,} generations a day (1/{50_000 // per_day} of 50,000), 2% stuck, 3 attempts each"
+        )
+        for month in range(1, 13):
+            for mode, engine in engines.items():
+                t0 = time.monotonic()
+                with engine.begin() as conn:
+                    for day in range(360 - 30 * (month - 1), 360 - 30 * month, -1):
+                        conn.execute(sa.text(SEED_DAY), {"day": day, "n": per_day})
+                seeded = time.monotonic() - t0
+                report = None
+                if mode == "pruned":
+                    sim_now = start + timedelta(days=30 * month)
+                    report = prune_pass(engine, cutoffs(sim_now, HORIZONS), batch=1000, budget_s=3600)
+                # What autovacuum does between passes: dead rows' space is reused, not returned.
+                with psycopg.connect(
+                    libpq_url(engine.url.render_as_string(hide_password=False)), autocommit=True
+                ) as pg:
+                    pg.execute("VACUUM ANALYZE")
+                if month not in (1, 6, 12):
+                    continue
+                with engine.connect() as conn:
+                    some = conn.execute(
+                        sa.text("SELECT job_id FROM reconcile_events ORDER BY created_at DESC LIMIT 1")
+                    ).scalar()
+                    scan = median_ms(lambda c=conn: scan_stale(c))  # type: ignore[misc]
+                    table = sizes(conn)
+                explain = median_ms(lambda e=engine, j=some: load_story(e, j))  # type: ignore[misc]
+                print(f"month {month:2d} {mode:6s}: {table}")
+                line = (
+                    f"           stale scan {scan:.1f} ms, explain {explain:.1f} ms, seeded in {seeded:.1f} s"
+                )
+                if report is not None:
+                    line += (
+                        f"; pruning pass {report.seconds:.2f} s, {report.batches} batches, slowest batch "
+                        f"{report.slowest_batch_s * 1000:.0f} ms, deleted {sum(report.deleted.values()):,}"
+                    )
+                print(line, flush=True)
+    finally:
+        dispose_engines()
+        for name in names.values():
+            drop_database(server, name)
+
+
+class AppWriters:
+    """The app's writers and the reconciler's event writes, each latency kept with its start."""
+
+    def __init__(self, url: str, threads: int, inflight: list[str]) -> None:
+        self.url, self.inflight = url, inflight
+        self.samples: list[tuple[float, float]] = []
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def _loop(self, n: int) -> None:
+        statements = (
+            ("INSERT INTO jobs (user_id, job_type, status) VALUES (%s, 'image', 'pending')", lambda i: [uuid.uuid4()]),
+            ("UPDATE jobs SET progress = progress, updated_at = now() WHERE id = %s",
+             lambda i: [self.inflight[(i * 7919 + n) % len(self.inflight)]]),
+            ("INSERT INTO reconcile_events (job_id, provider_kind, attempt, outcome) VALUES (%s, 'kie-standard', 1, 'still_running')",
+             lambda i: [self.inflight[(i * 31 + n) % len(self.inflight)]]),
+        )  # fmt: skip
+        with psycopg.connect(self.url, autocommit=True, application_name="app-worker") as conn:
+            conn.execute("SET statement_timeout = '60s'")
+            i = 0
+            while not self.stop.is_set():
+                i += 1
+                statement, params = statements[i % 3]
+                started = time.monotonic()
+                try:
+                    conn.execute(statement, params(i))
+                except psycopg.Error as exc:
+                    self.errors.append(str(exc).splitlines()[0])
+                with self.lock:
+                    self.samples.append((started, time.monotonic() - started))
+                time.sleep(0.01)
+
+    def between(self, start: float, end: float) -> list[float]:
+        with self.lock:
+            return [lat for at, lat in self.samples if start <= at <= end]
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(70)
+
+
+def figures(latencies: list[float]) -> str:
+    if not latencies:
+        return "no writes"
+    ms = sorted(x * 1000 for x in latencies)
+    p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+    return f"{len(ms)} writes, p50 {statistics.median(ms):.1f} ms, p99 {p99:.1f} ms, max {ms[-1]:.1f} ms"
+
+
+def lock(server: str, events: int, pass_s: float, writers: int) -> None:
+    name = f"recon_bench_prune_{secrets.token_hex(3)}"
+    ensure_database(server, name)
+    url = with_database(server, name)
+    engine = get_engine(url)
+    try:
+        migrate(engine)
+        t0 = time.monotonic()
+        with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO jobs (user_id, job_type, status, provider_kind, provider_task_id, provider_call_started_at) "
+                "SELECT gen_random_uuid(), 'image', 'processing', 'kie-standard', 't' || g, now() "
+                "FROM generate_series(1, 2000) g"
+            )
+            for lo in range(0, events, 1_000_000):
+                conn.execute(
+                    "INSERT INTO reconcile_events (job_id, provider_kind, attempt, outcome, detail, run_id, cause, created_at) "
+                    "SELECT md5(g::text)::uuid, 'kie-standard', 1 + g %% 3, 'recovered', 'upstream said succeeded', "
+                    "md5('r' || g)::uuid::text, 'answered', now() - interval '400 days' + make_interval(secs => g / 10.0) "
+                    "FROM generate_series(%s::int, %s::int) g",
+                    [lo + 1, min(events, lo + 1_000_000)],
+                )
+            conn.execute("VACUUM ANALYZE reconcile_events")
+            inflight = [str(r[0]) for r in conn.execute("SELECT id FROM jobs WHERE status = 'processing'")]
+        print(
+            f"lock: seeded {events:,} reconcile_events past retention in {time.monotonic() - t0:.1f} s",
+            flush=True,
+        )
+
+        app = AppWriters(libpq_url(url), writers, inflight)
+        waits: list[int] = []
+        sampling = threading.Event()
+
+        def sample() -> None:
+            with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+                while not sampling.is_set():
+                    row = conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'app-worker' "
+                        "AND wait_event_type = 'Lock'"
+                    ).fetchone()
+                    waits.append(int(row[0]) if row else 0)
+                    time.sleep(0.02)
+
+        time.sleep(3)
+        sampler = threading.Thread(target=sample, daemon=True)
+        p0 = time.monotonic()
+        sampler.start()
+        cuts = cutoffs(datetime.now(UTC), HORIZONS)
+        report = prune_pass(engine, cuts, batch=1000, budget_s=pass_s)
+        p1 = time.monotonic()
+        sampling.set()
+        sampler.join(5)
+        app.close()
+        print(
+            f"  pruning pass: {report.seconds:.1f} s, {report.batches} batches of 1000, deleted "
+            f"{report.deleted['reconcile_events']:,} ({report.deleted['reconcile_events'] / max(report.seconds, 1e-9):,.0f}/s), "
+            f"slowest batch {report.slowest_batch_s * 1000:.0f} ms, finished {report.finished}"
+        )
+        print(f"  app writes before the pass: {figures(app.between(p0 - 3, p0))}")
+        print(f"  app writes during the pass: {figures(app.between(p0, p1))}")
+        print(
+            f"  app sessions seen waiting on a lock: {sum(1 for w in waits if w)} of {len(waits)} samples "
+            f"(every 20 ms); app write errors: {len(app.errors)}"
+        )
+    finally:
+        dispose_engines()
+        drop_database(server, name)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--part", choices=("year", "lock", "both"), default="both")
+    parser.add_argument("--per-day", type=int, default=1000)
+    parser.add_argument("--lock-events", type=int, default=2_000_000)
+    parser.add_argument("--pass-s", type=float, default=60.0)
+    parser.add_argument("--writers", type=int, default=2)
+    parser.add_argument("--database-url", default=None)
+    args = parser.parse_args(argv)
+    server = normalize_url(args.database_url) if args.database_url else resolve_database_url()
+    if args.part in ("year", "both"):
+        year(server, args.per_day)
+    if args.part in ("lock", "both"):
+        lock(server, args.lock_events, args.pass_s, args.writers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
