@@ -63,7 +63,7 @@ export interface WorkerProcess {
   child: ChildProcess;
   events: Array<Record<string, any>>;
   /** Resolves with the first event (so far or later) that `match` accepts. */
-  next(match: (e: Record<string, any>) => boolean): Promise<Record<string, any>>;
+  next(match: (e: Record<string, any>) => boolean, boundMs?: number): Promise<Record<string, any>>;
   exited: Promise<number | null>;
 }
 
@@ -80,9 +80,14 @@ export function startWorker(env: Record<string, string>): WorkerProcess {
   const exited = new Promise<number | null>((r) => child.once("exit", (code) => r(code)));
   return {
     child, events, exited,
-    next: (match) => {
+    next: (match, boundMs = 60_000) => {
       const seen = events.find(match);
-      return seen ? Promise.resolve(seen) : new Promise((resolve) => waiters.push({ match, resolve }));
+      if (seen) return Promise.resolve(seen);
+      // a bound against hangs (a case whose event never comes fails, it does not wait forever)
+      return new Promise((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`no such event from worker ${child.pid} (events: ${JSON.stringify(events.slice(-5))})`)), boundMs);
+        waiters.push({ match, resolve: (e) => { clearTimeout(timer); resolve(e); } });
+      });
     },
   };
 }
