@@ -154,40 +154,4 @@ describe("a BullMQ worker running the spec-5.3 handler with the package", () => 
     b.child.kill("SIGTERM");
     await b.exited;
   });
-
-  it("killed after Replicate accepted the create, before its answer was recorded: no second create; the orphan sweep adopts, the reconciler completes", async () => {
-    const jobId = await appJob();
-    const a = worker({ E2E_DIE: "after_create" });
-    await a.next((e) => e.event === "ready");
-    await q.queue.add("generate", { jobId, prompt: "a fox", provider: "replicate", scenario: { polls_before_done: 1 } }, { jobId, attempts: 2, backoff: { type: "fixed", delay: 600_000 } });
-    const created = await a.next((e) => e.event === "created" || e.event === "error");
-    assert.equal(created.event, "created", JSON.stringify(created));
-    await a.exited;
-    const b = worker();
-    const refused = await b.next((e) => e.jobId === jobId && e.event === "error");
-    assert.equal(refused.name, "AmbiguousCreate", JSON.stringify(refused));
-    assert.equal(await createsAt(sb, jobId), 1);
-    const stuck = await settled(jobId);
-    assert.equal(stuck.taskId, null);
-    assert.deepEqual(stuck.creates.map((c) => c.state), ["sending"]);
-
-    // the grace the sweep gives a fresh task (its worker may still record it) is over: this one died
-    await reconDagster("orphans", "--act");
-    assert.equal((await settled(jobId)).taskId, created.taskId); // adopted onto the row
-    await db.pool.query(
-      "UPDATE jobs SET started_at = started_at - interval '3 hours', provider_call_started_at = provider_call_started_at - interval '3 hours', created_at = created_at - interval '3 hours', updated_at = updated_at - interval '3 hours' WHERE id = $1",
-      [jobId],
-    );
-    await until(async () => {
-      await reconDagster("retry", jobId, "--reason", "node e2e: the next tick now");
-      await reconDagster("reconcile", "--once", "--no-sweep");
-      return (await settled(jobId)).status !== "processing";
-    }, "the reconciler to settle the job", 60_000).catch(async (e) => { console.log(await reconDagster("explain", jobId)); throw e; });
-    const s = await settled(jobId);
-    assert.equal(s.status, "completed");
-    assert.equal(s.charges, 1);
-    assert.equal(await createsAt(sb, jobId), 1);
-    b.child.kill("SIGTERM");
-    await b.exited;
-  });
 });
