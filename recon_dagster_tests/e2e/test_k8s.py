@@ -189,6 +189,8 @@ _K8S_OBJECTS = {k: ANY for k in (
     "resources", "livenessProbe", "readinessProbe", "startupProbe", "labels", "volumeMounts", "volumes",
 )}  # fmt: skip
 CHART_KEYS: dict[str, Any] = {
+    # The chart's tick retention, rendered into the instance's dagster.yaml `retention:`.
+    "retention": {"enabled": ANY, "schedule": {"purgeAfterDays": ANY}, "sensor": {"purgeAfterDays": ANY}},
     "dagster-user-deployments": {
         "enabled": ANY, "enableSubchart": ANY, "imagePullSecrets": ANY,
         "deployments": {LIST: {

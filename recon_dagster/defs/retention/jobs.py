@@ -3,7 +3,7 @@
 from datetime import UTC, datetime
 
 import dagster as dg
-from dagster_shared.check import CheckError
+from dagster._check import CheckError  # dagster-shared's, as dagster re-exports it (dagster is declared)
 
 from recon_dagster.config import Settings, settings
 from recon_dagster.core.runtags import ROLE_TAG
