@@ -35,7 +35,7 @@ DECLARE t text;
 BEGIN
   FOREACH t IN ARRAY ARRAY['reconcile_events', 'reconcile_decisions', 'provider_poll_answers',
       'provider_limit_accounts', 'provider_limit_buckets', 'provider_limit_slots',
-      'recon_credit_anomaly_keys', 'upstream_creates'] LOOP
+      'recon_credit_anomaly_keys', 'upstream_creates', 'recon_pruned_jobs', 'recon_schema_contract'] LOOP
     IF to_regclass(t) IS NOT NULL THEN
       EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %I TO recon_runtime', t);
     END IF;
@@ -44,4 +44,13 @@ BEGIN
     GRANT SELECT ON recon_schema_migrations TO recon_runtime;
   END IF;
   EXECUTE 'GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO recon_runtime';
+END $$;
+
+-- The reconciler keeps the app workers' contract too (the account limiter and credit anomalies call
+-- the functions of schema recon, migration 160): the runtime role is a member of the role migrate
+-- grants them to. Run after the first migrate (the role is migrate's).
+DO $$ BEGIN
+  IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'recon_app_worker') THEN
+    GRANT recon_app_worker TO recon_runtime;
+  END IF;
 END $$;

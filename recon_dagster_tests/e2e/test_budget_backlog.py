@@ -69,6 +69,8 @@ def limited_role(engine: sa.Engine, database_url: str):
         conn.execute(sa.text(f"GRANT USAGE ON SCHEMA public TO {role}"))
         conn.execute(sa.text(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}"))
         conn.execute(sa.text(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}"))
+        # The contract's functions (the account limiter calls them), as deploy/roles.sql grants them.
+        conn.execute(sa.text(f"GRANT recon_app_worker TO {role}"))
     yield role
     with engine.begin() as conn:
         conn.execute(
@@ -77,6 +79,7 @@ def limited_role(engine: sa.Engine, database_url: str):
         conn.execute(sa.text(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}"))
         conn.execute(sa.text(f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {role}"))
         conn.execute(sa.text(f"REVOKE USAGE ON SCHEMA public FROM {role}"))
+        conn.execute(sa.text(f"REVOKE recon_app_worker FROM {role}"))
         conn.execute(sa.text(f"DROP ROLE {role}"))
 
 
