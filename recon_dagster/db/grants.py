@@ -34,9 +34,23 @@ OWN_TABLES: dict[str, tuple[str, ...]] = {
         "provider_limit_slots",
         "recon_credit_anomaly_keys",
         "upstream_creates",
+        "recon_pruned_jobs",
     )
 }
-READ_ONLY: dict[str, tuple[str, ...]] = {"recon_schema_migrations": ("SELECT",)}
+READ_ONLY: dict[str, tuple[str, ...]] = {
+    "recon_schema_migrations": ("SELECT",),
+    "recon_schema_contract": ("SELECT",),
+}
+# The app workers' contract (migration 160): the reconciler's account limiter and credit anomalies
+# call these functions too; migrate grants them to this role, and the runtime role is its member.
+CONTRACT_ROLE = "recon_app_worker"
+# Read from the catalogs: naming the function would need the schema's USAGE, the thing checked.
+_CONTRACT_CHECK = """
+SELECT coalesce(bool_and(has_schema_privilege(current_user, n.oid, 'USAGE')
+                         AND has_function_privilege(current_user, p.oid, 'EXECUTE')), true)
+FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = 'recon' AND p.proname = 'contract_version'
+"""
 RUNTIME: dict[str, tuple[str, ...]] = {**APP_TABLES, **OWN_TABLES, **READ_ONLY}
 
 DOC = "docs/deploying.md#roles-and-grants"
@@ -71,9 +85,14 @@ def missing_grants(conn: sa.Connection) -> list[tuple[str, str]]:
 def missing_grant(conn: sa.Connection) -> MissingGrant | None:
     """What the current role lacks and the GRANT that fixes it (one line); None: nothing."""
     missing = missing_grants(conn)
+    role = conn.execute(sa.text("SELECT current_user")).scalar_one()
+    if not conn.execute(sa.text(_CONTRACT_CHECK)).scalar_one():
+        return MissingGrant(
+            f"role {role} lacks EXECUTE on the contract's functions (schema recon)",
+            f"run GRANT {CONTRACT_ROLE} TO {role} as migrate's role ({DOC})",
+        )
     if not missing:
         return None
-    role = conn.execute(sa.text("SELECT current_user")).scalar_one()
     by_table: dict[str, list[str]] = {}
     for priv, table in missing:
         by_table.setdefault(table, []).append(priv)
