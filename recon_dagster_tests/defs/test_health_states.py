@@ -12,10 +12,12 @@ from __future__ import annotations
 import uuid
 
 import hypothesis.strategies as st
+import pytest
 import sqlalchemy as sa
 from hypothesis import given
 
 from recon_dagster.operator.health import HealthPolicy, ProviderFigures, State, judge, verdicts
+from recon_dagster.providers.resource import api_key_env_vars
 from recon_dagster_tests.support.factories import make_job, make_user
 
 POLICY = HealthPolicy(window_s=1800, min_jobs=3, down_share=0.5, degraded_min_jobs=2, degraded_share=0.2)
@@ -50,6 +52,14 @@ def test_four_of_fifteen_jobs_without_answer_is_degraded_not_healthy():
     assert v.state is State.DEGRADED
     assert v.line.startswith("replicate DEGRADED: 4 of 15 job(s) got no answer (27%)"), v.line
     assert "last: HTTP 503" in v.line
+
+
+@pytest.fixture(autouse=True)
+def _every_provider_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A provider without its key reads "not configured" whatever its answers: these tests judge
+    configured providers."""
+    for env in api_key_env_vars():
+        monkeypatch.setenv(env, "k")
 
 
 def _job(db: sa.Engine, kind: str, status: str = "processing") -> uuid.UUID:

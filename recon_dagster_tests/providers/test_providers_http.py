@@ -37,7 +37,7 @@ from recon_dagster.providers.http import (
     parse_retry_after,
     shared_limiter,
 )
-from recon_dagster.providers.resource import resource_class
+from recon_dagster.providers.resource import api_key_env_vars, resource_class
 from recon_dagster.sandbox import SandboxServer, Scenario
 from recon_dagster_tests.support.payloads import PAYLOADS
 
@@ -449,6 +449,8 @@ def test_providers_from_env_inside_a_dagster_run(sb, monkeypatch):
 def test_providers_from_env_defaults_to_real_provider_urls(monkeypatch):
     for name in ("KIE_BASE_URL", "REPLICATE_BASE_URL", "ELEVENLABS_BASE_URL", "ANTHROPIC_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
+    for env in api_key_env_vars():  # a provider without its key is not wired
+        monkeypatch.setenv(env, "k")
     p = providers_from_env()
     assert [r.resolved_base_url() for r in (p.kie, p.replicate, p.elevenlabs, p.anthropic)] == [
         "https://api.kie.ai", "https://api.replicate.com/v1", "https://api.elevenlabs.io", "https://api.anthropic.com",
