@@ -51,7 +51,11 @@ def _advisory_locks(engine: sa.Engine) -> int:
     with engine.connect() as conn:
         return int(
             conn.execute(
-                sa.text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = :k"),
+                # This database's only: the other test worker's migrations hold the same key in theirs.
+                sa.text(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = :k "
+                    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                ),
                 {"k": ADVISORY_LOCK_KEY & 0xFFFFFFFF},
             ).scalar_one()
         )
