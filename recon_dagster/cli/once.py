@@ -170,4 +170,16 @@ def run_reconcile_once(*, sweep: bool, debug: bool) -> int:
             f"{report.failed_runs} of {report.runs} runs failed: {listed}",
             _fix_for([m for _, m in failures]),
         )
+    if report.unconfigured:
+        # The tick did what it could; jobs it was asked to reconcile were left untouched.
+        from recon_dagster.core.kinds import provider_spec
+
+        left = ", ".join(
+            f"{n} of {p} ({provider_spec(p).settings.key_env} is not set)"
+            for p, n in sorted(report.unconfigured.items())
+        )
+        raise CliError(
+            f"due jobs left in flight, their provider not configured: {left}",
+            "set the key (docs/configuration.md) and run `recon-dagster reconcile --once` again",
+        )
     return 0

@@ -30,6 +30,8 @@ class OnceReport:
     failed_runs: int = 0
     skip_reason: str | None = None
     summary: Summary = field(default_factory=Summary)
+    # Due jobs left in flight per provider without its key (the sensor requests no run for them).
+    unconfigured: Counter[str] = field(default_factory=Counter)
 
     def line(self) -> str:
         return f"{self.summary.line()} runs={self.runs} failedRuns={self.failed_runs}"
@@ -68,6 +70,13 @@ def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: 
         return sensor.evaluate_tick(ctx)
 
 
+def _unconfigured_due(defs: dg.Definitions) -> Counter[str]:
+    from recon_dagster.defs.reconcile.sensors import unconfigured_due
+
+    resources = defs.resources or {}
+    return unconfigured_due(resources["database"], resources["reconcile_settings"])
+
+
 def reconcile_once(
     defs: dg.Definitions | None = None,
     *,
@@ -83,6 +92,7 @@ def reconcile_once(
     with _instance(instance) as inst:
         result = evaluate_sensor(defs, inst)
         report.skip_reason = result.skip_message
+        report.unconfigured = _unconfigured_due(defs)
         job = defs.resolve_job_def("reconcile_job")
         for rr in result.run_requests or []:
             report.runs += 1

@@ -47,7 +47,9 @@ def _requested(result) -> dict[str, list[str]]:
     return by_kind
 
 
-def test_a_newer_stale_job_of_another_kind_is_requested_in_the_same_tick(db, instance, media_dir):
+def test_a_newer_stale_job_of_another_kind_is_requested_in_the_same_tick(
+    db, instance, media_dir, provider_keys
+):
     # More due lip-sync rows than one scan reads, all older than the kie-standard job.
     _backlog(db, "kie-lip-sync", 12, oldest_minutes=300)
     [late] = _backlog(db, "kie-standard", 1, oldest_minutes=30)
@@ -68,7 +70,7 @@ def test_the_scan_takes_every_kind_in_turn_oldest_first_within_a_kind(db):
     assert ids == [lip[0], veo[0], std, lip[1], veo[1]]
 
 
-def test_queued_backlog_runs_never_hide_a_newer_job_of_another_kind(db, instance, media_dir):
+def test_queued_backlog_runs_never_hide_a_newer_job_of_another_kind(db, instance, media_dir, provider_keys):
     # The backlog's jobs wait in queued runs (the provider's run slots are busy): they are stale
     # and unleased, so the scan meets them first. The newer kie-standard job is still requested.
     backlog = _backlog(db, "kie-lip-sync", 12, oldest_minutes=300)

@@ -215,3 +215,28 @@ def test_a_long_reason_is_cut_at_a_word_in_stuck_jobs(db, sandbox):
     shown = row["last_upstream"]
     assert shown.endswith("…") and len(shown) <= 400
     assert long.startswith(shown[:-1]) and long[len(shown) - 1] == " "  # cut between two words
+
+
+@pytest.mark.parametrize("value", ["infinity", "-infinity", "10000-01-01 00:00:00+00"])
+def test_a_time_python_cannot_hold_never_stops_stuck_jobs(db, sandbox, value):
+    # A row some other writer left with a lease and a next attempt at infinity (or past year
+    # 9999): the table still lists every stuck job, that one with the time as PostgreSQL writes it.
+    _, odd, _ = stale_job_with_task(db, sandbox, "kie-standard", attempts=2)
+    _, plain, _ = stale_job_with_task(db, sandbox, "kie-veo", attempts=1)
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET reconcile_next_at = CAST(:v AS timestamptz), reconcile_lease_owner = 'other', "
+                "reconcile_lease_expires_at = CAST(:v AS timestamptz) WHERE id = :j"
+            ),
+            {"v": value, "j": str(odd)},
+        )
+    with db.connect() as conn:
+        rows = {r["job_id"]: r for r in stuck_rows(conn)}
+    assert str(plain) in rows
+    shown = rows[str(odd)]
+    if value.startswith("-"):
+        assert shown["lease"] == "-"  # expired long ago: nobody holds it
+    else:
+        assert shown["lease"].startswith("other until ") and shown["lease"] != "other until now"
+    assert shown["next_attempt"] not in ("now", "")

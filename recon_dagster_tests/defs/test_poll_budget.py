@@ -64,7 +64,7 @@ def _requested(result) -> Counter[str]:
 
 
 @pytest.fixture
-def budgets(monkeypatch):
+def budgets(monkeypatch, provider_keys):
     """KIE at 60 reads a minute, Replicate at 30 a minute, each its own account (this test's)."""
     monkeypatch.setenv("RECON_LIMITS", "database")
     monkeypatch.setenv("RECON_LIMIT_KIE", f"reads=60/60,account=k-{secrets.token_hex(3)}")

@@ -169,9 +169,10 @@ def _tick_every_schedule_and_sensor(defs: dg.Definitions, instance: dg.DagsterIn
                 filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]), limit=1
             )
             [event] = instance.all_logs(failed.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+            resources = {k: defs.resources[k] for k in sensor.required_resource_keys}  # type: ignore[index]
             ctx = dg.build_run_status_sensor_context(
                 sensor_name=sensor.name, dagster_event=event.dagster_event, dagster_instance=instance,
-                dagster_run=failed, repository_def=repo,
+                dagster_run=failed, repository_def=repo, resources=resources,
             ).for_run_failure()  # fmt: skip
             sensor(ctx)
         else:

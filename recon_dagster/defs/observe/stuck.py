@@ -21,6 +21,7 @@ from recon_dagster.core.kinds import MAX_ATTEMPTS
 from recon_dagster.core.runtags import ACTION_JOB_TAG, JOB_TAG_PREFIX, JOB_TAG_VALUE, OPERATOR_TAG, ROLE_TAG
 from recon_dagster.core.text import short_reason
 from recon_dagster.db.jobs import _threshold_case
+from recon_dagster.db.timestamps import readable, readable_ts
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.operator.actions import Done, OperatorError, fail_now, retry_now
 from recon_dagster.operator.explain import ui_base_url
@@ -29,9 +30,12 @@ STUCK = dg.AssetKey("stuck_jobs")
 TABLE_ROWS = 100
 
 STUCK_SQL = f"""
-SELECT id, provider_kind, reconcile_attempts, reconcile_next_at, reconcile_lease_owner,
-       CASE WHEN reconcile_lease_expires_at > now() THEN reconcile_lease_expires_at END AS lease_until,
-       reconcile_last_error, provider_call_started_at
+SELECT id, provider_kind, reconcile_attempts, {readable_ts("reconcile_next_at")},
+       reconcile_next_at::text AS next_at_text, reconcile_lease_owner,
+       CASE WHEN reconcile_lease_expires_at > now() AND {readable("reconcile_lease_expires_at")}
+         THEN reconcile_lease_expires_at END AS lease_until,
+       CASE WHEN reconcile_lease_expires_at > now() THEN reconcile_lease_expires_at::text END AS lease_text,
+       reconcile_last_error
 FROM jobs
 WHERE status IN ('pending', 'processing')
   AND (reconcile_attempts > 0
@@ -42,9 +46,11 @@ LIMIT :limit
 """
 
 
-def _when(value: object) -> str:
+def _when(value: object, text: str | None = None) -> str:
+    if value is None:
+        return text or "now"
     try:
-        return f"{value:%Y-%m-%d %H:%M:%S}" if value is not None else "now"
+        return f"{value:%Y-%m-%d %H:%M:%S}"
     except (TypeError, ValueError):
         return str(value)
 
@@ -62,9 +68,11 @@ def stuck_rows(conn: sa.Connection, limit: int = TABLE_ROWS) -> list[dict[str, A
             "provider_kind": r["provider_kind"] or "(none)",
             "attempt": f"{r['reconcile_attempts']}/{MAX_ATTEMPTS}",
             "attempts_left": max(MAX_ATTEMPTS - int(r["reconcile_attempts"]), 0),
-            "next_attempt": _when(r["reconcile_next_at"]),
-            "lease": f"{r['reconcile_lease_owner']} until {_when(r['lease_until'])}"
-            if r["lease_until"]
+            # A time Python cannot hold (infinity, past 9999) is shown as PostgreSQL writes it:
+            # one such row never stops the table (the sweep clamps it).
+            "next_attempt": _when(r["reconcile_next_at"], r["next_at_text"]),
+            "lease": f"{r['reconcile_lease_owner']} until {_when(r['lease_until'], r['lease_text'])}"
+            if r["lease_text"]
             else "-",
             "last_upstream": _cell(r["reconcile_last_error"]),
         }

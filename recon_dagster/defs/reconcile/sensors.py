@@ -109,7 +109,7 @@ def _per_provider(batches: list[Batch]) -> str:
     return ",".join(f"{p}:{n}" for p, n in sorted(counts.items()))
 
 
-def _without_unconfigured(rows: list[JobRow]) -> tuple[list[JobRow], Counter[str]]:
+def without_unconfigured(rows: list[JobRow]) -> tuple[list[JobRow], Counter[str]]:
     """``rows`` minus those that need a poll of a provider whose key is not set here, and how many
     of each such provider were left out (a row with nothing to poll still goes: its sweep needs no
     provider)."""
@@ -126,6 +126,20 @@ def _without_unconfigured(rows: list[JobRow]) -> tuple[list[JobRow], Counter[str
         else:
             kept.append(r)
     return kept, left
+
+
+def unconfigured_due(
+    database: DatabaseResource, reconcile_settings: ReconcileSettingsResource
+) -> Counter[str]:
+    """How many due jobs each provider without its key leaves in flight now (what the sensor's
+    tick leaves out with a warning): ``recon-dagster reconcile --once`` fails on it in one line."""
+    if not not_configured():
+        return Counter()
+    with database.get_engine().connect() as conn:
+        rows = scan_due(
+            conn, MAX_SCAN, reconcile_settings.settings().cadence, modes=shadow_modes(), cap=MAX_SCAN
+        )
+    return without_unconfigured(rows)[1]
 
 
 def lane_tags(batch: Batch) -> dict[str, str]:
@@ -256,7 +270,7 @@ def stale_inflight_jobs_sensor(
     scanned = [r for r in rows if r.id not in busy][: reconcile_settings.scan_limit]
     # A provider without its key is not configured: no run for the jobs it would have to poll
     # (they stay in flight, no attempt counted), one line per tick; every other provider goes on.
-    scanned, unconfigured = _without_unconfigured(scanned)
+    scanned, unconfigured = without_unconfigured(scanned)
     for provider, n in sorted(unconfigured.items()):
         context.log.warning(f"{n} due job(s) not requested: {not_configured_line(provider)}")
     batch_sizes = batch_sizes_within_budgets(
