@@ -57,13 +57,13 @@ def seed(
 ) -> tuple[Seeded, list[float]]:
     """``count`` jobs of ``kind`` whose upstream task succeeded, job i turning stale ``stale_in[i]``
     seconds from now (negative: already stale); returns them and the unix time each turns stale."""
-    ids, tasks, specs = [], [], []
-    for i in range(count):
-        task_id = f"fair-{secrets.token_hex(4)}-{i}"
-        specs.append((kind, {"outcome": "succeed", "polls_before_done": 0, "media_size": 1024}, task_id))
+    ids: list[str] = []
+    specs: list[tuple[str, dict[str, Any], str | None]] = []
+    for _ in range(count):
+        # The sandbox makes each task id in its provider's own shape (a fal id carries its app).
+        specs.append((kind, {"outcome": "succeed", "polls_before_done": 0, "media_size": 1024}, None))
         ids.append(str(uuid.uuid4()))
-        tasks.append(task_id)
-    sandbox.add_tasks(specs)
+    tasks: list[str | None] = list(sandbox.add_tasks(specs))
     threshold = get_kind(kind).stale_threshold.total_seconds()
     now = time.time()
     user_of = [users[i % len(users)] for i in range(count)]

@@ -62,22 +62,25 @@ def seed(engine: sa.Engine, sandbox: Any, count: int, retry_after_s: int) -> tup
     so job ``count // 2`` is polled at mid-drain; its task answers its first poll with a 429
     carrying ``Retry-After: retry_after_s``. Returns the jobs and that job's id."""
     users = [str(uuid.uuid4()) for _ in range(max(1, min(100, count // 20)))]
-    ids, kinds, tasks, user_of, ages, specs = [], [], [], [], [], []
+    ids: list[str] = []
+    kinds: list[str] = []
+    user_of: list[str] = []
+    ages: list[float] = []
+    specs: list[tuple[str, dict[str, Any], str | None]] = []
     oldest = max(get_kind(k).stale_threshold.total_seconds() for k in KIE_KINDS) + 600 + count
     mid = count // 2
     for i in range(count):
         kind = KIE_KINDS[i % len(KIE_KINDS)]
-        task_id = f"storm-{secrets.token_hex(4)}-{i}"
         scenario: dict[str, Any] = {"outcome": "succeed", "polls_before_done": 0, "media_size": 1024}
         if i == mid and retry_after_s > 0:
             scenario.update(rate_limit_first=1, retry_after_s=retry_after_s)
-        specs.append((kind, scenario, task_id))
+        # The sandbox makes each task id in its provider's own shape.
+        specs.append((kind, scenario, None))
         ids.append(str(uuid.uuid4()))
         kinds.append(kind)
-        tasks.append(task_id)
         user_of.append(users[i % len(users)])
         ages.append(oldest - i)  # job i is older than job i + 1
-    sandbox.add_tasks(specs)
+    tasks: list[str | None] = list(sandbox.add_tasks(specs))
     insert_jobs(engine, ids, user_of, kinds, tasks, ages, watermark=False)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql("ANALYZE jobs")

@@ -17,7 +17,7 @@ from recon_dagster.db import budget
 from recon_dagster.db.engine import DatabaseUnavailable, get_engine, limit_pool
 from recon_dagster.db.grants import check_grants
 from recon_dagster.media.download import allowed_hosts_from_env
-from recon_dagster.reconcile.finalize import DEFAULT_MAX_MEDIA_BYTES, HeadersFor, MediaPolicy
+from recon_dagster.reconcile.finalize import DEFAULT_MAX_MEDIA_BYTES, HeadersFor, MediaPolicy, SlotFor
 from recon_dagster.reconcile.reconciler import ReconcileSettings
 
 
@@ -136,11 +136,14 @@ class ReconcileSettingsResource(dg.ConfigurableResource):  # type: ignore[type-a
             orphan_look_wait=timedelta(seconds=settings().orphan_look_wait_s),
         )
 
-    def media_policy(self, headers_for: HeadersFor | None = None) -> MediaPolicy:
+    def media_policy(
+        self, headers_for: HeadersFor | None = None, slot_for: SlotFor | None = None
+    ) -> MediaPolicy:
         return MediaPolicy(
             allowed_hosts=allowed_hosts_from_env(),
             max_bytes=self.max_media_bytes,
             headers_for=headers_for,
+            slot_for=slot_for,
             deadline_s=self.media_deadline_seconds,
         )
 

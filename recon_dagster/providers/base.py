@@ -271,10 +271,19 @@ class ProviderResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # ba
             raise ProviderConfigError(
                 f"media {ref.url!r} needs auth but is not on the {self.PROVIDER} API host; key withheld"
             )
-        # A request to the provider's own API on the account's key: it waits for the account (a
-        # Retry-After block, the read budget) like a poll; not let out: NotSent, nothing fetched.
-        self.http.let_out(str(self.PROVIDER))
         return self.http.auth_headers
+
+    @contextmanager
+    def media_slot(self, ref: MediaRef) -> Iterator[None]:
+        """Held while ``ref`` downloads: for this provider's own byte endpoints (``needs_auth``)
+        the account's read token and a concurrency slot, like a poll's (the download is a request
+        on the account's key; not let out in time: ``NotSent``, nothing fetched); nothing for a
+        public URL, which is not the account's traffic."""
+        if not ref.needs_auth:
+            yield
+            return
+        with self.http.hold_read(str(self.PROVIDER)):
+            yield
 
     @contextmanager
     def open_media(self, ref: MediaRef) -> Iterator[httpx.Response]:

@@ -576,16 +576,18 @@ class ProviderHttp:
     def _clean(self, value: object) -> str:
         return redact(str(value), self._secret)
 
-    def let_out(self, label: str) -> None:
-        """Wait, within the poll deadline, until the account lets one more read out (its
-        Retry-After block, its read token), for a request sent outside ``request``: the
-        authenticated media download from this provider's own API. Not let out in time:
-        ``NotSent``, and nothing may be sent."""
-        if self._account is None:
-            return
+    @contextmanager
+    def hold_read(self, label: str) -> Iterator[None]:
+        """A poll's hold (account token and slot, a process slot) for a read sent outside
+        ``request`` (a media download from this API), for as long as it lasts; not let out by
+        the read deadline: ``NotSent``."""
         limit = self.settings.read_deadline_s
-        with self._account.request(label, create=False, deadline=time.monotonic() + limit if limit else None):
-            pass
+        deadline = time.monotonic() + limit if limit else None
+        held = (
+            self._account.request(label, create=False, deadline=deadline) if self._account else nullcontext()
+        )
+        with held, self._process_slot(label, deadline):
+            yield
 
     # -- streaming (authenticated media) -------------------------------------------------------
 
@@ -595,15 +597,9 @@ class ProviderHttp:
         media downloader owns retry and size policy). Like a poll, it waits for the account (its
         read token and a concurrency slot, held while the body streams) and for one of the
         process's slots only until the read deadline; not let out by then: ``NotSent``."""
-        limit = self.settings.read_deadline_s
-        deadline = time.monotonic() + limit if limit else None
-        account = (
-            self._account.request(label, create=False, deadline=deadline) if self._account else nullcontext()
-        )
         try:
             with (
-                account,
-                self._process_slot(label, deadline),
+                self.hold_read(label),
                 # Media comes as it is (identity): a compressed body cut short would decode as a
                 # whole, shorter file, while a cut identity body fails against its Content-Length.
                 self.client.stream(

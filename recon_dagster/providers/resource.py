@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
@@ -150,6 +151,10 @@ class ProvidersBase(dg.ConfigurableResource):  # type: ignore[type-arg]  # bare,
     def media_headers(self, kind: str, ref: MediaRef) -> dict[str, str]:
         """Headers needed to fetch ``ref`` of ``kind`` (the key only for the provider's own host)."""
         return self.for_kind(kind).media_headers(ref)
+
+    def media_slot(self, kind: str, ref: MediaRef) -> AbstractContextManager[None]:
+        """What the download of ``ref`` of ``kind`` holds while it lasts (``media_slot`` of its provider)."""
+        return self.for_kind(kind).media_slot(ref)
 
     def close(self) -> None:
         """Close every provider's pooled client."""

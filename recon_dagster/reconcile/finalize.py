@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
@@ -108,6 +109,13 @@ class HeadersFor(Protocol):
     def __call__(self, kind: str, ref: MediaRef) -> Mapping[str, str]: ...
 
 
+class SlotFor(Protocol):
+    """What a download of ``ref`` holds while it lasts (the account's slot for a provider's own
+    byte endpoint: ``ProvidersResource.media_slot``)."""
+
+    def __call__(self, kind: str, ref: MediaRef) -> AbstractContextManager[None]: ...
+
+
 @dataclass(frozen=True)
 class MediaPolicy:
     """How media is fetched: caps, the SSRF allow-list, and auth headers for byte endpoints."""
@@ -117,6 +125,7 @@ class MediaPolicy:
     max_bytes: int = DEFAULT_MAX_MEDIA_BYTES
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     headers_for: HeadersFor | None = None
+    slot_for: SlotFor | None = None
     watermark_text: str = "recon"
     # All media of one finalize together (None: RECON_MEDIA_DEADLINE_S, 600 s: inside the lease);
     # an object that declares its size gets its share at min_bytes_per_s
@@ -363,7 +372,6 @@ def store_result_media(
     # One budget for all the job's videos: hours of tiny frames end here, not past the lease.
     videos = VideoBudget(policy.video_limits, deadline=deadline)
     for index, ref in enumerate(result.media):
-        left = max(0.0, deadline - time.monotonic())
         headers = (
             dict(policy.headers_for(result.provider_kind, ref))
             if ref.needs_auth and policy.headers_for
@@ -373,23 +381,31 @@ def store_result_media(
         def key_for(content_type: str, variant: str | None, i: int = index, r: MediaRef = ref) -> str:
             return media_key(row.id, row.job_type, i, _ext(content_type, r), variant=variant, task=task)
 
-        out.append(
-            fetch_media_to_store(
-                ref.url,
-                store,
-                key_for,
-                promised=promised_kind(ref.kind, media_folder(row.job_type)),
-                watermark_text=policy.watermark_text if should_watermark else None,
-                max_bytes=policy.max_bytes,
-                max_image_bytes=policy.max_image_bytes,
-                allowed_hosts=policy.allowed_hosts,
-                headers=headers,
-                client=shared_media_client(),
-                deadline_s=left,
-                min_bytes_per_s=rate,
-                video_budget=videos,
-            )
+        # A download from the provider's own API is a request on the account: it holds the
+        # account's slot (and waits for its read token) for as long as the bytes flow.
+        slot = (
+            policy.slot_for(result.provider_kind, ref)
+            if ref.needs_auth and policy.slot_for
+            else nullcontext()
         )
+        with slot:
+            out.append(
+                fetch_media_to_store(
+                    ref.url,
+                    store,
+                    key_for,
+                    promised=promised_kind(ref.kind, media_folder(row.job_type)),
+                    watermark_text=policy.watermark_text if should_watermark else None,
+                    max_bytes=policy.max_bytes,
+                    max_image_bytes=policy.max_image_bytes,
+                    allowed_hosts=policy.allowed_hosts,
+                    headers=headers,
+                    client=shared_media_client(),
+                    deadline_s=max(0.0, deadline - time.monotonic()),
+                    min_bytes_per_s=rate,
+                    video_budget=videos,
+                )
+            )
     return out
 
 

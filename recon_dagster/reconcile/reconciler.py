@@ -102,7 +102,10 @@ class Reconciler(Settling):
         self.settings = settings or ReconcileSettings()
         # Poll answers are recorded per provider in the database: every run process shares them.
         self.breaker = breaker or NotFoundBreaker(engine)
-        self.media_policy = media_policy or MediaPolicy(headers_for=upstream.media_headers)
+        # An upstream without ``media_slot`` (a test's stand-in) holds nothing while media downloads.
+        self.media_policy = media_policy or MediaPolicy(
+            headers_for=upstream.media_headers, slot_for=getattr(upstream, "media_slot", None)
+        )
         self.on_outcome = on_outcome
         self.run_id = run_id
         # Outcomes go to reconcile_events in groups; every phase below ends with ``flush``.

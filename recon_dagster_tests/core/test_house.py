@@ -18,7 +18,7 @@ MAX_LINES = 600
 # Files over the limit when the check came in, each at most its size then: they may only shrink
 # (split one when it must grow, then drop its line here).
 OVER_THE_LIMIT = {
-    "recon_dagster/providers/http.py": 626,
+    "recon_dagster/providers/http.py": 622,
 }
 
 

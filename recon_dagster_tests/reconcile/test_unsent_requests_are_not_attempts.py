@@ -272,7 +272,10 @@ def test_an_authenticated_media_download_during_a_retry_after_block_is_not_sent(
         assert jobs_db.claim_jobs(conn, [jobs_db.Claim(job, 0)], "run-1", timedelta(minutes=15))
     rec = Reconciler(
         db, ThrottledAfterThePoll(), LocalMediaStore(base_dir=media_dir),
-        media_policy=MediaPolicy(allowed_hosts=frozenset({"127.0.0.1"}), headers_for=providers.media_headers),
+        media_policy=MediaPolicy(
+            allowed_hosts=frozenset({"127.0.0.1"}), headers_for=providers.media_headers,
+            slot_for=providers.media_slot,
+        ),
     )  # fmt: skip
     outcome = rec.reconcile(job, "run-1")
     assert sandbox.media_downloads(task) == 0, outcome  # before: 1, sent into the block

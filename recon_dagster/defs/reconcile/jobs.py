@@ -10,6 +10,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -159,7 +160,7 @@ def _reconciler(
         modes=shadow_modes(),
         breaker=NotFoundBreaker(engine, breaker_policy()),
         settings=settings,
-        media_policy=reconcile_settings.media_policy(upstream.media_headers),
+        media_policy=reconcile_settings.media_policy(upstream.media_headers, upstream.media_slot),
         on_outcome=on_outcome,
         run_id=context.run_id,
     )
@@ -173,6 +174,9 @@ class _NoUpstream:
 
     def media_headers(self, kind: str, ref: MediaRef) -> dict[str, str]:
         return {}
+
+    def media_slot(self, kind: str, ref: MediaRef) -> AbstractContextManager[None]:
+        return nullcontext()
 
 
 def _report(
