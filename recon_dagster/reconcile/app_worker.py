@@ -78,16 +78,18 @@ class TaskAlreadyPersisted(RuntimeError):
 class CreateMayExist(AmbiguousCreateError):
     """Not creating: an earlier create of this job may have made a task the row does not name.
 
-    ``recon.open_create`` (migration 161) answered ``wait_for_sweep``: a create is in the ledger
-    as ``sending`` (its worker died between the send and the answer) or ``ambiguous`` (its answer
-    was lost). Creating again could bill twice; the orphan sweep looks for that task first, then
-    adopts it onto the row (a retry resumes it) or marks the create ``not_found`` (a retry creates).
-    A retry later is safe; nothing was sent. ``create_id``: the ledger's create that may exist."""
+    ``recon.open_create`` (migrations 161, 170) answered ``wait_for_sweep``: a create is in the
+    ledger as ``sending`` (its worker died between the send and the answer) or ``ambiguous`` (its
+    answer was lost), or with a task id the row does not name (``task_id``: its worker died
+    between the two writes). Creating again could bill twice; the orphan sweep looks for that task
+    first, then adopts it onto the row (a retry resumes it) or marks the create ``not_found`` (a
+    retry creates). A retry later is safe; nothing was sent. ``create_id``: the ledger's create."""
 
-    def __init__(self, job_id: uuid.UUID, create_id: str, message: str) -> None:
+    def __init__(self, job_id: uuid.UUID, create_id: str, message: str, task_id: str | None = None) -> None:
         super().__init__(message)
         self.job_id = job_id
         self.create_id = create_id
+        self.task_id = task_id
 
 
 def open_create(job_id: uuid.UUID | str, *, engine: sa.Engine | None = None) -> None:
@@ -101,7 +103,9 @@ def open_create(job_id: uuid.UUID | str, *, engine: sa.Engine | None = None) -> 
     contract.fix_call(answer)
     if answer["next"] != "create":
         log.warning("%s", answer.get("message"))
-        raise CreateMayExist(job_uuid, str(answer.get("create_id")), str(answer.get("message")))
+        raise CreateMayExist(
+            job_uuid, str(answer.get("create_id")), str(answer.get("message")), answer.get("task_id")
+        )
 
 
 class Resumer(Protocol):

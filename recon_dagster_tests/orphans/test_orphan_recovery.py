@@ -94,6 +94,13 @@ def test_a_worker_killed_between_the_answer_and_the_row_update_leaves_a_task_ado
     assert died.returncode == -signal.SIGKILL, died.stderr
     [create] = creates(db, job)
     assert create.task_id is not None and job_row(db, job)["provider_task_id"] is None
+    # The queue retries the handler: the ledger names a task the row does not, so no second
+    # create (recon.open_create, migration 170) until the sweep has adopted it.
+    retry = subprocess.run(
+        [sys.executable, "-c", WORKER, str(job)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert sandbox.create_count() == 1
+    assert retry.returncode != 0 and "CreateMayExist" in retry.stderr, retry.stderr
     assert actions(sweep(db, providers)) == {create.task_id: "adopt"}
     assert job_row(db, job)["provider_task_id"] == create.task_id
     stalled(db, job)

@@ -156,10 +156,12 @@ class LibraryClient(Client):
         except CreateMayExist as held:
             found = self._create(uuid.UUID(held.create_id))
             assert found is not None
-            return {
-                "next": "wait_for_sweep", "reason": "create_may_exist", "create_id": held.create_id,
+            reason = "create_may_exist" if held.task_id is None else "task_not_on_row"
+            answer = {
+                "next": "wait_for_sweep", "reason": reason, "create_id": held.create_id,
                 "seq": found.seq, "state": found.state,
             }  # fmt: skip
+            return answer if held.task_id is None else {**answer, "task_id": held.task_id}
         return {"next": "create"}
 
     def _mark_call_start(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -180,6 +182,16 @@ class LibraryClient(Client):
             "seq": recorder.intent.seq,
             "marker": marker,
         }
+
+    def _create_task(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The ledger's half of the library's answer (``TaskCreatedRecorder`` writes it, then
+        the row through attach_task): a worker killed between the two leaves this."""
+        with self.engine.begin() as conn:
+            found = ledger.record_task(
+                conn, uuid.UUID(str(args["job"])), provider=args["provider"], kind=args["kind"],
+                task_id=args["task_id"], create=uuid.UUID(str(args["create"])),
+            )  # fmt: skip
+        return {"next": "attach", "create_id": str(found.id)}
 
     def _create_answered(self, args: dict[str, Any]) -> dict[str, Any]:
         recorder = self.recorders.get(str(args.get("create"))) or make_on_task_created(
