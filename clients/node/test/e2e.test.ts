@@ -154,4 +154,46 @@ describe("a BullMQ worker running the spec-5.3 handler with the package", () => 
     b.child.kill("SIGTERM");
     await b.exited;
   });
+
+  it("killed after Replicate accepted the create, before its answer was recorded: no second create; the sweep calls the task probably_ours, the operator adopts it, the reconciler completes, charged once", async () => {
+    const jobId = await appJob();
+    const a = worker({ E2E_DIE: "after_create" });
+    await a.next((e) => e.event === "ready");
+    await q.queue.add("generate", { jobId, prompt: "a fox", provider: "replicate", scenario: { polls_before_done: 0 } }, { jobId, attempts: 2, backoff: { type: "fixed", delay: 600_000 } });
+    const created = await a.next((e) => e.event === "created" || e.event === "error");
+    assert.equal(created.event, "created", JSON.stringify(created));
+    await a.exited;
+    const b = worker(); // BullMQ's stalled check hands the job to b
+    const refused = await b.next((e) => e.jobId === jobId && e.event === "error");
+    assert.equal(refused.name, "AmbiguousCreate", JSON.stringify(refused));
+    assert.equal(await createsAt(sb, jobId), 1);
+    const stuck = await settled(jobId);
+    assert.equal(stuck.taskId, null);
+    assert.deepEqual(stuck.creates.map((c) => c.state), ["sending"]);
+
+    // Replicate's list carries no webhook, so no marker proof: the task only resembles the lost
+    // create (issue 46) and is never adopted on that; the operator's word adopts it.
+    const report = JSON.parse(await reconDagster("orphans", "--act", "--json")) as { tasks: { task_id: string; action: string }[] };
+    assert.equal(report.tasks.find((t) => t.task_id === created.taskId)?.action, "probably_ours", JSON.stringify(report.tasks));
+    assert.equal((await settled(jobId)).taskId, null);
+    await reconDagster("orphans", "--adopt", String(created.taskId), "--job", jobId, "--reason", "node e2e: killed mid-create, our prompt");
+    assert.equal((await settled(jobId)).taskId, created.taskId);
+    await db.pool.query(
+      "UPDATE jobs SET started_at = started_at - interval '3 hours', provider_call_started_at = provider_call_started_at - interval '3 hours', created_at = created_at - interval '3 hours', updated_at = updated_at - interval '3 hours' WHERE id = $1",
+      [jobId],
+    );
+    let round = 0;
+    await until(async () => {
+      // the adopted job is stale, so due at once; a later round asks the next tick now
+      if (round++ > 0) await reconDagster("retry", jobId, "--reason", "node e2e: the next tick now");
+      await reconDagster("reconcile", "--once", "--no-sweep");
+      return (await settled(jobId)).status !== "processing";
+    }, "the reconciler to settle the job", 60_000).catch(async (e) => { console.log(await reconDagster("explain", jobId)); throw e; });
+    const s = await settled(jobId);
+    assert.equal(s.status, "completed");
+    assert.equal(s.charges, 1);
+    assert.equal(await createsAt(sb, jobId), 1);
+    b.child.kill("SIGTERM");
+    await b.exited;
+  });
 });
