@@ -9,7 +9,7 @@ PYTEST := $(BIN)/pytest
 FAST := not daemon and not browser and not slow
 
 .DEFAULT_GOAL := help
-.PHONY: help test test-fast test-slow test-nodb lint format demo docs ci
+.PHONY: help test test-fast test-slow test-nodb test-node lint format demo docs ci
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -25,6 +25,12 @@ test-slow: ## only the daemon, browser and slow groups
 
 test-nodb: ## only the tests that need no PostgreSQL, daemon or browser
 	$(PYTEST) -m "$(FAST) and not postgres"
+
+# The same commands .ci/run runs for clients/node: Node 20+, Redis on 127.0.0.1:6379 and the server
+# PostgreSQL (RECON_DATABASE_URL, default the machine's 127.0.0.1:5432); the tests use this .venv.
+test-node: ## the Node package (clients/node): npm ci, type-check, conformance table, BullMQ end to end
+	cd clients/node && npm ci --no-audit --no-fund && npx tsc --noEmit -p . \
+	  && RECON_DATABASE_URL="$${RECON_DATABASE_URL:-postgresql://root@127.0.0.1:5432/postgres}" npm test
 
 lint: ## ruff (lint and format), mypy, the import layers, squawk over migrations/
 	$(BIN)/ruff check .

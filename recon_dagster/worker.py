@@ -2,7 +2,8 @@
 
 A worker that calls a provider uses these around the call (spec phases 1 and 4): persist the task
 id the moment it exists, mark a sync call's start, resume a persisted task instead of creating a
-second one, and settle a success through the same finalize the reconciler uses. Where each lives
+second one, create nothing while an earlier create may have made a task the row does not name
+(``CreateMayExist``: a retry after a crash between the send and the answer looks first), and settle a success through the same finalize the reconciler uses. Where each lives
 inside the package may change; these names, imported from here, do not. Each step is a call of the
 contract's function in the app's database (``docs/app-contract.md``), which a worker in any other
 language calls the same way.
@@ -18,12 +19,14 @@ from recon_dagster.db.engine import get_engine
 from recon_dagster.media.store import media_store_from_env
 from recon_dagster.providers import providers_from_env
 from recon_dagster.reconcile.app_worker import (
+    CreateMayExist,
     JobNoLongerInFlight,
     JobNotFound,
     Resumer,
     TaskAlreadyPersisted,
     make_on_task_created,
     mark_provider_call_start,
+    open_create,
     run_or_resume,
 )
 from recon_dagster.reconcile.finalize import ProviderResult, finalize_job_with_media
@@ -39,6 +42,7 @@ def check_contract(engine: sa.Engine | None = None) -> None:
 __all__ = [
     "CONTRACT_VERSION",
     "ContractUnavailable",
+    "CreateMayExist",
     "JobNoLongerInFlight",
     "JobNotFound",
     "ProviderResult",
@@ -49,6 +53,7 @@ __all__ = [
     "make_on_task_created",
     "mark_provider_call_start",
     "media_store_from_env",
+    "open_create",
     "providers_from_env",
     "run_or_resume",
 ]

@@ -1,4 +1,4 @@
-"""The app workers' contract, as the Python library calls it: the functions of migration 160.
+"""The app workers' contract, as the Python library calls it: the functions of migrations 160, 161, 170.
 
 Every rule a worker keeps (the create ledger, the guarded task-id write, a sync call's start, what
 to resume, the account's tokens, slots and Retry-After) lives once, in SQL functions of the
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from recon_dagster.db.sqltext import sql
 
 # The contract this library was built for; the database answers its own (recon.contract_version()).
-CONTRACT_VERSION = 2  # 2: migration 161 (recon.open_create)
+CONTRACT_VERSION = 3  # 2: migration 161 (recon.open_create); 3: 170 (open_create: a task not on the row)
 SCHEMA = "recon"
 MIGRATE_HINT = "run `recon-dagster migrate`"
 
@@ -28,6 +28,10 @@ MIGRATE_HINT = "run `recon-dagster migrate`"
 FUNCTIONS: dict[str, tuple[tuple[str, str], ...]] = {
     "mark_call_start": (("job", "uuid"), ("kind", "text")),
     "resume_point": (("job", "uuid"),),
+    # 161/170: asked before any create: whether an earlier create may have made a task the row
+    # does not name (a worker killed between the send and the answer, or between the ledger's
+    # task id and the row's); then no create is sent.
+    "open_create": (("job", "uuid"),),
     "create_intent": (
         ("job", "uuid"),
         ("provider", "text"),

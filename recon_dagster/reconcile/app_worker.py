@@ -5,7 +5,8 @@
   a dead worker leaves something to recover from (5.2).
 * ``mark_provider_call_start(job_id, kind)``: the sync-call equivalent, right before the call (5.8).
 * ``run_or_resume(job_id, kind, create_and_run, providers=...)``: the stall-retry guard (5.3): when
-  the row already carries a task id, resume that task instead of creating a second one.
+  the row already carries a task id, resume that task instead of creating a second one; when an
+  earlier create may have made a task the row does not name, create nothing (``CreateMayExist``).
 
 Each step is a call of the contract's function in the app's database (migration 160,
 ``docs/app-contract.md``): the rules live there once, for a worker in any language; this module
@@ -74,6 +75,39 @@ class TaskAlreadyPersisted(RuntimeError):
         self.ours = ours
 
 
+class CreateMayExist(AmbiguousCreateError):
+    """Not creating: an earlier create of this job may have made a task the row does not name.
+
+    ``recon.open_create`` (migrations 161, 170) answered ``wait_for_sweep``: a create is in the
+    ledger as ``sending`` (its worker died between the send and the answer) or ``ambiguous`` (its
+    answer was lost), or with a task id the row does not name (``task_id``: its worker died
+    between the two writes). Creating again could bill twice; the orphan sweep looks for that task
+    first, then adopts it onto the row (a retry resumes it) or marks the create ``not_found`` (a
+    retry creates). A retry later is safe; nothing was sent. ``create_id``: the ledger's create."""
+
+    def __init__(self, job_id: uuid.UUID, create_id: str, message: str, task_id: str | None = None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.create_id = create_id
+        self.task_id = task_id
+
+
+def open_create(job_id: uuid.UUID | str, *, engine: sa.Engine | None = None) -> None:
+    """Before any create of ``job_id``: ``recon.open_create``; ``CreateMayExist`` unless no
+    earlier create of the job may still have made a task (a retry after a crash looks first)."""
+    job_uuid = uuid.UUID(str(job_id))
+    eng = engine or get_engine()
+    contract.require(eng)
+    with eng.connect() as conn:
+        answer = contract.call(conn, "open_create", job=str(job_uuid))
+    contract.fix_call(answer)
+    if answer["next"] != "create":
+        log.warning("%s", answer.get("message"))
+        raise CreateMayExist(
+            job_uuid, str(answer.get("create_id")), str(answer.get("message")), answer.get("task_id")
+        )
+
+
 class Resumer(Protocol):
     def resume(self, kind: str, task_id: str) -> UpstreamStatus: ...
 
@@ -88,9 +122,12 @@ class TaskCreatedRecorder:
     ambiguous or refused. Called directly with a task id (a create sent outside ``run``), the id
     is recorded all the same."""
 
-    def __init__(self, job_id: uuid.UUID, kind: str, engine: sa.Engine | None) -> None:
+    def __init__(self, job_id: uuid.UUID, kind: str, engine: sa.Engine | None, opened: bool = False) -> None:
         self.job_id, self.kind, self._engine = job_id, kind, engine
         self.intent: ledger.Create | None = None
+        # run_or_resume asked recon.open_create already; a recorder made on its own asks in
+        # before_send (a create is never sent while an earlier one may have made a task).
+        self._opened = opened
 
     @property
     def engine(self) -> sa.Engine:
@@ -98,6 +135,9 @@ class TaskCreatedRecorder:
 
     def before_send(self, provider: str, kind: str, payload: dict[str, Any], marker_sent: bool) -> str:
         if self.intent is None:  # one intent per create, however often asked
+            if not self._opened:
+                open_create(self.job_id, engine=self.engine)
+                self._opened = True
             contract.require(self.engine)
             with self.engine.begin() as conn:
                 self.intent = ledger.record_intent(
@@ -218,8 +258,11 @@ def run_or_resume(
         task_id = str(point["task_id"])
         log.info("job %s: resuming persisted %s task %s (no new create)", job_uuid, resume_kind, task_id)
         return providers.resume(resume_kind, task_id)
+    # The row names no task; an earlier attempt's create may still have made one (its worker
+    # died between the send and the answer, or the answer was lost): CreateMayExist, not a create.
+    open_create(job_uuid, engine=eng)
     try:
-        return create_and_run(make_on_task_created(job_uuid, kind, engine=eng))
+        return create_and_run(TaskCreatedRecorder(job_uuid, kind, eng, opened=True))
     except TaskAlreadyPersisted as dup:
         log.warning("%s; resuming the persisted task", dup)
         return providers.resume(kind, dup.persisted)

@@ -1,7 +1,12 @@
 """A task nobody recorded on its job row is found and adopted, and the reconciler then recovers
 it and charges it exactly once: a worker killed between the provider's answer and the row's
 update (the named crash point), and a create whose answer was lost (ambiguous), which the stale
-sweep no longer fails and refunds before the orphan sweep has looked for its task."""
+sweep no longer fails and refunds before the orphan sweep has looked for its task.
+
+A worker retried after its create may have made a task never sends a second create
+(``recon.open_create``, migration 161, the contract the Node package keeps): killed between the
+create's send and its answer, or with the answer lost, the retry stops with ``CreateMayExist``
+until the orphan sweep (or the operator) has put the task on the row; then it resumes that task."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,7 +28,7 @@ import sqlalchemy as sa
 from recon_dagster.db import ledger
 from recon_dagster.operator.orphans import adopt_probable
 from recon_dagster.providers import AmbiguousCreateError, ProvidersResource, providers_from_env
-from recon_dagster.reconcile.app_worker import run_or_resume
+from recon_dagster.reconcile.app_worker import CreateMayExist, make_on_task_created, run_or_resume
 from recon_dagster.reconcile.orphan_sweep import SweepPolicy
 from recon_dagster.sandbox import SandboxServer, Scenario
 from recon_dagster_tests.support.factories import balances, job_row, make_job, reserve
@@ -35,7 +41,7 @@ KIE_PAYLOAD = {"model": "flux", "input": {"prompt": "a lighthouse at dusk"}}
 WORKER = """
 import sys
 from recon_dagster.providers import providers_from_env
-from recon_dagster.reconcile.app_worker import run_or_resume
+from recon_dagster.reconcile.app_worker import CreateMayExist, make_on_task_created, run_or_resume
 from recon_dagster.reconcile.orphan_sweep import SweepPolicy
 p = providers_from_env()
 payload = {"version": "v1", "input": {"prompt": "a lighthouse at dusk"}}
@@ -88,6 +94,13 @@ def test_a_worker_killed_between_the_answer_and_the_row_update_leaves_a_task_ado
     assert died.returncode == -signal.SIGKILL, died.stderr
     [create] = creates(db, job)
     assert create.task_id is not None and job_row(db, job)["provider_task_id"] is None
+    # The queue retries the handler: the ledger names a task the row does not, so no second
+    # create (recon.open_create, migration 170) until the sweep has adopted it.
+    retry = subprocess.run(
+        [sys.executable, "-c", WORKER, str(job)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert sandbox.create_count() == 1
+    assert retry.returncode != 0 and "CreateMayExist" in retry.stderr, retry.stderr
     assert actions(sweep(db, providers)) == {create.task_id: "adopt"}
     assert job_row(db, job)["provider_task_id"] == create.task_id
     stalled(db, job)
@@ -184,3 +197,115 @@ def test_an_ambiguous_create_is_swept_once_the_orphan_sweep_looked_and_found_not
 
     assert job_row(db, job)["status"] == "failed"
     assert balances(db, user) == (Decimal(100), Decimal(50))
+
+
+KIND = "replicate-prediction"
+
+
+def worker_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("RECON_CRASH_")}
+
+
+def kill_between_send_and_answer(db: sa.Engine, sandbox: SandboxServer, job: uuid.UUID) -> None:
+    """Start the app's worker process on ``job`` and SIGKILL it once the sandbox has accepted its
+    create (the task exists upstream) while the answer is still on its way (the scenario's
+    latency holds it back): the ledger keeps the create as ``sending``, the row names no task."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKER, str(job)], env=worker_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while sandbox.create_count(KIND) < 1:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the worker never sent its create"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    [create] = creates(db, job)
+    assert (create.state, create.task_id) == ("sending", None)  # the answer never came back
+
+
+def test_a_worker_killed_between_the_create_and_its_answer_is_retried_without_a_second_create(
+    db: sa.Engine, sandbox: SandboxServer, providers: ProvidersResource, user: uuid.UUID,
+    instance: dg.DagsterInstance, media_dir: str,
+) -> None:  # fmt: skip
+    sandbox.set_default_scenario(KIND, Scenario(polls_before_done=0, latency_s=2.0))
+    job = make_job(db, user, job_type="image", status="processing")
+    reserve(db, job, user, 30)
+    kill_between_send_and_answer(db, sandbox, job)
+
+    # The queue retries the handler in a new process: it looks, and does not create again.
+    retry = subprocess.run(
+        [sys.executable, "-c", WORKER, str(job)],
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert sandbox.create_count(KIND) == 1
+    assert retry.returncode != 0 and "CreateMayExist" in retry.stderr, retry.stderr
+    assert [c.state for c in creates(db, job)] == ["sending"]
+
+    # Replicate's list shows no webhook, so no marker proof: the task only resembles the lost
+    # create (issue 46) and waits for the operator (`recon-dagster orphans --adopt TASK --job JOB`).
+    report = sweep(db, providers)
+    [task] = [t for t, a in actions(report).items() if a == "probably_ours"]
+    assert job_row(db, job)["provider_task_id"] is None
+    adopt_probable(db, providers, task, job, policy(), who="ops", why="killed mid-create, our prompt")
+
+    # A retry now resumes the adopted task (no create); the reconciler settles the job once.
+    resumed = run_or_resume(
+        job, KIND, lambda cb: pytest.fail("created again"), providers=providers, engine=db
+    )
+    assert resumed.task_id == task
+    stalled(db, job)
+    tick(make_defs(media_dir), instance)
+
+    assert sandbox.create_count(KIND) == 1
+    assert job_row(db, job)["status"] == "completed"
+    assert usage_status(db, job) == "committed"
+    assert balances(db, user) == (Decimal(70), Decimal(50))  # charged once, never refunded
+
+
+def test_a_retry_after_a_lost_answer_does_not_create_again(
+    db: sa.Engine, sandbox: SandboxServer, providers: ProvidersResource, user: uuid.UUID
+) -> None:
+    sandbox.set_default_scenario(KIND, Scenario(polls_before_done=0, create_lost_response_first=1))
+    job = make_job(db, user, status="processing")
+
+    def attempt() -> object:
+        return run_or_resume(
+            job, KIND,
+            lambda cb: providers.run(KIND, PAYLOAD, on_task_created=cb, poll_interval_s=0.01),
+            providers=providers, engine=db,
+        )  # fmt: skip
+
+    with pytest.raises(Exception, match="lost|answer") as first:
+        attempt()
+    assert not isinstance(first.value, CreateMayExist)
+    with pytest.raises(CreateMayExist) as held:
+        attempt()
+
+    assert sandbox.create_count(KIND) == 1
+    [create] = creates(db, job)
+    assert (create.state, held.value.create_id) == ("ambiguous", str(create.id))
+
+
+def test_a_recorder_used_without_run_or_resume_does_not_send_while_a_create_may_exist(
+    db: sa.Engine, sandbox: SandboxServer, providers: ProvidersResource, user: uuid.UUID
+) -> None:
+    """The provider's ``run`` with the library's callback asks ``recon.open_create`` before it
+    sends, so a worker that skips ``run_or_resume`` keeps the rule too."""
+    job = make_job(db, user, status="processing")
+    with db.begin() as conn:  # a create of an earlier attempt whose worker died mid-send
+        ledger.record_intent(conn, job, provider="replicate", kind=KIND, fingerprint="f", marker_sent=True)
+
+    with pytest.raises(CreateMayExist):
+        providers.run(KIND, PAYLOAD, on_task_created=make_on_task_created(job, KIND, engine=db))
+
+    assert sandbox.create_count(KIND) == 0
+    assert [c.state for c in creates(db, job)] == ["sending"]

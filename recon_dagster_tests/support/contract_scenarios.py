@@ -21,12 +21,14 @@ from recon_dagster.db import contract, ledger
 from recon_dagster.providers.limits import AccountLimiter, AccountLimits, Budget, TokenRefused
 from recon_dagster.providers.status import AmbiguousCreateError, ProviderHTTPError
 from recon_dagster.reconcile.app_worker import (
+    CreateMayExist,
     JobNoLongerInFlight,
     JobNotFound,
     TaskAlreadyPersisted,
     TaskCreatedRecorder,
     make_on_task_created,
     mark_provider_call_start,
+    open_create,
     run_or_resume,
 )
 
@@ -138,17 +140,38 @@ class LibraryClient(Client):
         def create(_cb: Any) -> Any:
             return {"next": "create"}
 
-        answer: dict[str, Any] = run_or_resume(
-            args["job"], "replicate-prediction", create, providers=Resumer(), engine=self.engine
-        )  # type: ignore[assignment]
+        try:
+            answer: dict[str, Any] = run_or_resume(
+                args["job"], "replicate-prediction", create, providers=Resumer(), engine=self.engine
+            )  # type: ignore[assignment]
+        except CreateMayExist:
+            # resume_point answered create; run_or_resume went on to open_create (the table's
+            # next step plays it) and was told to wait for the sweep.
+            return {"next": "create"}
         return answer
+
+    def _open_create(self, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            open_create(args["job"], engine=self.engine)
+        except CreateMayExist as held:
+            found = self._create(uuid.UUID(held.create_id))
+            assert found is not None
+            reason = "create_may_exist" if held.task_id is None else "task_not_on_row"
+            answer = {
+                "next": "wait_for_sweep", "reason": reason, "create_id": held.create_id,
+                "seq": found.seq, "state": found.state,
+            }  # fmt: skip
+            return answer if held.task_id is None else {**answer, "task_id": held.task_id}
+        return {"next": "create"}
 
     def _mark_call_start(self, args: dict[str, Any]) -> dict[str, Any]:
         mark_provider_call_start(args["job"], args["kind"], engine=self.engine)
         return {"next": "call"}
 
     def _create_intent(self, args: dict[str, Any]) -> dict[str, Any]:
-        recorder = make_on_task_created(args["job"], args["kind"], engine=self.engine)
+        # The step is create_intent alone: the table plays open_create as its own step (a recorder
+        # made on its own asks it in before_send, run_or_resume before it).
+        recorder = TaskCreatedRecorder(uuid.UUID(str(args["job"])), args["kind"], self.engine, opened=True)
         payload = args.get("payload", {})
         marker = recorder.before_send(args["provider"], args["kind"], payload, args.get("marker_sent", True))
         assert recorder.intent is not None
@@ -159,6 +182,16 @@ class LibraryClient(Client):
             "seq": recorder.intent.seq,
             "marker": marker,
         }
+
+    def _create_task(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The ledger's half of the library's answer (``TaskCreatedRecorder`` writes it, then
+        the row through attach_task): a worker killed between the two leaves this."""
+        with self.engine.begin() as conn:
+            found = ledger.record_task(
+                conn, uuid.UUID(str(args["job"])), provider=args["provider"], kind=args["kind"],
+                task_id=args["task_id"], create=uuid.UUID(str(args["create"])),
+            )  # fmt: skip
+        return {"next": "attach", "create_id": str(found.id)}
 
     def _create_answered(self, args: dict[str, Any]) -> dict[str, Any]:
         recorder = self.recorders.get(str(args.get("create"))) or make_on_task_created(
@@ -186,9 +219,12 @@ class LibraryClient(Client):
             recorder.unanswered(error)
         return {"next": "done", "written": before == "sending" and self._state(create) == args["state"]}
 
-    def _state(self, create: uuid.UUID) -> str | None:
+    def _create(self, create: uuid.UUID) -> ledger.Create | None:
         with self.engine.connect() as conn:
-            found = ledger.by_ids(conn, [create]).get(create)
+            return ledger.by_ids(conn, [create]).get(create)
+
+    def _state(self, create: uuid.UUID) -> str | None:
+        found = self._create(create)
         return None if found is None else found.state
 
     def _take_token(self, args: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
 import pg from "pg";
-import { pgCaller, rpcCaller, checkContract, ContractMismatch, type ContractCaller, type RpcClient } from "../src/index.js";
+import { CONTRACT_VERSION, pgCaller, rpcCaller, checkContract, ContractMismatch, type ContractCaller, type RpcClient } from "../src/index.js";
 import { createDb, type TestDb } from "./support/db.js";
 import { load, play } from "./support/scenarios.js";
 
@@ -76,7 +76,8 @@ describe("the runner and the version check", () => {
   });
 
   it("the database answers this package's contract version", async () => {
-    assert.equal(await checkContract(pgCaller(db.pool)), 2);
+    // 3 since migration 170; this package needs 2 (it records an answer in one transaction)
+    assert.ok((await checkContract(pgCaller(db.pool))) >= CONTRACT_VERSION);
   });
 
   it("a database without the functions fails the start with one line", async () => {
