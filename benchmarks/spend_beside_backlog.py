@@ -148,7 +148,10 @@ def main() -> int:
                     if not daemon.alive():
                         raise SystemExit(f"the daemon died:\n{daemon.log_tail()}")
                     if time.monotonic() - started > args.timeout:
-                        raise SystemExit(f"not done after {args.timeout:g} s\n{daemon.log_tail()}")
+                        # The figures so far are still the figures: a run the code server was too
+                        # slow to launch (a loaded machine) fails, its jobs wait out their lease.
+                        problems.append(f"not done after {args.timeout:g} s")
+                        break
                     time.sleep(0.25)
                 for run in inst.get_runs():
                     runs_by_job[(run.job_name, run.status.value)] += 1
