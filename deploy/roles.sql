@@ -35,7 +35,7 @@ DECLARE t text;
 BEGIN
   FOREACH t IN ARRAY ARRAY['reconcile_events', 'reconcile_decisions', 'provider_poll_answers',
       'provider_limit_accounts', 'provider_limit_buckets', 'provider_limit_slots',
-      'recon_credit_anomaly_keys', 'upstream_creates', 'recon_pruned_jobs', 'recon_schema_contract'] LOOP
+      'recon_credit_anomaly_keys', 'upstream_creates', 'recon_pruned_jobs', 'recon_balance_samples', 'recon_schema_contract'] LOOP
     IF to_regclass(t) IS NOT NULL THEN
       EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %I TO recon_runtime', t);
     END IF;

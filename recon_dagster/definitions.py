@@ -65,7 +65,12 @@ def build_defs(resources: dict[str, Any] | None = None) -> dg.Definitions:
     # on; the endpoint and the state gauges start with the first sensor tick (defs/telemetry.py).
     telemetry_setup.start("dagster")
     wired = dg.Definitions(
-        resources=with_nested_resources_on_top({**default_resources(), **(resources or {})})
+        resources=with_nested_resources_on_top({**default_resources(), **(resources or {})}),
+        # Every job without its own executor (the UI's and a backfill's asset materializations
+        # included) runs in one process: the connection budget gives a run worker one share
+        # (db/budget.py), and Dagster's default executor would start a process, holding a share
+        # of its own, for each step.
+        executor=dg.in_process_executor,
     )
     return dg.Definitions.merge(*(feature.defs for feature in FEATURES), wired)
 

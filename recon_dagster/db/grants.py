@@ -35,6 +35,7 @@ OWN_TABLES: dict[str, tuple[str, ...]] = {
         "recon_credit_anomaly_keys",
         "upstream_creates",
         "recon_pruned_jobs",
+        "recon_balance_samples",
     )
 }
 READ_ONLY: dict[str, tuple[str, ...]] = {

@@ -154,3 +154,17 @@ def test_in_process_execution_on_an_ephemeral_instance_has_no_queue_to_hold_to(
     result = _probe_job().execute_in_process()
     assert result.success
     assert result.output_for_node("probe") == "pool=2 overflow=0"  # this process's own share
+
+
+def test_every_run_of_the_definitions_is_one_process(tmp_path: Path, provider_keys: None) -> None:
+    """The budget gives each run worker one share: a run whose steps each got a process of their
+    own (Dagster's default multiprocess executor) held a share per step. Every job, the implicit
+    one the UI and backfills materialize assets through included, runs its steps in its process."""
+    defs = make_defs(str(tmp_path))
+    jobs = list(defs.resolve_all_job_defs())
+    assert {"spend_reconciliation_job", "orphan_sweep_job", "reconcile_job"} <= {j.name for j in jobs}
+    assert any(j.name.startswith("__ASSET_JOB") for j in jobs)
+    several = {
+        j.name: j.executor_def.name for j in jobs if j.executor_def.name != dg.in_process_executor.name
+    }
+    assert several == {}

@@ -12,6 +12,7 @@ from typing import Any
 import dagster as dg
 
 from recon_dagster.config import Settings, settings
+from recon_dagster.db import balance_samples
 from recon_dagster.db import spend as our_side
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.defs.spend.reports import GROUP, check_spec, daily, now, result, window
@@ -32,6 +33,9 @@ PROVIDER_ASSETS = {"replicate": REPLICATE, "elevenlabs": ELEVENLABS, "anthropic"
 # task created across midnight (they count to the day they were created in), on top of the
 # longest a job may wait between its charge and its create (``listing_margin``).
 MIDNIGHT_MARGIN = timedelta(hours=1)
+# A KIE sample refused this many times in a row (each time another run had just taken one) fails
+# the run: that many runs at once is a misconfigured backfill, not something to wait out.
+SAMPLE_TRIES = 5
 
 
 def listing_margin(precall_budget_s: float) -> timedelta:
@@ -153,7 +157,8 @@ def anthropic_report(
     description="KIE's credit balance (GET /api/v1/chat/credit), sampled when the partition is "
     "materialized; its change since the previous sample against the credits our KIE jobs of that "
     "window recorded (usage_logs.metadata.provider_credits, refunded jobs left out), naming the "
-    "ledger's KIE tasks no live charge pays for. KIE has no per-task billing API.",
+    "ledger's KIE tasks no live charge pays for. KIE has no per-task billing API. A sample is "
+    "measured from once (recon_balance_samples): runs at once measure one window each, never the same.",
 )
 def kie_spend(
     context: dg.AssetExecutionContext, providers: ProvidersResource, database: DatabaseResource
@@ -161,13 +166,36 @@ def kie_spend(
     kie = providers.provider("kie")
     if not isinstance(kie, KieSpend):
         raise TypeError("the kie resource cannot read its credit balance")
-    balance = kie.credit_balance()
-    sampled_at = now()
-    previous = _previous_sample(context.instance)
-    since = previous[1] if previous else window(context)[0]
-    with database.get_engine().connect() as conn:
-        charges = our_side.charges(conn, "kie", since, sampled_at)
-        unpaid = our_side.creates_without_charge(conn, "kie", since, sampled_at)
+    engine = database.get_engine()
+    for _ in range(SAMPLE_TRIES):
+        # The chain's head first, then the balance: a sample another run adds in between makes
+        # this one's write refused below, and the balance is read again after it.
+        with engine.connect() as conn:
+            head = balance_samples.latest(conn, "kie")
+        previous = (head.balance, head.sampled_at) if head else _previous_sample(context.instance)
+        balance = kie.credit_balance()
+        sampled_at = now()
+        since = previous[1] if previous else window(context)[0]
+        with engine.begin() as conn:
+            taken = balance_samples.record(
+                conn, "kie", balance, sampled_at, head,
+                run_id=context.run.run_id, partition=context.partition_key,
+            )  # fmt: skip
+            if taken is None:
+                context.log.info(
+                    "another run sampled KIE's balance from the same sample at the same time: "
+                    "sampling again from the one it took"
+                )
+                continue
+            # In the sample's transaction: a run that fails here leaves no sample behind.
+            charges = our_side.charges(conn, "kie", since, sampled_at)
+            unpaid = our_side.creates_without_charge(conn, "kie", since, sampled_at)
+        break
+    else:
+        raise SampleRefused(
+            f"kie_spend: {SAMPLE_TRIES} balance samples in a row were refused (other runs sampled KIE's "
+            "balance at the same time); run it again"
+        )
     report = match_kie(
         previous[0] if previous else None, balance, charges, unpaid,
         tolerance_credits=settings().spend_kie_tolerance_credits,
@@ -178,13 +206,20 @@ def kie_spend(
         {
             "balance": dg.MetadataValue.float(balance),
             "sampled_at": dg.MetadataValue.float(sampled_at.timestamp()),
+            "sample": dg.MetadataValue.int(taken.id),
             "window": f"{since.isoformat()} .. {sampled_at.isoformat()}",
         },
     )
 
 
+class SampleRefused(RuntimeError):
+    """Every try at a KIE balance sample was refused: other runs kept extending the chain."""
+
+
 def _previous_sample(instance: dg.DagsterInstance) -> tuple[float, datetime] | None:
-    """The balance and time of the latest sample before this one (any partition)."""
+    """The balance and time of the latest sample Dagster recorded (any partition): where the first
+    sample of ``recon_balance_samples`` starts, so its window follows the samples taken before
+    the table existed."""
     records = instance.fetch_materializations(KIE, limit=1).records
     if not records:
         return None

@@ -36,6 +36,9 @@ def anthropic_spend_hourly(
 anthropic_spend_hourly_job = dg.define_asset_job(
     "anthropic_spend_hourly_job",
     selection=[ANTHROPIC_HOURLY],
+    # One process for the whole run: the connection budget gives each run worker one share
+    # (db/budget.py), and the default executor would give every step a process, and a share, of its own.
+    executor_def=dg.in_process_executor,
     description="Reconciles one hour of Anthropic's usage report against our recorded tokens.",
 )
 

@@ -16,6 +16,9 @@ from recon_dagster.defs.spend.summary import SUMMARY
 spend_reconciliation_job = dg.define_asset_job(
     "spend_reconciliation_job",
     selection=dg.AssetSelection.groups(GROUP),
+    # One process for the whole run: the connection budget gives each run worker one share
+    # (db/budget.py), and the default executor would give every step a process, and a share, of its own.
+    executor_def=dg.in_process_executor,
     description="Reconciles one day's spend at every provider, then the day's summary.",
 )
 
