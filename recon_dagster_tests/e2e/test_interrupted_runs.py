@@ -12,11 +12,11 @@ sensor opens no incident for it.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -26,17 +26,19 @@ import dagster as dg
 import psutil
 import pytest
 from dagster._core.definitions.run_request import InstigatorType
+from dagster._grpc.client import DagsterGrpcClient
 
 from recon_dagster.core.kinds import get_kind
 from recon_dagster.core.paths import project_root
 from recon_dagster.core.runtags import INTERRUPTED_TAG
+from recon_dagster.defs.reconcile.vanished import worker_alive
 from recon_dagster_tests.support.daemon import daemon_process
 from recon_dagster_tests.support.factories import make_job, make_user, reserve
 from recon_dagster_tests.support.harness import spawn_logged, stop_tree, venv_script, wait_for
 from recon_dagster_tests.support.instance import DagsterHome, dagster_home
 from recon_dagster_tests.support.reconcile import one
 from recon_dagster_tests.support.sandbox_process import sandbox_process
-from recon_dagster_tests.support.topology import free_port, grpc_workspace_yaml
+from recon_dagster_tests.support.topology import code_server_process, free_port, grpc_workspace_yaml
 
 pytestmark = pytest.mark.daemon
 
@@ -150,12 +152,16 @@ def _ended(inst: dg.DagsterInstance, first: dg.DagsterRun, daemon: Any, timeout_
     return run
 
 
-def _alert_ticks_after(inst: dg.DagsterInstance, after: float) -> list[Any]:
+def _ticks(inst: dg.DagsterInstance, sensor: str) -> list[Any]:
     for state in inst.all_instigator_state(instigator_type=InstigatorType.SENSOR):
-        if state.instigator_name == "reconcile_alerts":
-            ticks = inst.get_ticks(state.instigator_origin_id, state.selector_id, limit=20)
-            return [t for t in ticks if t.timestamp > after and t.tick_data.cursor is not None]
+        if state.instigator_name == sensor:
+            return list(inst.get_ticks(state.instigator_origin_id, state.selector_id, limit=50))
     return []
+
+
+def _alert_ticks_after(inst: dg.DagsterInstance, after: float) -> list[Any]:
+    ticks = _ticks(inst, "reconcile_alerts")
+    return [t for t in ticks if t.timestamp > after and "open incidents:" in (t.tick_data.skip_reason or "")]
 
 
 def _settled_once(
@@ -194,10 +200,9 @@ def _settled_once(
         what="an alert tick after the failure",
         logs=daemon.log_tail,
     )
-    state = json.loads(ticks[0].tick_data.cursor)
-    assert state["runs"] is not None
-    opened = [key for key in state["open"] if key.startswith("runs:reconcile_job")]
-    assert opened == [], opened
+    # Its skip message ends with the incidents open after the tick: none of reconcile runs.
+    open_now = ticks[0].tick_data.skip_reason.rsplit("open incidents:", 1)[1]
+    assert "runs:reconcile_job" not in open_now, open_now
     # The sensor logs each alert it raises at ERROR, "trigger <incident>: ...": none for these runs.
     assert "trigger runs:reconcile_job" not in daemon.log_tail(500_000)
 
@@ -228,3 +233,52 @@ def test_a_run_whose_worker_is_killed_is_retaken_without_a_page(
         run = _ended(inst, first, daemon, timeout_s=60)
         assert run.status is dg.DagsterRunStatus.FAILURE
         _settled_once(db, job, user, inst, daemon, first)
+
+
+def test_a_worker_is_alive_only_as_the_process_that_began_before_its_run() -> None:
+    me = psutil.Process()
+    assert worker_alive(me.pid, time.time())
+    # The same pid for a process that began after the run did: reused, not the run's worker.
+    assert not worker_alive(me.pid, me.create_time() - 60)
+    assert not worker_alive(None, time.time())
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert not worker_alive(gone.pid, time.time())
+
+
+def test_a_reloaded_code_server_never_gets_its_previous_childs_runs_failed(
+    db, database_url: str, tmp_path: Path
+) -> None:
+    """``dagster code-server start`` answers ``CanCancelExecution`` for its current child only: after
+    a "Reload location" the previous child still works its run, and that run is left to finish."""
+    with sandbox_process(log_dir=tmp_path) as sandbox:
+        user = make_user(db, sub=1000, topup=0)
+        task = sandbox.add_task(KIND, {"outcome": "succeed", "polls_before_done": 0, "latency_s": 75})
+        minutes = get_kind(KIND).stale_threshold.total_seconds() / 60 + 5
+        job = make_job(db, user, provider_kind=KIND, provider_task_id=task, started_minutes_ago=minutes)
+        reserve(db, job, user, Decimal(2))
+        env = {
+            **sandbox.env,
+            "RECON_DATABASE_URL": database_url,
+            "RECON_MEDIA_DIR": str(tmp_path / "media"),
+            "RECON_SENSOR_INTERVAL_S": "1",
+        }
+        with dagster_home(database_url) as home, contextlib.ExitStack() as stack:
+            home.dagster_yaml.write_text((ROOT / "dagster.yaml").read_text())  # as shipped
+            server = stack.enter_context(code_server_process(home, env))
+            daemon = stack.enter_context(daemon_process(home, env))
+            inst = stack.enter_context(home.instance())
+            first, _pid = _first_polling_run(inst, daemon)
+            reloaded = time.time()
+            DagsterGrpcClient(port=server.port, host="127.0.0.1").reload_code(timeout=120)
+            run = _ended(inst, first, daemon, timeout_s=240)
+            ended_at = inst.get_run_record_by_id(run.run_id).end_time
+            # fail_vanished_runs looked while the run still worked in the previous child ...
+            looked = [t for t in _ticks(inst, "fail_vanished_runs") if reloaded < t.timestamp < ended_at]
+            assert looked, "fail_vanished_runs never ticked while the run worked"
+            # ... and left it to its worker, which ran every step to its own end (its 75 s poll
+            # outlives the client's timeout: the run then fails in outage_check, by itself).
+            assert INTERRUPTED_TAG not in run.tags
+            assert run.tags.get("dagster/failure_reason") in (None, "STEP_FAILURE")
+            ends = {e.step_key for e in inst.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_SUCCESS)}
+            assert "claim_and_poll" in ends and "record_outcomes" in ends

@@ -11,8 +11,12 @@ stale-jobs sensor never requests them again.
 This sensor asks the code server at the address the run was launched through (the run's
 ``GRPC_INFO_TAG``) whether it still executes the run (``CanCancelExecution``: the code server's own
 table of its run processes). A code server that answers "not mine" for a run still STARTED has
-been replaced since it launched it: the run is failed (Dagster's ``UNEXPECTED_TERMINATION``, and
-``recon/interrupted`` says why), and the leases it held are released at once, so its jobs are
+been replaced since it launched it. That alone is not enough: ``dagster code-server start`` answers
+for its current child only, and after a "Reload location" the previous child still works the runs
+it started. So the run's worker process (the pid Dagster logged when it started it) must be gone
+too, as this process (the code server, on the host its run workers run on) sees it: no process with
+that pid started before the run did. Then the run is failed (Dagster's ``UNEXPECTED_TERMINATION``,
+and ``recon/interrupted`` says why), and the leases it held are released at once, so its jobs are
 retaken at the stale-jobs sensor's next tick with no attempt counted. An address that does not
 answer is only judged once the run has logged nothing for ``SILENT_S`` (a code server restarting
 answers within seconds; one that never answers again was moved).
@@ -25,11 +29,13 @@ sensor then does nothing.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
+import psutil
 from dagster._core.events import JobFailureData, RunFailureReason
 from dagster._core.launcher import DefaultRunLauncher
 from dagster._core.storage.tags import GRPC_INFO_TAG
@@ -110,6 +116,35 @@ def ask_code_server(run: dg.DagsterRun, last_event_at: float, now: float) -> Ver
     )
 
 
+# What Dagster's run worker logs first: "Started process for run (pid: 1234)."
+_STARTED_PROCESS = re.compile(r"Started process for run \(pid: (\d+)\)\.")
+
+
+def worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
+    """The pid of ``run_id``'s run worker, as Dagster logged it when the worker started."""
+    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT):
+        found = _STARTED_PROCESS.fullmatch(entry.message or "")
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def worker_alive(pid: int | None, started: float) -> bool:
+    """Whether a process with ``pid`` that began before the run (``started``) still lives here; a
+    pid reused by a later process, or a zombie, is not the worker."""
+    if pid is None:
+        return False
+    try:
+        process = psutil.Process(pid)
+        zombie = process.status() == psutil.STATUS_ZOMBIE
+        born: float = process.create_time()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True  # a process is there that we may not inspect: never fail a run on a guess
+    return not zombie and born <= started + 1.0
+
+
 def _last_event_at(instance: dg.DagsterInstance, run_id: str, fallback: float) -> float:
     records = instance.get_records_for_run(run_id, limit=1, ascending=False).records
     return float(records[0].event_log_entry.timestamp) if records else fallback
@@ -133,7 +168,7 @@ def fail_vanished(
         if now - started < GRACE_S:
             continue
         verdict = ask_code_server(run, _last_event_at(instance, run.run_id, started), now)
-        if not verdict.gone:
+        if not verdict.gone or worker_alive(worker_pid(instance, run.run_id), started):
             continue
         # Asked again after the answer: a run that ended meanwhile (its worker finished) is left be.
         current = instance.get_run_by_id(run.run_id)
