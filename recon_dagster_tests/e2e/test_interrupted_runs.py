@@ -91,24 +91,31 @@ class CodeServer:
             stop_tree(self.process, timeout_s=20)
 
 
+def _stale_job(
+    db: Any, sandbox: Any, database_url: str, tmp_path: Path, latency_s: float
+) -> tuple[Any, Any, dict[str, str]]:
+    """One stale KIE job with 2 credits reserved, whose task answers each poll after ``latency_s``;
+    and the environment of the processes that reconcile it."""
+    user = make_user(db, sub=1000, topup=0)
+    task = sandbox.add_task(KIND, {"outcome": "succeed", "polls_before_done": 0, "latency_s": latency_s})
+    minutes = get_kind(KIND).stale_threshold.total_seconds() / 60 + 5
+    job = make_job(db, user, provider_kind=KIND, provider_task_id=task, started_minutes_ago=minutes)
+    reserve(db, job, user, Decimal(2))
+    env = {
+        **sandbox.env,
+        "RECON_DATABASE_URL": database_url,
+        "RECON_MEDIA_DIR": str(tmp_path / "media"),
+        "RECON_SENSOR_INTERVAL_S": "1",
+        "RECON_RECONCILE_CADENCE_S": "1",
+    }
+    return job, user, env
+
+
 @contextlib.contextmanager
 def _topology(db: Any, database_url: str, tmp_path: Path) -> Iterator[tuple[Any, CodeServer, Any, Any, Any]]:
     """The sandbox, one stale KIE job with 2 credits reserved, a code server and the daemon."""
     with sandbox_process(log_dir=tmp_path) as sandbox:
-        user = make_user(db, sub=1000, topup=0)
-        task = sandbox.add_task(
-            KIND, {"outcome": "succeed", "polls_before_done": 0, "latency_s": POLL_LATENCY_S}
-        )
-        minutes = get_kind(KIND).stale_threshold.total_seconds() / 60 + 5
-        job = make_job(db, user, provider_kind=KIND, provider_task_id=task, started_minutes_ago=minutes)
-        reserve(db, job, user, Decimal(2))
-        env = {
-            **sandbox.env,
-            "RECON_DATABASE_URL": database_url,
-            "RECON_MEDIA_DIR": str(tmp_path / "media"),
-            "RECON_SENSOR_INTERVAL_S": "1",
-            "RECON_RECONCILE_CADENCE_S": "1",
-        }
+        job, user, env = _stale_job(db, sandbox, database_url, tmp_path, POLL_LATENCY_S)
         with dagster_home(database_url) as home:
             home.dagster_yaml.write_text((ROOT / "dagster.yaml").read_text())  # as shipped
             server = CodeServer(home, env, free_port())
@@ -212,8 +219,11 @@ def test_a_run_whose_code_server_restarts_under_it_is_failed_and_its_job_retaken
 ) -> None:
     with _topology(db, database_url, tmp_path) as (job, server, daemon, inst, user):
         first, pid = _first_polling_run(inst, daemon)
-        leased = one(db, "SELECT reconcile_lease_owner FROM jobs WHERE id = :j", j=job)
-        assert leased is not None
+        # The run holds the job's lease (claimed at the start of its step) when its server goes.
+        wait_for(
+            lambda: one(db, "SELECT reconcile_lease_owner FROM jobs WHERE id = :j", j=job) is not None,
+            timeout_s=30, interval_s=0.2, what="the run's lease on its job", logs=daemon.log_tail,
+        )  # fmt: skip
         server.restart()
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
         # Without fail_vanished_runs the run stays STARTED for good (nothing records its end).
@@ -252,17 +262,7 @@ def test_a_reloaded_code_server_never_gets_its_previous_childs_runs_failed(
     """``dagster code-server start`` answers ``CanCancelExecution`` for its current child only: after
     a "Reload location" the previous child still works its run, and that run is left to finish."""
     with sandbox_process(log_dir=tmp_path) as sandbox:
-        user = make_user(db, sub=1000, topup=0)
-        task = sandbox.add_task(KIND, {"outcome": "succeed", "polls_before_done": 0, "latency_s": 75})
-        minutes = get_kind(KIND).stale_threshold.total_seconds() / 60 + 5
-        job = make_job(db, user, provider_kind=KIND, provider_task_id=task, started_minutes_ago=minutes)
-        reserve(db, job, user, Decimal(2))
-        env = {
-            **sandbox.env,
-            "RECON_DATABASE_URL": database_url,
-            "RECON_MEDIA_DIR": str(tmp_path / "media"),
-            "RECON_SENSOR_INTERVAL_S": "1",
-        }
+        job, _user, env = _stale_job(db, sandbox, database_url, tmp_path, 75)
         with dagster_home(database_url) as home, contextlib.ExitStack() as stack:
             home.dagster_yaml.write_text((ROOT / "dagster.yaml").read_text())  # as shipped
             server = stack.enter_context(code_server_process(home, env))
