@@ -29,13 +29,13 @@ sensor then does nothing.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
-import psutil
 from dagster._core.events import JobFailureData, RunFailureReason
 from dagster._core.launcher import DefaultRunLauncher
 from dagster._core.storage.tags import GRPC_INFO_TAG
@@ -131,18 +131,36 @@ def worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
 
 def worker_alive(pid: int | None, started: float) -> bool:
     """Whether a process with ``pid`` that began before the run (``started``) still lives here; a
-    pid reused by a later process, or a zombie, is not the worker."""
+    pid reused by a later process, or a zombie, is not the worker. Read from ``/proc`` (the
+    runtime does not ship psutil); where there is none, a process with that pid counts as alive."""
     if pid is None:
         return False
     try:
-        process = psutil.Process(pid)
-        zombie = process.status() == psutil.STATUS_ZOMBIE
-        born: float = process.create_time()
-    except psutil.NoSuchProcess:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
-    except psutil.AccessDenied:
-        return True  # a process is there that we may not inspect: never fail a run on a guess
-    return not zombie and born <= started + 1.0
+    except PermissionError:
+        return True  # a process is there that we may not signal: never fail a run on a guess
+    born = _proc_start(pid)
+    if born is None:
+        return True
+    state, at = born
+    return state != "Z" and at <= started + 1.0
+
+
+def _proc_start(pid: int) -> tuple[str, float] | None:
+    """(state, start time in epoch seconds) of ``pid`` from ``/proc``; None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # The command name (field 2) may hold spaces and parentheses: fields after its last ")".
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/stat") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith("btime "))
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    # After the name: state is field 3, starttime (clock ticks since boot) field 22.
+    return fields[0], boot + int(fields[19]) / ticks
 
 
 def _last_event_at(instance: dg.DagsterInstance, run_id: str, fallback: float) -> float:
