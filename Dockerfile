@@ -47,7 +47,11 @@ COPY --from=wheel /wheels /tmp/wheels
 # The locked dependencies first (hashes required, wheels only), then the project's wheel on top of
 # them without resolving anything again; `pip check` fails the build if the two disagree.
 # dagster-k8s (the `k8s` extra): runs launched as Kubernetes jobs load the instance in this image.
-RUN pip install --no-cache-dir --require-hashes --only-binary=:all: -r /tmp/wheels/requirements.txt \
+# First the pip of deploy/pip.txt, by its hash: a pip before 23.3 refuses the lock's gql[requests]
+# in --require-hashes mode, and the base image's pip is whatever the image ships.
+RUN printf 'pip==24.0 --hash=sha256:ba0d021a166865d2265246961bec0152ff124de910c5cc39f1156ce3fa7c69dc\n' > /tmp/pip.txt \
+    && pip install --no-cache-dir --require-hashes --only-binary=:all: -r /tmp/pip.txt \
+    && pip install --no-cache-dir --require-hashes --only-binary=:all: -r /tmp/wheels/requirements.txt \
     && pip install --no-cache-dir --no-deps /tmp/wheels/recon_dagster-*.whl \
     && pip check \
     && rm -rf /tmp/wheels \

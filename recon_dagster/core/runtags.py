@@ -46,6 +46,10 @@ ROLE_TAG = f"{HIDDEN}recon-role"  # reconcile, sweep, plan, explain, operator
 # Set on a reconcile run that rescheduled jobs whose polls its account's limiter never let out
 # (their count): the run claimed them but left no attempt on them (the sensor's ``fresh_keys``).
 NOT_SENT_TAG = f"{HIDDEN}recon-not-sent"
+# Visible on a run that ended because its run worker went away (a code server restarted under it,
+# its process killed): why, in a few words. Such a run is not the provider's or the data's failure
+# (``recon_dagster.defs.alerts.interrupted``); ``fail_vanished_runs`` sets it on the runs it ends.
+INTERRUPTED_TAG = "recon/interrupted"
 
 
 def kind_tags(kind: str) -> dict[str, str]:

@@ -430,6 +430,7 @@ def test_the_outcome_assets_say_every_reconcile_run_writes_them_and_nothing_auto
     assert {s.name for s in repo.sensor_defs} == {
         "stale_inflight_jobs_sensor",
         "release_failed_run_leases",
+        "fail_vanished_runs",
         "reconcile_alerts",
         "provider_health_at_startup",
     }

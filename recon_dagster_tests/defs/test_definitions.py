@@ -29,6 +29,7 @@ def test_definitions_load_with_every_job_sensor_and_schedule():
     assert {s.name for s in repo.sensor_defs} == {
         "stale_inflight_jobs_sensor",
         "release_failed_run_leases",
+        "fail_vanished_runs",
         "reconcile_alerts",
         "provider_health_at_startup",
     }

@@ -2,8 +2,11 @@
 ``systemd-analyze verify`` (their executables stubbed), start the processes with no shell in between
 and stop the whole group, and keep gRPC between the processes off the egress proxy (lowercase
 ``no_proxy`` and ``no_grpc_proxy`` too); the Docker quick start's compose file puts every service on
-one network with a media volume the image's user owns. ``docker compose config`` is not run: the
-Docker client here has no compose plugin, and the images cannot be built offline."""
+one network with a media volume the image's user owns, and the compose file is valid against the
+Compose Specification's JSON schema (``check-jsonschema``'s vendored ``compose-spec``, a dev
+dependency). ``docker compose config`` runs only where the compose plugin is installed (not here:
+the Docker client has none, and Debian 12's ``docker-compose`` 1.29.2 predates the top-level
+``name`` key the file uses); the images cannot be built offline."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import pytest
 import yaml
 
 from recon_dagster.core.paths import project_root
+from recon_dagster_tests.support.harness import venv_script
 
 ROOT = project_root() or Path(__file__).resolve().parents[2]
 UNITS = sorted((ROOT / "deploy" / "systemd").glob("*.service"))
@@ -104,3 +108,28 @@ def test_the_compose_quick_start_shares_one_network_and_a_media_volume_the_image
             capture_output=True, text=True, cwd=ROOT / "deploy", env={**os.environ},
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
+
+
+def _compose_schema_errors(path: Path) -> str | None:
+    """None when ``path`` is valid against the Compose Specification's schema, else the errors."""
+    done = subprocess.run(
+        [venv_script("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return None if done.returncode == 0 else done.stdout + done.stderr
+
+
+def test_the_compose_file_is_valid_against_the_compose_specification(tmp_path: Path) -> None:
+    compose = ROOT / "deploy" / "docker-compose.yaml"
+    assert _compose_schema_errors(compose) is None, _compose_schema_errors(compose)
+    # The check is no rubber stamp: a misspelt key, a port as a mapping, a bad depends_on condition.
+    text = compose.read_text()
+    for good, bad in [
+        ("    stop_grace_period: 60s", "    stop_grace_periood: 60s"),
+        ('      - "127.0.0.1:3000:3000"', "      - {published: 3000, bogus: 1}"),
+        ("service_completed_successfully", "service_done"),
+    ]:
+        assert good in text
+        broken = tmp_path / "docker-compose.yaml"
+        broken.write_text(text.replace(good, bad))
+        assert _compose_schema_errors(broken) is not None, bad

@@ -94,6 +94,15 @@ def test_an_unwritable_media_store_never_costs_the_job_an_attempt_nor_refunds_it
 
     text = to_text(load_story(db, job), None)
     assert "1 stopped by a fault of ours (not counted)" in text and "#-   our_fault" in text
+    # The run's own line for the job says no attempt was counted, never "attempt <n>".
+    lines = [
+        line
+        for run in instance.get_runs(filters=dg.RunsFilter(job_name="reconcile_job"))
+        for entry in instance.all_logs(run.run_id)
+        for line in (entry.user_message or "").splitlines()
+        if line.startswith(f"job {job} ")
+    ]
+    assert lines and all(" no attempt counted: our_fault - " in line for line in lines), lines
 
     # The folder fixed: the next attempt completes the job, charged once.
     _due_now(db, job)

@@ -189,7 +189,8 @@ def _owed_from(pending: list[dict[str, Any]]) -> list[Owed]:
     "excepted) opens an incident; one alert when it opens, one when it turns green, to Slack, PagerDuty "
     f"(dedup_key per check and provider), Microsoft Teams, a JSON webhook ({PREFIX}ALERT_* settings) and "
     f"{Settings.alert_hook.name}. A reconcile run failed by its provider's outage belongs to that provider's "
-    "health incident. With no target set, each alert is logged here.",
+    "health incident; a run whose worker went away (a deploy) pages only when such runs keep dying. "
+    "With no target set, each alert is logged here.",
 )
 @timed_tick("reconcile_alerts")
 def reconcile_alerts(

@@ -12,6 +12,10 @@
   (``recon/outcome=provider_outage``) is evidence for that provider's health incident and never a
   page of its own: the run evaluated the provider's health check just before it failed, and that
   check (DOWN from ``RECON_HEALTH_MIN_JOBS`` distinct jobs) is the one provider-outage alert.
+- **Runs whose worker went away** (a code server restarted under them, a worker killed; the
+  ``interrupted`` module) are a deploy's, not a provider's: no signal, unless runs of the same job
+  and provider have kept dying that way for ten minutes with none succeeding (a restart loop),
+  which opens (once) the same incident a failing run does.
 - **Recovery of failing runs**: an open run incident resolves once a later run of the same job
   (and provider) succeeds.
 """
@@ -29,6 +33,7 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from recon_dagster.alerting.incidents import Severity, Signal
 from recon_dagster.core.runtags import KIND_TAG, OUTCOME_TAG, PROVIDER_TAG, ROLE_TAG
 from recon_dagster.defs.alerts.check_records import RunReader, evaluated_by_its_run, partitions_of
+from recon_dagster.defs.alerts.interrupted import interrupted_reason, loop_line, restart_loop
 from recon_dagster.reconcile.verdict import PROVIDER_OUTAGE
 
 HEALTH_ASSET = "provider_health"
@@ -253,18 +258,27 @@ def read_failed_runs(
         run = instance.get_run_by_id(entry.run_id)
         if run is None or run.job_name not in job_names:
             continue
+        # A run whose worker went away (a deploy) pages only when such runs keep dying (``interrupted``).
+        interrupted = interrupted_reason(instance, run)
+        loop = restart_loop(instance, run, float(entry.timestamp)) if interrupted else None
+        if interrupted and loop is None:
+            continue
         steps = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
         reason = failure_reason([e.dagster_event for e in steps if e.dagster_event], entry.message)
         provider = run.tags.get(PROVIDER_TAG)
         outage = run.tags.get(OUTCOME_TAG) == PROVIDER_OUTAGE and provider
         label = run.tags.get(KIND_TAG) or provider
+        if loop is not None:
+            reason = loop_line(loop, float(entry.timestamp), interrupted, reason)
         signals.append(
             Signal(
                 key=runs_incident(run.job_name, provider),
                 failing=True,
                 title=f"{provider} is not answering: reconcile runs fail"
                 if outage
-                else f"{run.job_name} runs fail" + (f" ({label})" if label else ""),
+                else f"{run.job_name} runs "
+                + ("keep dying before they finish" if loop is not None else "fail")
+                + (f" ({label})" if label else ""),
                 summary=f"{reason} (run {run.run_id[:8]})",
                 at=float(entry.timestamp),
                 provider=provider,

@@ -7,9 +7,10 @@ from recon_dagster.defs.reconcile.failed_runs import release_failed_run_leases
 from recon_dagster.defs.reconcile.jobs import reconcile_job, sync_sweep_job
 from recon_dagster.defs.reconcile.schedules import sync_sweep_schedule
 from recon_dagster.defs.reconcile.sensors import stale_inflight_jobs_sensor
+from recon_dagster.defs.reconcile.vanished import fail_vanished_runs
 
 defs = dg.Definitions(
     jobs=[reconcile_job, sync_sweep_job],
-    sensors=[stale_inflight_jobs_sensor, release_failed_run_leases],
+    sensors=[stale_inflight_jobs_sensor, release_failed_run_leases, fail_vanished_runs],
     schedules=[sync_sweep_schedule],
 )

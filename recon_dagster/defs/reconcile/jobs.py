@@ -100,6 +100,7 @@ class _OutcomeLog:
     GROUP = 50
     MAX_DELAY_S = 5.0
     WARN = (Outcome.ERROR, Outcome.EXHAUSTED)
+    UNCOUNTED = (Outcome.NOT_SENT, Outcome.OUR_FAULT)
 
     def __init__(self, context: dg.OpExecutionContext) -> None:
         self._context = context
@@ -109,8 +110,10 @@ class _OutcomeLog:
         self._since = time.monotonic()
 
     def __call__(self, o: JobOutcome) -> None:
+        # A poll never sent and a failure of ours count no attempt: the line must not say one was made.
+        counted = "no attempt counted" if o.outcome in self.UNCOUNTED else f"attempt {o.attempt}"
         line = (
-            f"job {o.job_id} [{o.provider_kind or 'no kind'}] attempt {o.attempt}: "
+            f"job {o.job_id} [{o.provider_kind or 'no kind'}] {counted}: "
             f"{o.outcome.value} - {o.detail} ({o.duration_ms}ms)"
         )
         with self._lock:
