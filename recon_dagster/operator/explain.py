@@ -110,7 +110,8 @@ class CreateEntry:
     def line(self, named: str | None) -> str:
         task = self.task_id or "no task id"
         if self.task_id and self.task_id == named:
-            became = "the job's task"
+            # A failed job's task is stopped upstream or followed by the sweep: say which.
+            became = "the job's task" + (f", {self.fate}" if self.fate and self.fate != "attached" else "")
         else:
             became = self.fate or ("not judged yet" if self.task_id else "-")
         why = f" ({self.detail})" if self.detail and not self.task_id else ""

@@ -135,7 +135,9 @@ def test_the_launchpad_jobs_record_the_operator_and_the_run_and_fail_a_terminal_
     assert res.success and job_row(db, job)["status"] == "failed"
     [event] = _events(db, job, FAIL)
     assert event.run_id == res.run_id
-    assert event.detail == f"by erin (Dagster run {res.run_id[:8]}): dead task"
+    # Then what became of its task upstream: KIE cannot cancel, the orphan sweep follows it.
+    assert event.detail.startswith(f"by erin (Dagster run {res.run_id[:8]}): dead task; upstream task ")
+    assert "kie cannot cancel it; handed to the orphan sweep" in event.detail
     assert (
         f"operator_failed by erin (Dagster run {res.run_id[:8]}): dead task"
         in job_row(db, job)["error_message"]

@@ -25,6 +25,7 @@ from recon_dagster.db.timestamps import readable, readable_ts
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.operator.actions import Done, OperatorError, fail_now, retry_now
 from recon_dagster.operator.explain import ui_base_url
+from recon_dagster.providers import ProvidersResource
 
 STUCK = dg.AssetKey("stuck_jobs")
 TABLE_ROWS = 100
@@ -235,14 +236,20 @@ def retry_now_op(
 
 @dg.op(out=dg.Out(dict))
 def fail_and_refund_now_op(
-    context: dg.OpExecutionContext, config: OperatorActionConfig, database: DatabaseResource
+    context: dg.OpExecutionContext,
+    config: OperatorActionConfig,
+    database: DatabaseResource,
+    providers: ProvidersResource,
 ) -> dict[str, Any]:
-    """Fail the job and refund its credits (guarded: refused on a terminal job)."""
+    """Fail the job and refund its credits (guarded: refused on a terminal job); its upstream task
+    is cancelled where the provider can, else handed to the orphan sweep (the result says which)."""
     engine = database.get_engine()
     return _act(
         context,
         config,
-        lambda who: fail_now(engine, config.job_id, who=who, reason=config.reason, run_id=context.run_id),
+        lambda who: fail_now(
+            engine, config.job_id, who=who, reason=config.reason, run_id=context.run_id, providers=providers
+        ),
     )
 
 
@@ -261,7 +268,8 @@ def retry_job_now() -> None:
     description="Fail one in-flight job and refund its credits: set ops.fail_and_refund_now_op.config "
     "job_id, operator (your name: Dagster OSS has no users) and reason. The Launchpad keeps your last "
     "config: check the job id before you launch. Refused on a terminal job; recorded in "
-    "reconcile_events with who, why and this run.",
+    "reconcile_events with who, why and this run. Its upstream task is cancelled where the provider "
+    "can, else handed to the orphan sweep (the run's result and the job's story say which).",
     tags={ROLE_TAG: "operator"},
 )
 def fail_and_refund_job() -> None:
