@@ -244,7 +244,8 @@ def test_an_operator_fail_racing_a_run_that_finalizes_settles_the_job_exactly_on
 def test_stuck_jobs_lists_attempt_n_of_max_next_attempt_lease_and_last_upstream_answer(
     db, instance, media_dir, sandbox
 ):
-    _, job = _stuck(db, sandbox, attempts=3)
+    # Stuck: its provider gives no answer (a job whose poll says it still runs is not listed).
+    _, job = _stuck(db, sandbox, Scenario(server_error_first=1_000_000), attempts=3)
     tick(make_defs(media_dir), instance)
 
     [row] = [r for r in _rows(db) if r["job_id"] == str(job)]
@@ -259,7 +260,7 @@ def _rows(db):
 
 
 def test_the_health_job_materializes_stuck_jobs_with_its_table(db, instance, media_dir, sandbox):
-    _, job = _stuck(db, sandbox, attempts=3)
+    _, job = _stuck(db, sandbox, Scenario(server_error_first=1_000_000), attempts=3)
     defs = make_defs(media_dir)
     tick(defs, instance)
 
