@@ -158,3 +158,14 @@ def test_through_reconcile_runs_a_running_job_is_not_stuck_and_a_down_one_is(
             {"j": str(running)},
         )
     assert "not polled since" in _listed(db)[str(running)]["why"]
+
+
+@pytest.mark.parametrize(("minutes_ago", "stuck"), [(0.5, False), (1.9, False), (2.5, True)])
+def test_at_a_short_cadence_a_job_polled_within_two_minutes_is_not_stuck(db, minutes_ago, stuck):
+    """A sensor tick and a run's launch take their time: at a 10 s cadence the grace is 2 minutes."""
+    short = StuckRule(cap=MAX_ATTEMPTS, cadence_s=10)
+    job = _job(db, make_user(db), attempts=3)
+    _event(db, job, "still_running", "answered", minutes_ago)
+    with db.connect() as conn:
+        listed = {r["job_id"] for r in stuck_rows(conn, rule=short)}
+    assert (str(job) in listed) is stuck

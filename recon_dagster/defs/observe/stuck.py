@@ -93,17 +93,20 @@ class StuckRule:
 
     A job past its kind's stale threshold is worked by the reconciler at the cadence; it runs as it
     should while its newest attempt got the provider's answer that the task still runs, that answer
-    is under ``grace`` old (two cadences: a poll was made on time), and it has more than ``near``
+    is under ``grace`` old (two cadences, at least 2 minutes: a poll was made on time), and it has more than ``near``
     attempts before the cap. A job not worked yet is fine for ``grace`` past its threshold. Every
     other in-flight job past its threshold is stuck, and says why (``WHY``)."""
 
     cap: int
     cadence_s: float
     near: int = 2
+    # A poll is not made the instant it is due (a sensor tick, a run's launch): at a short cadence
+    # two cadences would call a job worked on time "not polled".
+    min_grace_s: float = 120.0
 
     @property
     def grace_s(self) -> float:
-        return 2 * self.cadence_s
+        return max(2 * self.cadence_s, self.min_grace_s)
 
     @classmethod
     def configured(cls) -> "StuckRule":
@@ -271,7 +274,7 @@ def _markdown(rows: list[dict[str, Any]], base: str | None = None) -> str:
     key=STUCK,
     group_name="reconciliation",
     description="Stuck in-flight jobs (the retries tab): past their stale threshold and not running as "
-    "they should (the provider did not answer the last poll, not polled for two cadences, within 2 "
+    "they should (the provider did not answer the last poll, not polled for two cadences or 2 min, within 2 "
     "attempts of the cap, not reached, an unusable result); a job whose last poll, on time, said it "
     "still runs is counted in running_fine, not listed. Each row: why, attempt n/max, next attempt, "
     "lease holder, the last reason. Act on one from the Launchpad with retry_job_now or "
