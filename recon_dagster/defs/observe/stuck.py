@@ -120,7 +120,8 @@ class StuckRule:
 def _why(r: Any, rule: StuckRule) -> str:
     """Why the row is stuck, in words (the ``why`` column)."""
     code = r["stuck_why"]
-    ago = f"{int(r['last_min'])} min ago" if r["last_min"] is not None else "never"
+    minutes = None if r["last_min"] is None else int(r["last_min"])
+    ago = "never" if minutes is None else "under a minute ago" if minutes < 1 else f"{minutes} min ago"
     if code == "near_cap":
         left = max(rule.cap - int(r["reconcile_attempts"]), 0)
         return f"{left} attempt(s) before the cap force-fails and refunds it"
