@@ -244,3 +244,24 @@ def test_the_cap_cancels_its_task_and_stuck_jobs_lists_only_the_stuck(console: C
     console.shot("outage-stuck-jobs-only-stuck")
     assert all(str(j) in shown for j in seeded["replicate_down"]), shown
     assert not [j for j in seeded["replicate_up"] if str(j) in shown], shown
+
+
+def test_a_stuck_rows_story_is_one_click_away_without_a_run(console: Console, outage: dict):
+    """Item 7: stuck_jobs → [Show Markdown] → a row's "story" link: the job's job_story page."""
+    down = outage["seeded"]["replicate_down"][0]
+    page = console.open("/assets/stuck_jobs", wait_text="running_fine")
+    page.get_by_text("[Show Markdown]", exact=False).first.click()
+    page.get_by_text(str(down), exact=False).first.wait_for(timeout=60_000)
+    # The markdown table in the dialog (the page behind it has the sortable table, links as text).
+    row = page.get_by_role("dialog").locator("tr", has_text=str(down)).first
+    row.get_by_role("link", name="story").click()
+    page.get_by_text("upstream said last", exact=False).first.wait_for(timeout=60_000)
+    page.get_by_text("HTTP 503", exact=False).first.wait_for(timeout=30_000)
+    assert str(down) in page.url and "job_story" in page.url
+    console.shot("outage-job-story-from-stuck-row")
+    # The force-failed job's page: its task cancelled at fal, on the story behind one click.
+    cap = outage["seeded"]["fal_cap"]
+    page = console.open(f"/assets/job_story?view=partitions&partition={cap}", wait_text="upstream said last")
+    page.get_by_text("[Show Markdown]", exact=False).first.click()
+    page.get_by_text("the job's task, cancelled", exact=False).first.wait_for(timeout=60_000)
+    console.shot("outage-job-story-cap")

@@ -25,6 +25,7 @@ from recon_dagster.core.runtags import ACTION_JOB_TAG, JOB_TAG_PREFIX, JOB_TAG_V
 from recon_dagster.core.text import short_reason
 from recon_dagster.db.jobs import _threshold_case
 from recon_dagster.db.timestamps import readable, readable_ts
+from recon_dagster.defs.explain.stories import record_stories, story_url
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.operator.actions import OPERATOR_OUTCOMES, Done, OperatorError, fail_now, retry_now
 from recon_dagster.operator.explain import ui_base_url
@@ -199,7 +200,7 @@ _COLUMNS = (
     ("lease", "string", "who holds it now"),
     ("last_reason", "string", "what upstream said, or why the result was unusable"),
     ("runs", "string", "its runs: the Runs page filtered by its tag"),
-    ("story", "string", "its story: recon-dagster explain"),
+    ("story", "string", "its story: its job_story page (also `recon-dagster explain JOB_ID`)"),
 )
 
 
@@ -218,7 +219,7 @@ def stuck_table(rows: list[dict[str, Any]], base: str | None) -> dg.TableMetadat
                     "lease": r["lease"],
                     "last_reason": r["last_upstream"],
                     "runs": runs_link(r["job_id"], base),
-                    "story": f"recon-dagster explain {r['job_id']}",
+                    "story": story_url(r["job_id"], base),
                 }
             )
             for r in rows
@@ -263,9 +264,9 @@ def report_stuck(context: dg.OpExecutionContext, database: DatabaseResource) -> 
 def _markdown(rows: list[dict[str, Any]], base: str | None = None) -> str:
     if not rows:
         return "_no stuck job: every in-flight job past its threshold runs as it should_"
-    head = "| job_id | kind | attempt | why stuck | next attempt | lease | last reason (what upstream said, or why the result was unusable) | runs |\n|---|---|---|---|---|---|---|---|"
+    head = "| job_id | kind | attempt | why stuck | next attempt | lease | last reason (what upstream said, or why the result was unusable) | runs | story |\n|---|---|---|---|---|---|---|---|---|"
     body = [
-        f"| {r['job_id']} | {r['provider_kind']} | {r['attempt']} | {r['why']} | {r['next_attempt']} | {r['lease']} | {r['last_upstream']} | [runs]({runs_link(r['job_id'], base)}) |"
+        f"| {r['job_id']} | {r['provider_kind']} | {r['attempt']} | {r['why']} | {r['next_attempt']} | {r['lease']} | {r['last_upstream']} | [runs]({runs_link(r['job_id'], base)}) | [story]({story_url(r['job_id'], base)}) |"
         for r in rows
     ]
     return "\n".join([head, *body])
@@ -323,6 +324,7 @@ def _act(
     context: dg.OpExecutionContext,
     config: OperatorActionConfig,
     act: Callable[[str], Done],
+    engine: sa.Engine,
 ) -> dict[str, Any]:
     who = _who(context, config)
     try:
@@ -336,6 +338,7 @@ def _act(
     except Exception as exc:  # the action is done and recorded; a tag is a convenience
         context.log.warning(f"could not tag this run with {tags}: {exc}")
     context.log.info(f"{done.line} by {who}")
+    record_stories(context, engine, [done.job_id])  # the action on the job's page at once
     return {"job_id": str(done.job_id), "result": done.line, "by": who}
 
 
@@ -349,6 +352,7 @@ def retry_now_op(
         context,
         config,
         lambda who: retry_now(engine, config.job_id, who=who, why=config.reason, run_id=context.run_id),
+        engine,
     )
 
 
@@ -368,6 +372,7 @@ def fail_and_refund_now_op(
         lambda who: fail_now(
             engine, config.job_id, who=who, reason=config.reason, run_id=context.run_id, providers=providers
         ),
+        engine,
     )
 
 
