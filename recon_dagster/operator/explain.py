@@ -455,14 +455,14 @@ def _no_attempts(story: JobStory) -> str:
 
 def numbers(story: JobStory) -> list[str]:
     """Each story row's number: its attempt (``#n``: what the cap counts), ``op n`` for the n-th
-    operator action, ``-`` for a poll never sent or a fault of ours (neither is an attempt)."""
+    operator action, ``#-`` for a poll never sent or a fault of ours (neither is an attempt)."""
     out, ops = [], 0
     for a in story.attempts:
         if a.by_operator:
             ops += 1
             out.append(f"op {ops}")
         else:
-            out.append(f"#{a.attempt}" if a.counted else "-")
+            out.append(f"#{a.attempt}" if a.counted else "#-")
     return out
 
 
@@ -499,7 +499,7 @@ def to_text(story: JobStory, base_url: str | None) -> str:
     out.append(f"attempts ({counted}):" if story.attempts else f"attempts: {_no_attempts(story)}")
     for a, number in zip(story.attempts, numbers(story), strict=True):
         run = run_url(a.run_id, base_url) if a.run_id else f"run key {a.run_key} (run not found)"
-        out.append(f"  {_ts(a.at)}  {number:<5} {a.outcome:<13} {a.detail or '-'}")
+        out.append(f"  {_ts(a.at)}  {number:<4} {a.outcome:<13} {a.detail or '-'}")
         out.append(f"  {'':19}        run: {run}")
     if story.creates:
         out += ["", "upstream creates (the create ledger):", *(f"  {line}" for line in create_lines(story))]

@@ -199,7 +199,7 @@ def test_operator_actions_are_numbered_apart_from_reconcile_attempts(db, instanc
     assert ex.numbers(story) == ["#1", "op 1", "#2", "op 2"]
     text = ex.to_text(story, None)
     assert "attempts (2, and 2 operator action(s)" in text
-    assert "op 1  operator_retry" in text and "op 2  operator_fail" in text
+    assert "op 1 operator_retry" in text and "op 2 operator_fail" in text
     markdown = ex.to_markdown(story, None)
     assert "| op 2 | operator_fail |" in markdown and "| #2 | still_running |" in markdown
     rows = ex.to_json(story, None)["attempts"]
