@@ -15,6 +15,8 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -55,6 +57,28 @@ class Seeded:
     job_ids: list[str]
     users: list[str]
     expected: Counter[str]  # expected terminal status -> count
+
+
+@contextmanager
+def throwaway_database() -> Iterator[str]:
+    """A new database on the configured server (or the embedded one), its URL; dropped on the way
+    out, every engine of this process disposed first."""
+    import secrets
+
+    from recon_dagster.db.engine import dispose_engines, resolve_database_url, with_database
+
+    server_url = resolve_database_url(allow_embedded=True)
+    name = f"recon_bench_{secrets.token_hex(4)}"
+    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield with_database(server_url, name)
+    finally:
+        dispose_engines()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
 
 
 def log(message: str) -> None:

@@ -202,7 +202,14 @@ def _operator_action(args: argparse.Namespace, action: str) -> int:
         if action == "retry":
             done = retry_now(engine, args.job_id, who=os_user(), why=args.reason or "")
         else:
-            done = fail_now(engine, args.job_id, who=os_user(), reason=args.reason)
+            from recon_dagster.providers import providers_from_env
+
+            # Its upstream task is cancelled where the provider can (else handed to the orphan sweep).
+            providers = providers_from_env()
+            try:
+                done = fail_now(engine, args.job_id, who=os_user(), reason=args.reason, providers=providers)
+            finally:
+                providers.close()
     except OperatorError as exc:
         raise CliError(str(exc), f"see `recon-dagster explain {args.job_id}`") from None
     print(f"{action}: {done.line}")

@@ -63,11 +63,15 @@ class Fate(StrEnum):
     CANCEL_REFUSED = "cancel_refused"
     # ... or answered that it had already ended (fal's ALREADY_COMPLETED): it may have succeeded.
     ALREADY_ENDED = "already_ended"
+    # Its job was force-failed while the task may still run, and no cancel was made then (the
+    # provider did not answer, or was not asked during an outage): the sweep cancels it
+    # (``reconcile.stop_upstream``).
+    HANDED_TO_SWEEP = "handed_to_sweep"
 
 
 # Fates that are not an end: the sweep keeps following such a task (listed or polled) until it
 # ends, then judges that end like any orphan's (``orphan_billed`` or ``ended``).
-FOLLOWED = frozenset({Fate.CANCEL_REFUSED, Fate.ALREADY_ENDED})
+FOLLOWED = frozenset({Fate.CANCEL_REFUSED, Fate.ALREADY_ENDED, Fate.HANDED_TO_SWEEP})
 
 
 @dataclass(frozen=True)

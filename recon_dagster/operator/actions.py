@@ -16,6 +16,7 @@ import getpass
 import os
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -24,6 +25,7 @@ from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.operator.modes import shadow_modes
 from recon_dagster.reconcile.finalize import fail_and_refund
+from recon_dagster.reconcile.stop_upstream import stop_task
 
 RETRY = "operator_retry"
 FAIL = "operator_fail"
@@ -163,10 +165,20 @@ def retry_now(
 
 
 def fail_now(
-    engine: sa.Engine, job_id: str | uuid.UUID, *, who: str, reason: str, run_id: str | None = None
+    engine: sa.Engine,
+    job_id: str | uuid.UUID,
+    *,
+    who: str,
+    reason: str,
+    run_id: str | None = None,
+    providers: Any | None = None,
 ) -> Done:
     """Fail an in-flight job and refund its reservation, through the guarded ``fail_and_refund``;
-    refused (nothing written) when the job is already terminal."""
+    refused (nothing written) when the job is already terminal.
+
+    Once the fail has won, the task the job names is stopped upstream (``stop_upstream``): cancelled
+    through ``providers`` where the provider can, else handed to the orphan sweep; the line and
+    the job's story say which. Without ``providers`` it is handed to the sweep."""
     jid = _job_id(job_id)
     reason = " ".join(reason.split())[:MAX_REASON]
     if not reason:
@@ -179,6 +191,8 @@ def fail_now(
     if not fail_and_refund(engine, jid, f"operator_failed by {who}: {reason}"):
         with engine.connect() as conn:
             raise _refuse(conn, jid, "fail")  # a run settled it first
+    stopped = stop_task(engine, providers, row, cancel_now=True)
+    upstream = f"; {stopped.line}" if stopped is not None else ""
     with engine.begin() as conn:
-        _record(conn, row, FAIL, who, reason, run_id)
-    return Done(jid, f"job {jid} failed and its reserved credits refunded ({reason})")
+        _record(conn, row, FAIL, who, f"{reason}{upstream}", run_id)
+    return Done(jid, f"job {jid} failed and its reserved credits refunded ({reason}){upstream}")

@@ -25,6 +25,7 @@ from recon_dagster.core.runtags import RUN_KEY_TAG
 from recon_dagster.db import ledger
 from recon_dagster.db.jobs import readable, readable_ts, unreadable_columns
 from recon_dagster.db.retention import Pruned, pruned_of
+from recon_dagster.operator.actions import OPERATOR_OUTCOMES
 from recon_dagster.reconcile.decide import Outcome, not_sent_reason
 
 UI_URL_ENV = Settings.dagster_ui_url.name
@@ -59,9 +60,15 @@ class Attempt:
         return self.outcome == Outcome.NOT_SENT.value
 
     @property
+    def by_operator(self) -> bool:
+        """An operator's action (retry, fail, adopt, cancel): numbered apart, never an attempt."""
+        return self.outcome in OPERATOR_OUTCOMES
+
+    @property
     def counted(self) -> bool:
-        """Whether this was an attempt: a poll never sent and a fault of ours are not."""
-        return self.outcome not in (Outcome.NOT_SENT.value, Outcome.OUR_FAULT.value)
+        """Whether this was an attempt: a poll never sent, a fault of ours and an operator's
+        action are not."""
+        return self.outcome not in (Outcome.NOT_SENT.value, Outcome.OUR_FAULT.value) and not self.by_operator
 
     @property
     def not_sent_reason(self) -> str | None:
@@ -110,7 +117,8 @@ class CreateEntry:
     def line(self, named: str | None) -> str:
         task = self.task_id or "no task id"
         if self.task_id and self.task_id == named:
-            became = "the job's task"
+            # A failed job's task is stopped upstream or followed by the sweep: say which.
+            became = "the job's task" + (f", {self.fate}" if self.fate and self.fate != "attached" else "")
         else:
             became = self.fate or ("not judged yet" if self.task_id else "-")
         why = f" ({self.detail})" if self.detail and not self.task_id else ""
@@ -445,14 +453,26 @@ def _no_attempts(story: JobStory) -> str:
     return "never reconciled"
 
 
+def numbers(story: JobStory) -> list[str]:
+    """Each story row's number: its attempt (``#n``: what the cap counts), ``op n`` for the n-th
+    operator action, ``#-`` for a poll never sent or a fault of ours (neither is an attempt)."""
+    out, ops = [], 0
+    for a in story.attempts:
+        if a.by_operator:
+            ops += 1
+            out.append(f"op {ops}")
+        else:
+            out.append(f"#{a.attempt}" if a.counted else "#-")
+    return out
+
+
 def to_markdown(story: JobStory, base_url: str | None) -> str:
     """The story as two markdown tables: facts, then one row per attempt with its run link."""
     lines = ["| | |", "|---|---|"]
     lines += [f"| {k} | {_cell(v)} |" for k, v in facts(story)]
     lines += ["", "| when | attempt | outcome | what upstream said | run |", "|---|---:|---|---|---|"]
-    for a in story.attempts:
+    for a, number in zip(story.attempts, numbers(story), strict=True):
         run = f"[{a.run_id[:8]}]({run_url(a.run_id, base_url)})" if a.run_id else _cell(a.run_key)
-        number = str(a.attempt) if a.counted else "-"  # not an attempt: not sent, or our fault
         lines.append(f"| {_ts(a.at)} | {number} | {a.outcome} | {_cell(a.detail)} | {run} |")
     if not story.attempts:
         lines.append(f"| - | - | {_no_attempts(story)} | - | - |")
@@ -468,17 +488,18 @@ def to_text(story: JobStory, base_url: str | None) -> str:
     out = [f"{k:<{width}}  {v}" for k, v in facts(story)]
     out.append("")
     unsent = sum(a.not_sent for a in story.attempts)
-    ours = sum(not a.counted and not a.not_sent for a in story.attempts)
+    operator = sum(a.by_operator for a in story.attempts)
+    ours = sum(not a.counted and not a.not_sent and not a.by_operator for a in story.attempts)
     counted = (
-        f"{len(story.attempts) - unsent - ours}"
+        f"{len(story.attempts) - unsent - ours - operator}"
         + (f", and {unsent} poll(s) not sent" if unsent else "")
         + (f", and {ours} stopped by a fault of ours (not counted)" if ours else "")
+        + (f", and {operator} operator action(s), numbered op 1, op 2..." if operator else "")
     )
     out.append(f"attempts ({counted}):" if story.attempts else f"attempts: {_no_attempts(story)}")
-    for a in story.attempts:
+    for a, number in zip(story.attempts, numbers(story), strict=True):
         run = run_url(a.run_id, base_url) if a.run_id else f"run key {a.run_key} (run not found)"
-        number = str(a.attempt) if a.counted else "-"  # not an attempt: not sent, or our fault
-        out.append(f"  {_ts(a.at)}  #{number:<3} {a.outcome:<13} {a.detail or '-'}")
+        out.append(f"  {_ts(a.at)}  {number:<4} {a.outcome:<13} {a.detail or '-'}")
         out.append(f"  {'':19}        run: {run}")
     if story.creates:
         out += ["", "upstream creates (the create ledger):", *(f"  {line}" for line in create_lines(story))]
@@ -489,9 +510,11 @@ def to_json(story: JobStory, base_url: str | None) -> dict[str, Any]:
     """The story as JSON-ready data, every attempt with its run URL (null when unknown)."""
     data = asdict(story)
     data["outcome"] = story.outcome
-    for a, raw in zip(story.attempts, data["attempts"], strict=True):
+    for a, raw, number in zip(story.attempts, data["attempts"], numbers(story), strict=True):
         raw["run_url"] = run_url(a.run_id, base_url) if a.run_id else None
         raw["counted"] = a.counted
+        raw["operator_action"] = a.by_operator
+        raw["number"] = number
         raw["not_sent_reason"] = a.not_sent_reason
     jsonable: dict[str, Any] = _jsonable(data)
     return jsonable

@@ -193,6 +193,21 @@ def settled_cohort(conn: sa.Connection, limit: int = 200) -> Cohort:
     return Cohort(members, int(elsewhere.scalar_one()))
 
 
+def _stopped_by_us(conn: sa.Connection, task_ids: list[str]) -> set[str]:
+    """The trainings among ``task_ids`` the create ledger says we cancelled (or handed to the orphan
+    sweep to cancel) after their job was force-failed."""
+    if not task_ids:
+        return set()
+    rows = conn.execute(
+        sa.text(
+            "SELECT task_id FROM upstream_creates WHERE provider = 'replicate' AND task_id = ANY(:t) "
+            "AND fate IN ('cancelled', 'handed_to_sweep')"
+        ).bindparams(sa.bindparam("t", type_=sa.ARRAY(sa.Text))),
+        {"t": task_ids},
+    )
+    return {str(r.task_id) for r in rows}
+
+
 def shadow_compare(
     engine: sa.Engine, poller: TrainingPoller, limit: int = 200
 ) -> tuple[list[Comparison], int]:
@@ -200,6 +215,7 @@ def shadow_compare(
     how many settled trainings were left out (settled by another writer)."""
     with engine.connect() as conn:
         cohort = settled_cohort(conn, limit)
+        stopped = _stopped_by_us(conn, [t for *_, t, _ in cohort.members])
     out: list[Comparison] = []
     for character_id, job_id, training_id, new_status in cohort.members:
         try:
@@ -207,6 +223,14 @@ def shadow_compare(
             legacy, note = legacy_decision(status), ""
             if status.state is UpstreamState.RUNNING:
                 note = "Replicate still reports the training running; the legacy cron would have left it training"
+            elif training_id in stopped and status.state is not UpstreamState.SUCCEEDED:
+                # Our own cancel (its job force-failed while it ran) ended it: the legacy cron,
+                # which cancels nothing, would have left it training.
+                legacy = "training"
+                note = (
+                    "recon_dagster cancelled it upstream when it force-failed the job while Replicate "
+                    "still ran it; the legacy cron would have left it training"
+                )
             if status.state is UpstreamState.EXPIRED:
                 # Replicate drops outputs an hour after completion: no evidence either way now.
                 legacy, note = None, "output already removed upstream; not comparable"

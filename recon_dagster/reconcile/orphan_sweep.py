@@ -83,6 +83,7 @@ _REPLACES = {
     ledger.Fate.ALREADY_ENDED: (ledger.Fate.ATTACHED, *ledger.FOLLOWED),
     ledger.Fate.NOT_FOUND: (ledger.Fate.ATTACHED, *ledger.FOLLOWED),
     ledger.Fate.ADOPTED: (ledger.Fate.ATTACHED,),
+    ledger.Fate.HANDED_TO_SWEEP: (ledger.Fate.ATTACHED, ledger.Fate.ADOPTED, *ledger.FOLLOWED),
     ledger.Fate.ATTACHED: (),
 }
 

@@ -169,13 +169,15 @@ class Reconciler(Settling):
                         )  # fmt: skip
                     )
                     continue
+                # Nothing was asked of the provider: its task, if still running, goes to the sweep.
+                stopped = self.stop_upstream(row, None, Cause.INTERNAL) if won_fail else ""
                 settled.append(
                     self._outcome(
                         row.id,
                         row.provider_kind,
                         Outcome.EXHAUSTED if won_fail else Outcome.LOST_RACE,
                         row.reconcile_attempts,
-                        f"{row.reconcile_attempts} attempts: {why}",
+                        f"{row.reconcile_attempts} attempts: {why}{stopped}",
                         started,
                         Cause.INTERNAL,  # the run that made the last attempt died before recording it
                     )

@@ -29,6 +29,7 @@ from recon_dagster.reconcile.decide import Action, Outcome, decide_after_attempt
 from recon_dagster.reconcile.finalize import force_fail_and_refund
 from recon_dagster.reconcile.observed import count_outcome
 from recon_dagster.reconcile.outcome import EventLog, JobOutcome, Polled, Step, make_outcome
+from recon_dagster.reconcile.stop_upstream import stop_task
 
 log = logging.getLogger("recon_dagster.reconcile")
 
@@ -118,16 +119,35 @@ class Settling:
                     f"{attempts} attempts: force_fail raised {type(exc).__name__}: {exc} ({why})", started,
                     Cause.INTERNAL,
                 )  # fmt: skip
+            stopped = self.stop_upstream(row, kind, cause) if won else ""
             return self._outcome(
                 row.id,
                 row.provider_kind,
                 Outcome.EXHAUSTED if won else Outcome.LOST_RACE,
                 attempts,
-                f"{attempts} attempts: {why}",
+                f"{attempts} attempts: {why}{stopped}",
                 started,
                 cause,
             )
         return self._outcome(row.id, row.provider_kind, kind, attempts, why, started, cause)
+
+    def stop_upstream(self, row: JobRow, kind: Outcome | None, cause: Cause | None) -> str:
+        """A job force-failed at the cap: its task is cancelled now when the provider has just
+        answered that it runs; handed to the orphan sweep when the provider did not answer (an
+        outage: a cancel would only time out) or the attempt says nothing of it; left alone when
+        the job's own result ended it. Returns "; what became of it" for the outcome's detail."""
+        if cause is Cause.JOB:
+            return ""
+        answered_running = kind is Outcome.STILL_RUNNING and cause is Cause.ANSWERED
+        provider = str(row.provider_kind or "its provider")
+        why_not = (
+            f"{provider} did not answer its last poll" if cause is Cause.PROVIDER
+            else "its last attempt did not reach the provider"
+        )  # fmt: skip
+        stopped = stop_task(
+            self.engine, getattr(self, "upstream", None), row, cancel_now=answered_running, why_not=why_not
+        )
+        return f"; {stopped.line}" if stopped is not None else ""
 
     def _reschedule(self, row: JobRow, owner: str, p: Polled, started: float) -> JobOutcome:
         """A poll that was never sent: the lease released and the job due again when its account

@@ -181,3 +181,31 @@ def test_default_ui_url_and_relative_links(monkeypatch):
     assert ex.run_url("abc", "http://h:1") == "http://h:1/runs/abc"
     with pytest.raises(ex.ExplainError):
         ex.parse_job_id("")
+
+
+def test_operator_actions_are_numbered_apart_from_reconcile_attempts(db, instance, media_dir, sandbox):
+    """Issue 55, item 7: the story's attempt numbers are what the cap counts; an operator's retry
+    and fail are ``op 1``, ``op 2`` and never counted among the attempts."""
+    from recon_dagster.operator.actions import fail_now, retry_now
+
+    _, job, _ = stale_job_with_task(db, sandbox, "kie-standard", Scenario(outcome="run_forever"), minutes=60)
+    defs = make_defs(media_dir, cadence_seconds=0)
+    tick(defs, instance)  # attempt 1
+    retry_now(db, job, who="ann", why="provider back")
+    tick(defs, instance)  # attempt 2
+    fail_now(db, job, who="ann", reason="user asked")
+
+    story = ex.explain(db, instance, job)
+    assert ex.numbers(story) == ["#1", "op 1", "#2", "op 2"]
+    text = ex.to_text(story, None)
+    assert "attempts (2, and 2 operator action(s)" in text
+    assert "op 1 operator_retry" in text and "op 2 operator_fail" in text
+    markdown = ex.to_markdown(story, None)
+    assert "| op 2 | operator_fail |" in markdown and "| #2 | still_running |" in markdown
+    rows = ex.to_json(story, None)["attempts"]
+    assert [(r["number"], r["counted"], r["operator_action"]) for r in rows] == [
+        ("#1", True, False),
+        ("op 1", False, True),
+        ("#2", True, False),
+        ("op 2", False, True),
+    ]

@@ -135,7 +135,9 @@ def test_the_launchpad_jobs_record_the_operator_and_the_run_and_fail_a_terminal_
     assert res.success and job_row(db, job)["status"] == "failed"
     [event] = _events(db, job, FAIL)
     assert event.run_id == res.run_id
-    assert event.detail == f"by erin (Dagster run {res.run_id[:8]}): dead task"
+    # Then what became of its task upstream: KIE cannot cancel, the orphan sweep follows it.
+    assert event.detail.startswith(f"by erin (Dagster run {res.run_id[:8]}): dead task; upstream task ")
+    assert "kie cannot cancel it; handed to the orphan sweep" in event.detail
     assert (
         f"operator_failed by erin (Dagster run {res.run_id[:8]}): dead task"
         in job_row(db, job)["error_message"]
@@ -242,7 +244,8 @@ def test_an_operator_fail_racing_a_run_that_finalizes_settles_the_job_exactly_on
 def test_stuck_jobs_lists_attempt_n_of_max_next_attempt_lease_and_last_upstream_answer(
     db, instance, media_dir, sandbox
 ):
-    _, job = _stuck(db, sandbox, attempts=3)
+    # Stuck: its provider gives no answer (a job whose poll says it still runs is not listed).
+    _, job = _stuck(db, sandbox, Scenario(server_error_first=1_000_000), attempts=3)
     tick(make_defs(media_dir), instance)
 
     [row] = [r for r in _rows(db) if r["job_id"] == str(job)]
@@ -257,7 +260,7 @@ def _rows(db):
 
 
 def test_the_health_job_materializes_stuck_jobs_with_its_table(db, instance, media_dir, sandbox):
-    _, job = _stuck(db, sandbox, attempts=3)
+    _, job = _stuck(db, sandbox, Scenario(server_error_first=1_000_000), attempts=3)
     defs = make_defs(media_dir)
     tick(defs, instance)
 

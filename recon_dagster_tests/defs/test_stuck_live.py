@@ -29,7 +29,9 @@ def test_a_reconcile_run_refreshes_stuck_jobs_and_a_force_failed_job_leaves_it(
     _, at_cap, _ = stale_job_with_task(
         db, sandbox, "replicate-prediction", running, attempts=MAX_ATTEMPTS - 1
     )
-    _, young, _ = stale_job_with_task(db, sandbox, "replicate-prediction", running, attempts=3)
+    # Stuck: its provider does not answer (a job whose poll says it still runs is not listed).
+    down = Scenario(outcome="run_forever", server_error_first=1_000_000)
+    _, young, _ = stale_job_with_task(db, sandbox, "replicate-prediction", down, attempts=3)
     defs = make_defs(media_dir, cadence_seconds=0, single_run_below=5)
     # Before: the health schedule's snapshot lists both.
     assert defs.resolve_job_def("reconcile_health_job").execute_in_process(instance=instance).success

@@ -12,7 +12,10 @@ alert sensor delivers to loopback Slack and PagerDuty receivers. The pages then 
    but not down;
 3. the force-fail says where its task was upstream ("at fal") and its incident counts the window;
 4. every page (Slack, PagerDuty) carries its first step and runbook link;
-5. stuck_jobs no longer lists the force-failed job and is a table with attempt n of max.
+5. stuck_jobs no longer lists the force-failed job and is a table with attempt n of max;
+6. the force-fail at the cap cancelled its request at fal (it was still queued there), and
+   stuck_jobs lists only the stuck: Replicate's unanswered predictions with why, not the ones whose
+   polls on time say they still run (counted in running_fine).
 
 Screenshots: ``.recon/screenshots/outage-*.png``.
 """
@@ -144,6 +147,7 @@ def outage(engine: sa.Engine, database_url: str, tmp_path_factory: pytest.TempPa
                 "engine": engine,
                 "receivers": receivers,
                 "health": health,
+                "sandbox": sandbox,
             }
 
 
@@ -218,3 +222,46 @@ def test_the_pages_carry_their_runbook_and_the_cap_is_told(console: Console, out
     page.get_by_text("[Show Markdown]", exact=False).first.click()
     page.get_by_text("attempt", exact=False).first.wait_for(timeout=30_000)
     console.shot("outage-stuck-jobs-table")
+
+
+def test_the_cap_cancels_its_task_and_stuck_jobs_lists_only_the_stuck(console: Console, outage: dict):
+    from recon_dagster.operator.explain import explain, to_text
+
+    engine, seeded = outage["engine"], outage["seeded"]
+    with engine.connect() as conn:
+        task = conn.execute(
+            sa.text("SELECT provider_task_id FROM jobs WHERE id = :j"), {"j": str(seeded["fal_cap"])}
+        ).scalar_one()
+    # 4. Still queued at fal when it was force-failed: cancelled there, and its story says so.
+    assert outage["sandbox"].task_info(task)["canceled"] is True
+    story = to_text(explain(engine, None, seeded["fal_cap"]), None)
+    assert f"{task}; the job's task, cancelled" in story, story
+    # 6. Only the stuck are listed, each with why; the healthy are counted apart.
+    page = console.open("/assets/stuck_jobs", wait_text="running_fine")
+    page.get_by_text("[Show Markdown]", exact=False).first.click()
+    page.get_by_text("did not answer its last poll", exact=False).first.wait_for(timeout=60_000)
+    shown = console.text()
+    console.shot("outage-stuck-jobs-only-stuck")
+    assert all(str(j) in shown for j in seeded["replicate_down"]), shown
+    assert not [j for j in seeded["replicate_up"] if str(j) in shown], shown
+
+
+def test_a_stuck_rows_story_is_one_click_away_without_a_run(console: Console, outage: dict):
+    """Item 7: stuck_jobs → [Show Markdown] → a row's "story" link: the job's job_story page."""
+    down = outage["seeded"]["replicate_down"][0]
+    page = console.open("/assets/stuck_jobs", wait_text="running_fine")
+    page.get_by_text("[Show Markdown]", exact=False).first.click()
+    page.get_by_text(str(down), exact=False).first.wait_for(timeout=60_000)
+    # The markdown table in the dialog (the page behind it has the sortable table, links as text).
+    row = page.get_by_role("dialog").locator("tr", has_text=str(down)).first
+    row.get_by_role("link", name="story").click()
+    page.get_by_text("upstream said last", exact=False).first.wait_for(timeout=60_000)
+    page.get_by_text("HTTP 503", exact=False).first.wait_for(timeout=30_000)
+    assert str(down) in page.url and "job_story" in page.url
+    console.shot("outage-job-story-from-stuck-row")
+    # The force-failed job's page: its task cancelled at fal, on the story behind one click.
+    cap = outage["seeded"]["fal_cap"]
+    page = console.open(f"/assets/job_story?view=partitions&partition={cap}", wait_text="upstream said last")
+    page.get_by_text("[Show Markdown]", exact=False).first.click()
+    page.get_by_text("the job's task, cancelled", exact=False).first.wait_for(timeout=60_000)
+    console.shot("outage-job-story-cap")

@@ -241,8 +241,9 @@ def test_lora_cohort_counts_a_training_reconciliation_failed(db, instance, media
 
 
 def test_lora_shadow_compare_flags_a_failure_while_replicate_still_trains(db, instance, media_dir, sandbox):
-    # The attempt cap force-fails a training Replicate still reports running: the legacy cron
-    # would have left the character 'training', so this is a mismatch, not "no opinion".
+    # The attempt cap force-fails a training Replicate still reports running (and cancels it
+    # upstream): the legacy cron would have left the character 'training', so this is a
+    # mismatch, not "no opinion", though our own cancel ended the training since.
     from recon_dagster.core.kinds import MAX_ATTEMPTS
 
     job, character, training_id = _training_job(
@@ -259,6 +260,10 @@ def test_lora_shadow_compare_flags_a_failure_while_replicate_still_trains(db, in
     assert check.metadata["mismatches"].value == 1
     [sample] = check.metadata["sample"].value
     assert (sample["new"], sample["legacy"]) == ("failed", "training")
-    assert sample["training_id"] == training_id and "still reports the training running" in sample["note"]
+    assert (
+        sample["training_id"] == training_id
+        and "cancelled it upstream when it force-failed" in sample["note"]
+    )
+    assert sandbox.task_info(training_id)["canceled"] is True
     assert training_id in check.description
     assert "1 training(s) settled differently" in check.metadata["retirement_blocked_by"].value

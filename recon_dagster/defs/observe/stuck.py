@@ -1,6 +1,8 @@
-"""The console's retries tab: ``stuck_jobs`` (in-flight jobs past their threshold, with attempt
-n/max, next attempt, lease holder and the last reason, whole) and the operator's actions on one
-job from the Launchpad, ``retry_job_now`` and ``fail_and_refund_job`` (``recon_dagster.operator.actions``).
+"""The console's retries tab: ``stuck_jobs`` (the in-flight jobs that are stuck, ``StuckRule``, each
+with why, attempt n/max, next attempt, lease holder and the last reason, whole) and the operator's
+actions on one job from the Launchpad, ``retry_job_now`` and ``fail_and_refund_job``
+(``recon_dagster.operator.actions``). A job past its threshold that runs as it should is counted
+(``running_fine``), not listed.
 
 ``stuck_jobs`` is live: besides the health schedule, every reconcile or sweep run that worked a job
 records it again once its outcomes are written (``report_stuck``), so a job force-failed a minute
@@ -10,6 +12,7 @@ Runs page filtered by its tag) and to its story (``recon-dagster explain``).
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -17,33 +20,154 @@ import dagster as dg
 import sqlalchemy as sa
 from pydantic import Field
 
-from recon_dagster.core.kinds import MAX_ATTEMPTS
+from recon_dagster.config import settings
 from recon_dagster.core.runtags import ACTION_JOB_TAG, JOB_TAG_PREFIX, JOB_TAG_VALUE, OPERATOR_TAG, ROLE_TAG
 from recon_dagster.core.text import short_reason
 from recon_dagster.db.jobs import _threshold_case
 from recon_dagster.db.timestamps import readable, readable_ts
+from recon_dagster.defs.explain.stories import record_stories, story_url
 from recon_dagster.defs.resources import DatabaseResource
-from recon_dagster.operator.actions import Done, OperatorError, fail_now, retry_now
+from recon_dagster.operator.actions import OPERATOR_OUTCOMES, Done, OperatorError, fail_now, retry_now
 from recon_dagster.operator.explain import ui_base_url
+from recon_dagster.providers import ProvidersResource
 
 STUCK = dg.AssetKey("stuck_jobs")
 TABLE_ROWS = 100
 
-STUCK_SQL = f"""
+# Events that say nothing of the job's own progress: another writer won, the run did not work it,
+# our limiter kept the poll in, or an operator acted. The newest other event is its last attempt.
+QUIET_OUTCOMES = ("skipped", "lost_race", "not_sent", *OPERATOR_OUTCOMES)
+# What a job's last attempt looked like, and how far it is from the cap: why it is stuck, or NULL.
+_JUDGED = f"""
+WITH flight AS (
+  SELECT j.*, last.outcome AS last_outcome, last.cause AS last_cause, last.created_at AS last_at
+  FROM jobs j
+  LEFT JOIN LATERAL (
+    SELECT e.outcome, e.cause, e.created_at FROM reconcile_events e
+    WHERE e.job_id = j.id AND e.outcome <> ALL(CAST(:quiet AS text[]))
+    ORDER BY e.created_at DESC, e.id DESC LIMIT 1
+  ) last ON true
+  WHERE j.status IN ('pending', 'processing')
+    AND (j.reconcile_attempts > 0
+         OR (j.provider_call_started_at < now() - {_threshold_case("j.provider_kind")}
+             AND isfinite(j.provider_call_started_at)))
+), judged AS (
+  SELECT flight.*, CASE
+    WHEN reconcile_attempts >= :cap - :near THEN 'near_cap'
+    WHEN last_outcome IS NULL AND reconcile_attempts = 0 THEN
+      CASE WHEN provider_call_started_at < now() - {_threshold_case("provider_kind")} - :grace * interval '1 second'
+           THEN 'not_reached' END
+    WHEN last_outcome IS NULL THEN 'no_record'
+    WHEN last_outcome = 'still_running' AND last_cause = 'answered' THEN
+      CASE WHEN last_at < now() - :grace * interval '1 second' THEN 'not_polled' END
+    WHEN last_cause = 'provider' THEN 'no_answer'
+    WHEN last_cause = 'job' THEN 'unusable'
+    ELSE 'last_' || last_outcome
+  END AS stuck_why
+  FROM flight
+)"""
+
+STUCK_SQL = f"""{_JUDGED}
 SELECT id, provider_kind, reconcile_attempts, {readable_ts("reconcile_next_at")},
        reconcile_next_at::text AS next_at_text, reconcile_lease_owner,
        CASE WHEN reconcile_lease_expires_at > now() AND {readable("reconcile_lease_expires_at")}
          THEN reconcile_lease_expires_at END AS lease_until,
        CASE WHEN reconcile_lease_expires_at > now() THEN reconcile_lease_expires_at::text END AS lease_text,
-       reconcile_last_error
-FROM jobs
-WHERE status IN ('pending', 'processing')
-  AND (reconcile_attempts > 0
-       OR (provider_call_started_at < now() - {_threshold_case("provider_kind")}
-           AND isfinite(provider_call_started_at)))
+       reconcile_last_error, stuck_why, last_outcome,
+       CASE WHEN last_at IS NOT NULL THEN floor(extract(epoch FROM now() - last_at) / 60) END AS last_min
+FROM judged
+WHERE stuck_why IS NOT NULL
 ORDER BY reconcile_attempts DESC, provider_call_started_at
 LIMIT :limit
 """
+
+COUNT_SQL = f"""{_JUDGED}
+SELECT count(*) FILTER (WHERE stuck_why IS NOT NULL) AS stuck,
+       count(*) FILTER (WHERE stuck_why IS NULL) AS running_fine
+FROM judged
+"""
+
+
+@dataclass(frozen=True)
+class StuckRule:
+    """What makes an in-flight job stuck rather than running as it should (issue 55, item 6).
+
+    A job past its kind's stale threshold is worked by the reconciler at the cadence; it runs as it
+    should while its newest attempt got the provider's answer that the task still runs, that answer
+    is under ``grace`` old (two cadences, at least 2 minutes: a poll was made on time), and it has more than ``near``
+    attempts before the cap. A job not worked yet is fine for ``grace`` past its threshold. Every
+    other in-flight job past its threshold is stuck, and says why (``WHY``)."""
+
+    cap: int
+    cadence_s: float
+    near: int = 2
+    # A poll is not made the instant it is due (a sensor tick, a run's launch): at a short cadence
+    # two cadences would call a job worked on time "not polled".
+    min_grace_s: float = 120.0
+
+    @property
+    def grace_s(self) -> float:
+        return max(2 * self.cadence_s, self.min_grace_s)
+
+    @classmethod
+    def configured(cls) -> "StuckRule":
+        now = settings()
+        return cls(cap=now.max_attempts, cadence_s=now.reconcile_cadence_s)
+
+    def params(self) -> dict[str, Any]:
+        return {"quiet": list(QUIET_OUTCOMES), "cap": self.cap, "near": self.near, "grace": self.grace_s}
+
+
+def _why(r: Any, rule: StuckRule) -> str:
+    """Why the row is stuck, in words (the ``why`` column)."""
+    code = r["stuck_why"]
+    minutes = None if r["last_min"] is None else int(r["last_min"])
+    ago = "never" if minutes is None else "under a minute ago" if minutes < 1 else f"{minutes} min ago"
+    if code == "near_cap":
+        left = max(rule.cap - int(r["reconcile_attempts"]), 0)
+        return f"{left} attempt(s) before the cap force-fails and refunds it"
+    if code == "not_reached":
+        return f"no attempt yet, more than {rule.grace_s / 60:g} min past its threshold: not reached"
+    if code == "no_record":
+        return "attempts counted but none on record"
+    if code == "not_polled":
+        return f"still running upstream at its last poll, {ago}: not polled since"
+    if code == "no_answer":
+        return f"the provider did not answer its last poll ({ago})"
+    if code == "unusable":
+        return f"its result was not usable at its last attempt ({ago})"
+    return f"its last attempt ended {str(code).removeprefix('last_')} ({ago})"
+
+
+def stuck_rows(
+    conn: sa.Connection, limit: int = TABLE_ROWS, rule: StuckRule | None = None
+) -> list[dict[str, Any]]:
+    rule = rule or StuckRule.configured()
+    rows = conn.execute(sa.text(STUCK_SQL), {"limit": limit, **rule.params()}).mappings().all()
+    return [
+        {
+            "job_id": str(r["id"]),
+            "provider_kind": r["provider_kind"] or "(none)",
+            "attempt": f"{r['reconcile_attempts']}/{rule.cap}",
+            "attempts_left": max(rule.cap - int(r["reconcile_attempts"]), 0),
+            "why": _why(r, rule),
+            # A time Python cannot hold (infinity, past 9999) is shown as PostgreSQL writes it:
+            # one such row never stops the table (the sweep clamps it).
+            "next_attempt": _when(r["reconcile_next_at"], r["next_at_text"]),
+            "lease": f"{r['reconcile_lease_owner']} until {_when(r['lease_until'], r['lease_text'])}"
+            if r["lease_text"]
+            else "-",
+            "last_upstream": _cell(r["reconcile_last_error"]),
+        }
+        for r in rows
+    ]
+
+
+def stuck_counts(conn: sa.Connection, rule: StuckRule | None = None) -> tuple[int, int]:
+    """(stuck, running as they should) among the in-flight jobs past their threshold."""
+    rule = rule or StuckRule.configured()
+    r = conn.execute(sa.text(COUNT_SQL), rule.params()).one()
+    return int(r.stuck), int(r.running_fine)
 
 
 def _when(value: object, text: str | None = None) -> str:
@@ -60,26 +184,6 @@ def _cell(text: str | None, width: int = 400) -> str:
     return short_reason(text, width).replace("|", "/")
 
 
-def stuck_rows(conn: sa.Connection, limit: int = TABLE_ROWS) -> list[dict[str, Any]]:
-    rows = conn.execute(sa.text(STUCK_SQL), {"limit": limit}).mappings().all()
-    return [
-        {
-            "job_id": str(r["id"]),
-            "provider_kind": r["provider_kind"] or "(none)",
-            "attempt": f"{r['reconcile_attempts']}/{MAX_ATTEMPTS}",
-            "attempts_left": max(MAX_ATTEMPTS - int(r["reconcile_attempts"]), 0),
-            # A time Python cannot hold (infinity, past 9999) is shown as PostgreSQL writes it:
-            # one such row never stops the table (the sweep clamps it).
-            "next_attempt": _when(r["reconcile_next_at"], r["next_at_text"]),
-            "lease": f"{r['reconcile_lease_owner']} until {_when(r['lease_until'], r['lease_text'])}"
-            if r["lease_text"]
-            else "-",
-            "last_upstream": _cell(r["reconcile_last_error"]),
-        }
-        for r in rows
-    ]
-
-
 def runs_link(job_id: str, base: str | None) -> str:
     """The Runs page filtered by the job's tag: every run that worked it."""
     tag = quote(f"tag:{JOB_TAG_PREFIX}{job_id}={JOB_TAG_VALUE}", safe="")
@@ -91,11 +195,12 @@ _COLUMNS = (
     ("kind", "string", "provider kind"),
     ("attempt", "string", "attempt n of max"),
     ("attempts_left", "int", "attempts before the cap force-fails and refunds it"),
+    ("why", "string", "why it is stuck: no answer, not polled, near the cap, not reached, unusable result"),
     ("next_attempt", "string", "when it is due again (UTC)"),
     ("lease", "string", "who holds it now"),
     ("last_reason", "string", "what upstream said, or why the result was unusable"),
     ("runs", "string", "its runs: the Runs page filtered by its tag"),
-    ("story", "string", "its story: recon-dagster explain"),
+    ("story", "string", "its story: its job_story page (also `recon-dagster explain JOB_ID`)"),
 )
 
 
@@ -109,11 +214,12 @@ def stuck_table(rows: list[dict[str, Any]], base: str | None) -> dg.TableMetadat
                     "kind": r["provider_kind"],
                     "attempt": r["attempt"].replace("/", " of "),
                     "attempts_left": r["attempts_left"],
+                    "why": r["why"],
                     "next_attempt": r["next_attempt"],
                     "lease": r["lease"],
                     "last_reason": r["last_upstream"],
                     "runs": runs_link(r["job_id"], base),
-                    "story": f"recon-dagster explain {r['job_id']}",
+                    "story": story_url(r["job_id"], base),
                 }
             )
             for r in rows
@@ -124,34 +230,43 @@ def stuck_table(rows: list[dict[str, Any]], base: str | None) -> dg.TableMetadat
     )
 
 
-def stuck_metadata(rows: list[dict[str, Any]], base: str | None) -> dict[str, Any]:
+def stuck_metadata(
+    rows: list[dict[str, Any]], base: str | None, counts: tuple[int, int] | None = None
+) -> dict[str, Any]:
+    """``stuck`` counts every stuck job (the table shows the first ``TABLE_ROWS``);
+    ``running_fine`` the in-flight jobs past their threshold that run as they should (not listed)."""
+    stuck, fine = counts if counts is not None else (len(rows), 0)
     return {
-        "stuck": len(rows),
+        "stuck": stuck,
+        "running_fine": fine,
         "near_cap": sum(1 for r in rows if r["attempts_left"] <= 2),
         "table": stuck_table(rows, base),
         "jobs": dg.MetadataValue.md(_markdown(rows, base)),
     }
 
 
+def _read(conn: sa.Connection) -> dict[str, Any]:
+    rule = StuckRule.configured()
+    return stuck_metadata(stuck_rows(conn, rule=rule), ui_base_url(None), stuck_counts(conn, rule))
+
+
 def report_stuck(context: dg.OpExecutionContext, database: DatabaseResource) -> None:
     """Record ``stuck_jobs`` again from a run that changed it (never fails the run's work)."""
     try:
         with database.get_engine().connect() as conn:
-            rows = stuck_rows(conn)
+            meta = _read(conn)
     except Exception as exc:
         context.log.warning(f"stuck_jobs could not be refreshed: {exc}")
         return
-    context.log_event(
-        dg.AssetMaterialization(asset_key=STUCK, metadata=stuck_metadata(rows, ui_base_url(None)))
-    )
+    context.log_event(dg.AssetMaterialization(asset_key=STUCK, metadata=meta))
 
 
 def _markdown(rows: list[dict[str, Any]], base: str | None = None) -> str:
     if not rows:
-        return "_no job in flight past its threshold_"
-    head = "| job_id | kind | attempt | next attempt | lease | last reason (what upstream said, or why the result was unusable) | runs |\n|---|---|---|---|---|---|---|"
+        return "_no stuck job: every in-flight job past its threshold runs as it should_"
+    head = "| job_id | kind | attempt | why stuck | next attempt | lease | last reason (what upstream said, or why the result was unusable) | runs | story |\n|---|---|---|---|---|---|---|---|---|"
     body = [
-        f"| {r['job_id']} | {r['provider_kind']} | {r['attempt']} | {r['next_attempt']} | {r['lease']} | {r['last_upstream']} | [runs]({runs_link(r['job_id'], base)}) |"
+        f"| {r['job_id']} | {r['provider_kind']} | {r['attempt']} | {r['why']} | {r['next_attempt']} | {r['lease']} | {r['last_upstream']} | [runs]({runs_link(r['job_id'], base)}) | [story]({story_url(r['job_id'], base)}) |"
         for r in rows
     ]
     return "\n".join([head, *body])
@@ -160,15 +275,20 @@ def _markdown(rows: list[dict[str, Any]], base: str | None = None) -> str:
 @dg.asset(
     key=STUCK,
     group_name="reconciliation",
-    description="In-flight jobs past their stale threshold (the retries tab): attempt n/max, next "
-    "attempt, lease holder, the last reason (what upstream said, or why its result was unusable). Act on one from the Launchpad with retry_job_now or "
+    description="Stuck in-flight jobs (the retries tab): past their stale threshold and not running as "
+    "they should (the provider did not answer the last poll, not polled for two cadences or 2 min, within 2 "
+    "attempts of the cap, not reached, an unusable result); a job whose last poll, on time, said it "
+    "still runs is counted in running_fine, not listed. Each row: why, attempt n/max, next attempt, "
+    "lease holder, the last reason. Act on one from the Launchpad with retry_job_now or "
     "fail_and_refund_job, or `recon-dagster retry|fail JOB_ID`.",
 )
 def stuck_jobs(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult[Any]:
     with database.get_engine().connect() as conn:
-        rows = stuck_rows(conn)
-    meta = stuck_metadata(rows, ui_base_url(None))
-    context.log.info(f"{len(rows)} job(s) past threshold, {meta['near_cap']} within 2 attempts of the cap")
+        meta = _read(conn)
+    context.log.info(
+        f"{meta['stuck']} stuck job(s), {meta['near_cap']} within 2 attempts of the cap; "
+        f"{meta['running_fine']} past threshold running as they should"
+    )
     return dg.MaterializeResult(metadata=meta)
 
 
@@ -204,6 +324,7 @@ def _act(
     context: dg.OpExecutionContext,
     config: OperatorActionConfig,
     act: Callable[[str], Done],
+    engine: sa.Engine,
 ) -> dict[str, Any]:
     who = _who(context, config)
     try:
@@ -217,6 +338,7 @@ def _act(
     except Exception as exc:  # the action is done and recorded; a tag is a convenience
         context.log.warning(f"could not tag this run with {tags}: {exc}")
     context.log.info(f"{done.line} by {who}")
+    record_stories(context, engine, [done.job_id])  # the action on the job's page at once
     return {"job_id": str(done.job_id), "result": done.line, "by": who}
 
 
@@ -230,19 +352,27 @@ def retry_now_op(
         context,
         config,
         lambda who: retry_now(engine, config.job_id, who=who, why=config.reason, run_id=context.run_id),
+        engine,
     )
 
 
 @dg.op(out=dg.Out(dict))
 def fail_and_refund_now_op(
-    context: dg.OpExecutionContext, config: OperatorActionConfig, database: DatabaseResource
+    context: dg.OpExecutionContext,
+    config: OperatorActionConfig,
+    database: DatabaseResource,
+    providers: ProvidersResource,
 ) -> dict[str, Any]:
-    """Fail the job and refund its credits (guarded: refused on a terminal job)."""
+    """Fail the job and refund its credits (guarded: refused on a terminal job); its upstream task
+    is cancelled where the provider can, else handed to the orphan sweep (the result says which)."""
     engine = database.get_engine()
     return _act(
         context,
         config,
-        lambda who: fail_now(engine, config.job_id, who=who, reason=config.reason, run_id=context.run_id),
+        lambda who: fail_now(
+            engine, config.job_id, who=who, reason=config.reason, run_id=context.run_id, providers=providers
+        ),
+        engine,
     )
 
 
@@ -261,7 +391,8 @@ def retry_job_now() -> None:
     description="Fail one in-flight job and refund its credits: set ops.fail_and_refund_now_op.config "
     "job_id, operator (your name: Dagster OSS has no users) and reason. The Launchpad keeps your last "
     "config: check the job id before you launch. Refused on a terminal job; recorded in "
-    "reconcile_events with who, why and this run.",
+    "reconcile_events with who, why and this run. Its upstream task is cancelled where the provider "
+    "can, else handed to the orphan sweep (the run's result and the job's story say which).",
     tags={ROLE_TAG: "operator"},
 )
 def fail_and_refund_job() -> None:

@@ -22,6 +22,7 @@ from recon_dagster.core.kinds import KINDS
 from recon_dagster.core.runtags import NOT_SENT_TAG, OUTCOME_TAG, ROLE_TAG, RUN_KEY_TAG, job_tags, kind_tags
 from recon_dagster.db import jobs as jobs_db
 from recon_dagster.db.jobs import Claim
+from recon_dagster.defs.explain.stories import record_stories, worked_jobs
 from recon_dagster.defs.observe.health import report_health
 from recon_dagster.defs.observe.ours import flag_ours
 from recon_dagster.defs.observe.outcomes import provider_kind_partitions, report_outcomes
@@ -423,6 +424,7 @@ def record_outcomes(
     flag_money(context, flat, database)
     flag_ours(context, flat)
     report_health(context, database, {o.provider_kind for o in flat} | _partition(context))
+    record_stories(context, database.get_engine(), worked_jobs(flat))  # each job's page (job_story)
     if any(o.outcome not in (Outcome.SKIPPED, Outcome.NOT_SENT) for o in flat):
         report_stuck(context, database)  # what this run changed, shown now
     output = _report(context, flat, summary)
@@ -499,6 +501,7 @@ def sweep_unrecoverable_jobs(
     # Runs page's tag filter finds a swept job's run as it finds a reconciled job's.
     _tag_jobs(context, [o.job_id for o in outcomes if o.outcome not in (Outcome.SKIPPED, Outcome.LOST_RACE)])
     report_outcomes(context, outcomes, database)
+    record_stories(context, database.get_engine(), worked_jobs(outcomes))
     if outcomes:
         report_stuck(context, database)
     summary = Summary(scanned=scanned).add(outcomes)
