@@ -1,8 +1,9 @@
 """``job_story``: each worked job's story on a page of its own, without launching a run.
 
 One partition per job id (a dynamic partition, ``recon_job``). Every reconcile or sweep run records
-the story of each job it ended or could not get on with (``worked_jobs``: not a job whose poll
-said "still running" far from the cap), and every operator action its job's, as a
+the story of each job it failed, swept or could not get on with (``worked_jobs``: not a job it
+completed, nor one whose poll said "still running" far from the cap; at most ``STORIES_PER_RUN``,
+the worst first), and every operator action its job's, as a
 materialization of that job's partition (``record_stories``): the facts an on-call reads first as metadata, the whole story
 (``operator.explain.to_markdown``: attempts numbered ``#n``, operator actions ``op n``) behind
 one click. ``stuck_jobs`` links each row to it (``story_url``), and a run's log links each story
@@ -57,23 +58,34 @@ def story_metadata(engine: sa.Engine, job_id: str, base: str | None) -> dict[str
     }
 
 
-def worked_jobs(outcomes: Iterable[Any], *, cap: int | None = None, near: int = 2) -> list[object]:
-    """The jobs whose story a run records: every job it ended or could not get on with, not one
-    whose poll the provider answered "still running" far from the cap (the steady state of most
-    jobs in flight: a story each per cadence would cost every run a few ms per job for nothing
-    on-call reads, ``benchmarks/job_stories.py``), nor one it skipped, never polled or lost."""
-    limit = cap if cap is not None else settings().max_attempts
-    quiet = ("skipped", "not_sent", "lost_race")
-    out = []
+# At most this many stories a run records: each costs Dagster an event write (~0.1 s on a shared
+# machine, ``benchmarks/job_stories.py``), and a run of 2,000 jobs in an outage must not spend
+# minutes on pages. The worst first (force-failed at the cap, failed, swept, then the ones it
+# could not get on with); the rest get theirs at a later run, and ``explain`` tells any job's.
+STORIES_PER_RUN = 50
+_ORDER = ("exhausted", "failed", "swept", "our_fault", "error", "still_running")
+
+
+def worked_jobs(
+    outcomes: Iterable[Any], *, cap: int | None = None, near: int = 2, limit: int = STORIES_PER_RUN
+) -> list[object]:
+    """The jobs whose story a run records: each job it force-failed, failed or swept, or could not
+    get on with (no answer, our fault, near the cap), at most ``limit``, the worst first. Not a job
+    it completed (the app's result says all; a page for each would be one partition per generation
+    in the instance), nor one whose poll the provider answered "still running" far from the cap
+    (the steady state of most jobs in flight), nor one it skipped, never polled or lost."""
+    cap_at = cap if cap is not None else settings().max_attempts
+    chosen: list[tuple[int, object]] = []
     for o in outcomes:
         outcome = str(getattr(o.outcome, "value", o.outcome))
         cause = str(getattr(o.cause, "value", o.cause))
-        if outcome in quiet:
+        if outcome not in _ORDER:
+            continue  # recovered, skipped, not_sent, lost_race
+        if outcome == "still_running" and cause == "answered" and o.attempt < cap_at - near:
             continue
-        if outcome == "still_running" and cause == "answered" and o.attempt < limit - near:
-            continue
-        out.append(o.job_id)
-    return out
+        chosen.append((_ORDER.index(outcome), o.job_id))
+    chosen.sort(key=lambda pair: pair[0])  # stable: within a rank, the run's order
+    return [job_id for _, job_id in chosen[: max(limit, 0)]]
 
 
 def record_stories(context: dg.OpExecutionContext, engine: sa.Engine, job_ids: Iterable[object]) -> int:
