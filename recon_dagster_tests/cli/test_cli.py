@@ -294,7 +294,8 @@ def test_the_cli_filters_the_same_dagster_warnings_as_pytest():
 
 
 @pytest.mark.slow
-def test_status_explains_due_versus_stale_per_kind(db):
+def test_status_explains_due_versus_stale_per_kind(db, provider_keys):
+    # Keys set: a provider without one adds its own long "not configured" line (tested apart).
     user = make_user(db)
     make_job(db, user, provider_kind="kie-veo", provider_task_id="due", started_minutes_ago=40)
     waiting = make_job(db, user, provider_kind="kie-veo", provider_task_id="w", started_minutes_ago=40)
