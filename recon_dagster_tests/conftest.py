@@ -31,7 +31,7 @@ from recon_dagster.db.engine import (
 )
 from recon_dagster.db.migrate import migrate
 from recon_dagster.sandbox import SandboxServer
-from recon_dagster_tests.support import markers
+from recon_dagster_tests.support import markers, scheduling
 from recon_dagster_tests.support.fixtures import user  # noqa: F401  (a fixture any test can ask for)
 from recon_dagster_tests.support.instance import drop_storage_template
 from recon_dagster_tests.support.s3 import moto_endpoint  # noqa: F401  (a fixture any test can ask for)
@@ -61,24 +61,44 @@ APP_TABLES = (
 )
 
 
-# Workers for ``-n auto`` (pyproject's addopts). Most of a pass is spent waiting on daemons, runs
-# and browsers, so two workers halve it on two cores (25 -> 13.5 min). More would put several
-# daemon and browser tests on the same cores at once, where their deadlines are measured.
-MAX_AUTO_WORKERS = 2
+# Workers for ``-n auto`` (pyproject's addopts): two per core, at most four. A worker spends much
+# of a test waiting (on PostgreSQL, a daemon's tick, a run, a browser): on two cores two workers
+# kept 1.2 of them busy. The daemon and browser tests still run one at a time each
+# (``markers.schedule``: one xdist group each, ``--dist loadgroup``), so no more of them share the
+# cores than before, where their deadlines are measured.
+MAX_AUTO_WORKERS = 4
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     configured = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").strip()
     if configured:
         return int(configured)
-    return max(1, min(MAX_AUTO_WORKERS, os.cpu_count() or 1))
+    return max(1, min(MAX_AUTO_WORKERS, 2 * (os.cpu_count() or 1)))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with what it needs (``postgres``) and whether it is ``slow``, from its
-    fixtures and folder (``support/markers.py``)."""
+    fixtures and folder, then group and order them for the workers (``support/markers.py``)."""
     for item in items:
         markers.apply(item)
+    scheduling.record(config, markers.schedule(items))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    scheduling.prepare(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    scheduling.finish(config)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadgroup`` with the groups the workers recorded (``support/scheduling.py``)."""
+    if config.getvalue("dist") == "loadgroup":
+        return scheduling.GroupScheduling(config, log)
+    return None
 
 
 @pytest.hookimpl(wrapper=True)

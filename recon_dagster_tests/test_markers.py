@@ -89,3 +89,44 @@ def test_every_module_that_starts_a_daemon_or_a_browser_carries_its_marker(marke
         if f"pytest.mark.{marker}" not in text:
             unmarked.append(str(path.relative_to(TESTS)))
     assert unmarked == []
+
+
+@pytest.mark.parametrize(
+    ("nodeid", "marks", "expected"),
+    [
+        ("recon_dagster_tests/e2e/test_x.py::test_a", ["daemon", "slow"], markers.DAEMON_GROUP),
+        ("recon_dagster_tests/defs/test_x.py::test_a", ["daemon"], markers.DAEMON_GROUP),
+        ("recon_dagster_tests/e2e/test_y.py::test_b", ["browser", "slow"], markers.BROWSER_GROUP),
+        ("recon_dagster_tests/chaos/test_x.py::test_a[p]", ["slow"], "recon_dagster_tests/chaos/test_x.py"),
+        ("recon_dagster_tests/db/test_x.py::test_a", ["postgres"], None),
+    ],
+)
+def test_daemon_and_browser_tests_share_a_group_and_a_slow_module_keeps_together(
+    nodeid: str, marks: list[str], expected: str | None
+) -> None:
+    item = _Item(nodeid, [], [getattr(pytest.mark, m).mark for m in marks])
+    assert markers.group_of(item) == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_the_workers_get_a_group_whole_and_quick_tests_one_by_one(tmp_path: Path) -> None:
+    """Through real pytest-xdist workers, as a pass deals them: a slow module's tests all on one
+    worker (its module set-up paid once), quick tests spread over several. pytest-xdist's own
+    ``xdist_group`` never reached its controller under pytest 9 (``support/scheduling.py``)."""
+    import subprocess
+    import sys
+
+    slow_module = "recon_dagster_tests/e2e/test_k8s_manifests.py"
+    quick_module = "recon_dagster_tests/core/test_house.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "3", "-v", "-p", "no:cacheprovider", slow_module, quick_module],
+        cwd=TESTS.parent, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    workers: dict[str, set[str]] = {}
+    for line in done.stdout.splitlines():
+        found = re.match(r"\[(gw\d+)\] .*?PASSED (\S+?)::", line)
+        if found:
+            workers.setdefault(found.group(2), set()).add(found.group(1))
+    assert len(workers[slow_module]) == 1, workers
+    assert len(workers[quick_module]) > 1, workers

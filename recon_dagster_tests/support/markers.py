@@ -37,6 +37,41 @@ def apply(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.slow)
 
 
+# The xdist groups (``--dist loadgroup`` in pyproject's addopts): every test of a group runs on one
+# worker, one after another. Daemon tests start a daemon, a code server and run workers whose
+# ticks and deadlines are measured, browser tests a dev server and Chromium: one of each at a time,
+# whatever the worker count. A slow module's tests stay together, so a module-scoped set-up (the
+# fault harness's campaign, a browser module's dev server) is paid once, not once per worker.
+DAEMON_GROUP = "daemon"
+BROWSER_GROUP = "browser"
+
+
+def group_of(item: pytest.Item) -> str | None:
+    """The xdist group ``item`` runs in, or None for a quick test any worker may take."""
+    if item.get_closest_marker("daemon"):
+        return DAEMON_GROUP
+    if item.get_closest_marker("browser"):
+        return BROWSER_GROUP
+    if item.get_closest_marker("slow"):
+        return item.nodeid.split("::", 1)[0]
+    return None
+
+
+def schedule(items: list[pytest.Item]) -> dict[str, str]:
+    """Put each test in its group (``group_of``), the groups first: the scheduler
+    (``support/scheduling.py``) hands out the groups with the most tests first and then the single
+    quick tests, so a pass ends on short tests rather than on a worker alone with a long one.
+    Returns each grouped test's group by node id."""
+    groups: dict[str, str] = {}
+    for item in items:
+        group = group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+            groups[item.nodeid] = group
+    items.sort(key=lambda item: item.nodeid not in groups)  # stable: each module keeps its order
+    return groups
+
+
 def _folder(item: pytest.Item) -> str:
     parts = item.nodeid.split("/")
     return parts[1] if len(parts) > 2 and parts[0] == "recon_dagster_tests" else ""
