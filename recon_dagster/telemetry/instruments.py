@@ -278,6 +278,12 @@ def _committed(conn: Any) -> None:
 
 
 def _rolled_back(conn: Any) -> None:
+    # An invalidated connection (a lost server, or one closed on purpose as migrate's session is)
+    # has no info to read: reading it tries to reconnect and raises inside SQLAlchemy's rollback,
+    # hiding whatever happened. Its pending additions go with it (the pool clears a connection's
+    # info before it connects again).
+    if conn.invalidated:
+        return
     conn.info.pop(_PENDING, None)
 
 
