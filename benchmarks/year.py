@@ -244,7 +244,7 @@ def year(server: str, per_day: int, sampled: int) -> None:
                     seeded = time.monotonic() - t0
                     for day in (d for d in days if d in sample_days):
                         sim_day = zero - timedelta(days=day)
-                        outage = day in sorted(sample_days)[::2]
+                        outage = day in sorted(sample_days)[1::2]  # every other one, not the first
                         r = world.sampled_day(sandbox, sim_day, per_day // 50, rng, outage=outage)
                         print(
                             f"  sampled day {sim_day:%Y-%m-%d} (month {month}) {world.mode}"
@@ -257,9 +257,11 @@ def year(server: str, per_day: int, sampled: int) -> None:
                         report = watched_pass(world, sim_now)
                     elif world.mode == "pruned":
                         world.retention(sim_now)
-                    # What autovacuum does between passes: dead rows' space is reused, not returned.
-                    with psycopg.connect(libpq_url(world.url), autocommit=True) as pg:
-                        pg.execute("VACUUM ANALYZE")
+                    # What autovacuum does between passes (both databases): dead rows' space is
+                    # reused, not returned.
+                    for url in (world.url, world.dagster_url):
+                        with psycopg.connect(libpq_url(url), autocommit=True) as pg:
+                            pg.execute("VACUUM ANALYZE")
                     if month in (1, 6, 12):
                         _measure(world, month, seeded, report)
     finally:
