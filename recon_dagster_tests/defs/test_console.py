@@ -347,7 +347,9 @@ def test_each_run_adds_a_point_to_its_providers_outcome_series(db, instance, med
     # A run adds points for the kinds it worked, labelled "<kind>: <outcome> (<unit>)", never a
     # series of a kind it did not touch, nor one that is zero and never was anything else.
     assert not any(k.startswith("kie-suno:") for p in points for k in p)
-    assert all(p["kie-standard: jobs (jobs)"].value >= 1 for p in points if "kie-standard: jobs (jobs)" in p)
+    assert all(
+        p["kie-standard: worked (jobs)"].value >= 1 for p in points if "kie-standard: worked (jobs)" in p
+    )
     assert not [k for p in points for k, v in p.items() if v.value == 0]
     recovered, failed = "kie-standard: recovered (jobs)", "kie-veo: failed_refunded (jobs)"
     assert sum(p[recovered].value for p in points if recovered in p) == 2

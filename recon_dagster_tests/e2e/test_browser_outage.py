@@ -265,3 +265,54 @@ def test_a_stuck_rows_story_is_one_click_away_without_a_run(console: Console, ou
     page.get_by_text("[Show Markdown]", exact=False).first.click()
     page.get_by_text("the job's task, cancelled", exact=False).first.wait_for(timeout=60_000)
     console.shot("outage-job-story-cap")
+
+
+def _dump(console: Console, name: str) -> str:
+    """The page's text, kept beside its screenshot (what an assertion below read)."""
+    text = console.text()
+    (console.shot(name).with_suffix(".txt")).write_text(text)
+    return text
+
+
+def test_8_the_catalog_leads_with_oncall_and_shows_what_is_open(console: Console, outage: dict):
+    """Item 8: the Catalog's first group is recon_oncall (open incidents, provider health, stuck
+    jobs), and the open incidents are an asset page: what, severity, first step, runbook."""
+    from playwright.sync_api import expect
+
+    page = console.open("/assets", wait_text="open_incidents")
+    text = _dump(console, "outage-catalog")
+    assert "recon_oncall" in text, text
+    groups = [g for g in ("recon_oncall", "reconciliation", "spend") if g in text]
+    assert groups[0] == "recon_oncall" and text.index("recon_oncall") < text.index("reconciliation"), groups
+    # The open incidents: ElevenLabs DOWN and the force-fail at the cap, each with its first step.
+    page = console.open("/assets/open_incidents", wait_text="open_incidents")
+    expect(page.get_by_text("elevenlabs is DOWN (provider_health)").first).to_be_visible(timeout=60_000)
+    text = _dump(console, "outage-open-incidents")
+    assert (
+        "check:provider_health:elevenlabs" in text and "check:credit_anomalies:no_new_exhausted_jobs" in text
+    )
+    assert "Read the alert's last reason" in text
+    assert f"{RUNBOOKS}operations.md#runbook-provider-health" in text
+
+
+def test_8_outcome_plots_are_per_kind_and_never_flat_zero(console: Console, outage: dict):
+    """Item 8: outcomes_by_provider/fal plots what happened to fal's jobs (still running, one
+    force-failed and refunded at the cap), each labelled with its kind and unit, and has no plot
+    for what never happened (nothing recovered, failed upstream or swept)."""
+    page = console.open("/assets/outcomes_by_provider/fal", wait_text="fal-image: still_running (jobs)")
+    page.get_by_role("button", name="Plots").first.click(timeout=60_000)
+    page.locator("canvas").first.wait_for(timeout=60_000)
+    page.wait_for_timeout(1500)  # Chart.js draws
+    text = _dump(console, "outage-outcome-plots-fal")
+    for shown in (
+        "fal-image: still_running (jobs)",
+        "fal-image: force_failed (jobs)",
+        "fal-image: worked (jobs)",
+    ):
+        assert shown in text, text
+    for never in ("recovered", "failed_refunded", "swept", "lost_race_or_skipped"):
+        assert f"fal-image: {never} (jobs)" not in text, text
+    assert page.locator("canvas").count() >= 3
+    # Replicate's degraded kind plots its unanswered polls.
+    console.open("/assets/outcomes_by_provider/replicate", wait_text="replicate-prediction: errors (jobs)")
+    assert "replicate-prediction: recovered (jobs)" not in console.text()

@@ -115,7 +115,7 @@ UNITS = {
 def label(kind: str, name: str) -> str:
     """A plotted figure's metadata label: ``<kind>: <figure> (<unit>)``. Dagster sorts the plots
     by label, so each kind's plots stand together."""
-    return f"{kind}: {name} ({UNITS[name]})"
+    return f"{kind}: {'worked' if name == 'jobs' else name} ({UNITS[name]})"
 
 
 def plotted(figures: dict[str, Any], previous: dict[str, Any] | None = None) -> dict[str, Any]:
