@@ -37,6 +37,7 @@ class Ticks:
         self.cursor: str | None = None
 
     def __call__(self) -> list[Any]:
+        """The tick's ``open_incidents`` materializations; its asset events stored as the daemon does."""
         with dg.build_sensor_context(
             instance=self.instance,
             repository_def=self.repository,
@@ -46,7 +47,12 @@ class Ticks:
         ) as ctx:
             result = reconcile_alerts.evaluate_tick(ctx)
         self.cursor = result.cursor
-        return [e for e in result.asset_events if e.asset_key == BOARD]
+        for event in result.asset_events:
+            self.instance.report_runless_asset_event(event)
+        self.checks = [e for e in result.asset_events if isinstance(e, dg.AssetCheckEvaluation)]
+        return [
+            e for e in result.asset_events if isinstance(e, dg.AssetMaterialization) and e.asset_key == BOARD
+        ]
 
     @property
     def open(self) -> dict[str, Any]:
@@ -88,15 +94,21 @@ def test_open_incidents_is_written_when_an_incident_opens_and_when_it_resolves(i
     assert opened.metadata["open incidents (count)"].value == 1
     assert "opened check:provider_health:elevenlabs" in opened.metadata["changed"].value
     assert "[runbook](" in opened.metadata["incidents"].value
+    # Its check is red while the incident is open; the sensor never makes that an incident.
+    [red] = ticks.checks
+    assert (red.asset_key, red.check_name, red.passed) == (BOARD, "none_open", False)
+    assert "elevenlabs is DOWN" in (red.description or "")
 
     _check(instance, "elevenlabs", False)  # still down: counted in the cursor, the board unchanged
     assert ticks() == []
     assert ticks.open["check:provider_health:elevenlabs"]["count"] == 2
+    assert list(ticks.open) == ["check:provider_health:elevenlabs"]
 
     _check(instance, "elevenlabs", True)
     [resolved] = ticks()
     assert _rows(resolved) == [] and resolved.metadata["open incidents (count)"].value == 0
     assert resolved.metadata["changed"].value == "resolved check:provider_health:elevenlabs"
+    assert [c.passed for c in ticks.checks] == [True]
     assert ticks.open == {} and ticks() == []
 
 

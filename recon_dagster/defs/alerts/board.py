@@ -5,11 +5,11 @@ rather than a sensor cursor's JSON.
 The sensor keeps its ``IncidentBook`` in its cursor as before; each tick in which the book changed
 (an incident opened, resolved, or was told again) it also returns one materialization of this
 asset (``SensorResult.asset_events``): the table of the incidents open after the tick, their count,
-and what changed. The cursor remembers what the last one showed (``shown``), so a tick whose
-result was lost shows it again and a tick that changed nothing writes nothing.
+and what changed, with an evaluation of its check ``none_open`` (red while an incident is open, so
+the Catalog shows it red; the sensor never alerts on this check of its own). The cursor remembers
+what the last one showed (``shown``), so a tick whose result was lost shows it again and a tick
+that changed nothing writes nothing.
 """
-
-from __future__ import annotations
 
 import json
 from collections.abc import Mapping
@@ -23,6 +23,8 @@ from recon_dagster.defs.groups import ONCALL
 
 OPEN_INCIDENTS = dg.AssetKey("open_incidents")
 COUNT = "open incidents (count)"
+NONE_OPEN = "none_open"
+SENSOR = "reconcile_alerts"  # (``sensor.SENSOR_NAME``; the sensor imports this module)
 
 open_incidents = dg.AssetSpec(
     OPEN_INCIDENTS,
@@ -144,13 +146,57 @@ def board_event(
     )
 
 
+def check_evaluation(book: Mapping[str, Mapping[str, Any]]) -> dg.AssetCheckEvaluation:
+    """``none_open``'s verdict on ``book`` (pure): red while an incident is open, at WARN when
+    every open one is a warning (a degraded provider)."""
+    severities = {str(v.get("severity", "error")) for v in book.values()}
+    titles = sorted(str(v.get("title", k)) for k, v in book.items())
+    return dg.AssetCheckEvaluation(
+        asset_key=OPEN_INCIDENTS,
+        check_name=NONE_OPEN,
+        passed=not book,
+        severity=dg.AssetCheckSeverity.WARN if severities == {"warning"} else dg.AssetCheckSeverity.ERROR,
+        description=(f"{len(book)} open: " + "; ".join(titles))[:1000] if book else "no open incident",
+        metadata={"open": len(book), "incidents": dg.MetadataValue.json(sorted(book))},
+    )
+
+
+def cursor_book(instance: dg.DagsterInstance) -> dict[str, Any]:
+    """The open incidents in the alert sensor's cursor (empty when it has none or cannot be read)."""
+    for state in instance.all_instigator_state():
+        if state.instigator_name != SENSOR:
+            continue
+        try:
+            return dict(json.loads(getattr(state.instigator_data, "cursor", None) or "{}").get("open") or {})
+        except (ValueError, AttributeError, TypeError):
+            return {}
+    return {}
+
+
+@dg.asset_check(
+    asset=OPEN_INCIDENTS,
+    name=NONE_OPEN,
+    description="Red while the reconcile_alerts sensor holds an incident open (WARN when every open one "
+    "is a warning): evaluated by the sensor whenever an incident opens or resolves; Execute reads its "
+    "cursor now. The sensor never alerts on this check (it would page about its own pages).",
+)
+def none_open(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    evaluation = check_evaluation(cursor_book(context.instance))
+    return dg.AssetCheckResult(
+        passed=evaluation.passed,
+        severity=evaluation.severity,
+        description=evaluation.description,
+        metadata=dict(evaluation.metadata),
+    )
+
+
 def board_events(
     state: dict[str, Any], before: Mapping[str, Any], *, base_url: str | None, now: float
-) -> list[dg.AssetMaterialization]:
+) -> list[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
     """The tick's ``open_incidents`` materialization, if what it shows changed since the last one
     (``state["shown"]`` in the cursor, updated here); none otherwise."""
     shown = signature(state["open"])
     if state.get("shown") == shown:
         return []
     state["shown"] = shown
-    return [board_event(before, state["open"], base_url=base_url, now=now)]
+    return [board_event(before, state["open"], base_url=base_url, now=now), check_evaluation(state["open"])]

@@ -3,7 +3,7 @@ runs, and the incidents it holds open as the ``open_incidents`` asset."""
 
 import dagster as dg
 
-from recon_dagster.defs.alerts.board import open_incidents
+from recon_dagster.defs.alerts.board import none_open, open_incidents
 from recon_dagster.defs.alerts.sensor import reconcile_alerts
 
-defs = dg.Definitions(assets=[open_incidents], sensors=[reconcile_alerts])
+defs = dg.Definitions(assets=[open_incidents], asset_checks=[none_open], sensors=[reconcile_alerts])

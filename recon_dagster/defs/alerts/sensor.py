@@ -35,12 +35,12 @@ from recon_dagster.alerting.targets import Target
 from recon_dagster.config import PREFIX, Settings, settings
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.tls import shared_tls_context
-from recon_dagster.defs.alerts.board import board_events
+from recon_dagster.defs.alerts.board import OPEN_INCIDENTS, SENSOR, board_events
 from recon_dagster.defs.alerts.resource import AlertTargetsResource
 from recon_dagster.defs.alerts.signals import alerted_jobs, read_checks, read_failed_runs, read_recoveries
 from recon_dagster.defs.telemetry import timed_tick
 
-SENSOR_NAME = "reconcile_alerts"
+SENSOR_NAME = SENSOR  # "reconcile_alerts"
 MAX_TRIES = 10
 MAX_PENDING = 50
 # A tick's deliveries end by this long after it began, well inside Dagster's sensor timeout
@@ -92,7 +92,11 @@ def run_tick(
     assert repository is not None, "the alert sensor needs its code location"
     include_warn = settings().alert_min_severity == "warn"
 
-    check_keys = sorted(repository.asset_graph.asset_check_keys, key=lambda k: k.to_user_string())
+    # Every check but the board's own (red while an incident is open: never an incident itself).
+    check_keys = sorted(
+        (k for k in repository.asset_graph.asset_check_keys if k.asset_key != OPEN_INCIDENTS),
+        key=lambda k: k.to_user_string(),
+    )
     notes: list[str] = []
     check_signals, state["checks"] = read_checks(
         context.instance,
