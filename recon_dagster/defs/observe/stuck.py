@@ -259,25 +259,35 @@ def stuck_metadata(
     }
 
 
-def with_stories(context: dg.OpExecutionContext, engine: sa.Engine, job_ids: list[str]) -> set[str]:
+# Stories of listed jobs without one that a reconcile run records on top of its own (it has just
+# recorded up to ``STORIES_PER_RUN``); the health schedule's refresh records up to that many.
+STORIES_BY_RUNS = 10
+
+
+def with_stories(
+    context: dg.OpExecutionContext, engine: sa.Engine, job_ids: list[str], limit: int = STORIES_PER_RUN
+) -> set[str]:
     """The jobs of ``job_ids`` whose ``job_story`` page exists, after recording the story of those
     no run recorded yet (a job never polled, one a run's share of stories left out), at most
-    ``STORIES_PER_RUN`` of them, in the table's order. Never raises."""
+    ``limit`` of them, in the table's order. Never raises."""
     try:
         have = {j for j in job_ids if context.instance.has_dynamic_partition(PARTITIONS, j)}
     except Exception as exc:
         context.log.warning(f"which stuck jobs have a story page could not be read: {exc}")
         return set()
-    missing = [j for j in job_ids if j not in have][:STORIES_PER_RUN]
+    missing = [j for j in job_ids if j not in have][: max(limit, 0)]
     if missing and record_stories(context, engine, missing):
         have |= {j for j in missing if context.instance.has_dynamic_partition(PARTITIONS, j)}
     return have
 
 
-def _read(conn: sa.Connection, context: dg.OpExecutionContext | None = None) -> dict[str, Any]:
+def _read(
+    conn: sa.Connection, context: dg.OpExecutionContext | None = None, stories: int = STORIES_PER_RUN
+) -> dict[str, Any]:
     rule = StuckRule.configured()
     rows = stuck_rows(conn, rule=rule)
-    storied = with_stories(context, conn.engine, [r["job_id"] for r in rows]) if context is not None else None
+    ids = [r["job_id"] for r in rows]
+    storied = with_stories(context, conn.engine, ids, stories) if context is not None else None
     return stuck_metadata(rows, ui_base_url(None), stuck_counts(conn, rule), storied)
 
 
@@ -285,7 +295,7 @@ def report_stuck(context: dg.OpExecutionContext, database: DatabaseResource) -> 
     """Record ``stuck_jobs`` again from a run that changed it (never fails the run's work)."""
     try:
         with database.get_engine().connect() as conn:
-            meta = _read(conn, context)
+            meta = _read(conn, context, STORIES_BY_RUNS)
     except Exception as exc:
         context.log.warning(f"stuck_jobs could not be refreshed: {exc}")
         return
