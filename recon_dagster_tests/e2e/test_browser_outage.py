@@ -16,6 +16,10 @@ alert sensor delivers to loopback Slack and PagerDuty receivers. The pages then 
 6. the force-fail at the cap cancelled its request at fal (it was still queued there), and
    stuck_jobs lists only the stuck: Replicate's unanswered predictions with why, not the ones whose
    polls on time say they still run (counted in running_fine).
+7. a stuck row's story is one click away, on a job_story page that exists;
+8. the Catalog leads with the recon_oncall group, the open incidents are an asset page (what,
+   severity, first step, runbook), and the outcome plots are one per kind and figure, labelled with
+   their unit, none for what never happened (no flat-zero panel).
 
 Screenshots: ``.recon/screenshots/outage-*.png``.
 """
