@@ -1,6 +1,7 @@
-"""The Catalog's asset groups. Dagster lists groups by name, so ``recon_oncall`` (what an on-call
-engineer opens first: the open incidents, provider health, the stuck jobs) comes before
-``reconciliation`` (what the runs did, for analysis) and ``spend``."""
+"""The Catalog's asset groups. ``recon_oncall`` holds what an on-call engineer opens first (the
+incidents open now, provider health, the stuck jobs); ``reconciliation`` what the runs did, for
+analysis; ``spend`` the bills. Dagster lists groups by name (Lineage), so ``recon_oncall`` comes
+first; its Catalog is one table sorted by asset name, where ``active_incidents`` is the first row."""
 
 ONCALL = "recon_oncall"
 RECONCILIATION = "reconciliation"

@@ -1,6 +1,6 @@
 """Issue 55, item 8: pages that read.
 
-- ``open_incidents``: the alert sensor's open incidents as an asset, written on the tick an
+- ``active_incidents``: the alert sensor's open incidents as an asset, written on the tick an
   incident opens and on the tick it resolves (and never on a tick that changed nothing), each row
   with what, since when, severity, its first step and runbook; the sensor's cursor and alerts as
   before.
@@ -26,7 +26,7 @@ from recon_dagster_tests.support.factories import make_job, make_user
 from recon_dagster_tests.support.reconcile import make_defs, stale_job_with_task, tick
 
 HEALTH = dg.AssetKey("provider_health")
-BOARD = dg.AssetKey("open_incidents")
+BOARD = dg.AssetKey("active_incidents")
 
 
 class Ticks:
@@ -37,7 +37,7 @@ class Ticks:
         self.cursor: str | None = None
 
     def __call__(self) -> list[Any]:
-        """The tick's ``open_incidents`` materializations; its asset events stored as the daemon does."""
+        """The tick's ``active_incidents`` materializations; its asset events stored as the daemon does."""
         with dg.build_sensor_context(
             instance=self.instance,
             repository_def=self.repository,
@@ -131,7 +131,7 @@ def test_the_catalog_leads_with_the_oncall_group(media_dir):
     groups: dict[str, set[str]] = {}
     for key in graph.get_all_asset_keys():
         groups.setdefault(graph.get(key).group_name, set()).add(key.to_user_string())
-    assert {"open_incidents", "provider_health", "stuck_jobs"} <= groups["recon_oncall"]
+    assert {"active_incidents", "provider_health", "stuck_jobs"} <= groups["recon_oncall"]
     assert "reconcile_outcomes" in groups["reconciliation"]
     # Dagster lists groups by name: on-call first.
     assert sorted(groups)[0] == "recon_oncall", sorted(groups)

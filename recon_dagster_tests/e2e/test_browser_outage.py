@@ -279,24 +279,36 @@ def _dump(console: Console, name: str) -> str:
 
 
 def test_8_the_catalog_leads_with_oncall_and_shows_what_is_open(console: Console, outage: dict):
-    """Item 8: the Catalog's first group is recon_oncall (open incidents, provider health, stuck
-    jobs), and the open incidents are an asset page: what, severity, first step, runbook."""
+    """Item 8: the Catalog (one table sorted by asset name) opens on active_incidents, red, in the
+    recon_oncall group (open incidents, provider health, stuck jobs); the open incidents are an
+    asset page: what, severity, first step, runbook."""
     from playwright.sync_api import expect
 
-    page = console.open("/assets", wait_text="open_incidents")
+    page = console.open("/assets", wait_text="active_incidents")
     text = _dump(console, "outage-catalog")
-    assert "recon_oncall" in text, text
-    groups = [g for g in ("recon_oncall", "reconciliation", "spend") if g in text]
-    assert groups[0] == "recon_oncall" and text.index("recon_oncall") < text.index("reconciliation"), groups
+    assets = [
+        a for a in ("active_incidents", "anthropic_spend", "credit_anomalies", "provider_health") if a in text
+    ]
+    assert assets[0] == "active_incidents" and min(assets, key=text.index) == "active_incidents", assets
+    assert text.index("recon_oncall") < text.index("anthropic_spend"), text[:2000]
+    # Its group: the on-call assets together, one click away.
+    page.get_by_role("link", name="recon_oncall").first.click()
+    for name in ("active_incidents", "provider_health", "stuck_jobs"):
+        page.get_by_text(name, exact=True).first.wait_for(timeout=60_000)
+    console.shot("outage-oncall-group")
     # The open incidents: ElevenLabs DOWN and the force-fail at the cap, each with its first step.
-    page = console.open("/assets/open_incidents", wait_text="open_incidents")
+    page = console.open("/assets/active_incidents", wait_text="active_incidents")
     expect(page.get_by_text("elevenlabs is DOWN (provider_health)").first).to_be_visible(timeout=60_000)
-    text = _dump(console, "outage-open-incidents")
+    text = _dump(console, "outage-active-incidents")
     assert (
         "check:provider_health:elevenlabs" in text and "check:credit_anomalies:no_new_exhausted_jobs" in text
     )
     assert "Read the alert's last reason" in text
     assert f"{RUNBOOKS}operations.md#runbook-provider-health" in text
+    # Its check is red while they are open.
+    page = console.open("/assets/active_incidents?view=checks", wait_text="none_open")
+    expect(_check_row(page, "none_open")).to_contain_text("failed", ignore_case=True, timeout=60_000)
+    console.shot("outage-active-incidents-check")
 
 
 def test_8_outcome_plots_are_per_kind_and_never_flat_zero(console: Console, outage: dict):

@@ -1,6 +1,7 @@
-"""``open_incidents``: the alert sensor's open incidents as an asset of the on-call group, so the
+"""``active_incidents``: the alert sensor's open incidents as an asset of the on-call group, so the
 Catalog shows what is paging now (what, since when, severity, the first step and its runbook)
-rather than a sensor cursor's JSON.
+rather than a sensor cursor's JSON. Dagster's Catalog sorts assets by name: this one is its first
+row.
 
 The sensor keeps its ``IncidentBook`` in its cursor as before; each tick in which the book changed
 (an incident opened, resolved, or was told again) it also returns one materialization of this
@@ -21,12 +22,12 @@ import dagster as dg
 from recon_dagster.alerting.runbook import DOC, runbook_for, runbook_url
 from recon_dagster.defs.groups import ONCALL
 
-OPEN_INCIDENTS = dg.AssetKey("open_incidents")
+OPEN_INCIDENTS = dg.AssetKey("active_incidents")
 COUNT = "open incidents (count)"
 NONE_OPEN = "none_open"
 SENSOR = "reconcile_alerts"  # (``sensor.SENSOR_NAME``; the sensor imports this module)
 
-open_incidents = dg.AssetSpec(
+active_incidents = dg.AssetSpec(
     OPEN_INCIDENTS,
     group_name=ONCALL,
     description="What is paging now: each incident the reconcile_alerts sensor holds open (what, since "
@@ -128,7 +129,7 @@ def changes(before: Mapping[str, Any], after: Mapping[str, Mapping[str, Any]]) -
 def board_event(
     before: Mapping[str, Any], after: Mapping[str, Mapping[str, Any]], *, base_url: str | None, now: float
 ) -> dg.AssetMaterialization:
-    """The materialization of ``open_incidents`` after a tick that changed the book (pure)."""
+    """The materialization of ``active_incidents`` after a tick that changed the book (pure)."""
     rows = incident_rows(after, base_url, now)
     changed = changes(before, after) or ["shown again"]
     return dg.AssetMaterialization(
@@ -193,7 +194,7 @@ def none_open(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
 def board_events(
     state: dict[str, Any], before: Mapping[str, Any], *, base_url: str | None, now: float
 ) -> list[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
-    """The tick's ``open_incidents`` materialization, if what it shows changed since the last one
+    """The tick's ``active_incidents`` materialization, if what it shows changed since the last one
     (``state["shown"]`` in the cursor, updated here); none otherwise."""
     shown = signature(state["open"])
     if state.get("shown") == shown:

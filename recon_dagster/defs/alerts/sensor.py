@@ -12,7 +12,7 @@ open incidents and the deliveries still owed to a target that failed (retried ea
 is given up on after ``MAX_TRIES`` failed tries, ``recon_dagster.alerting.delivery``). Deliveries
 end ``DELIVERY_BUDGET_S`` after the tick began, so a target that never answers cannot make the
 tick outlive Dagster's sensor timeout (the daemon would keep the old cursor and every target
-would get every alert again), and what the ``open_incidents`` asset last showed (``shown``: the
+would get every alert again), and what the ``active_incidents`` asset last showed (``shown``: the
 sensor writes that asset when it changes, ``board``). It holds no secret. With no target configured, it still logs each alert at
 ERROR (trigger) or INFO (resolve), so the sensor's tick history is the alert log.
 """
@@ -196,7 +196,7 @@ def _owed_from(pending: list[dict[str, Any]]) -> list[Owed]:
     f"(dedup_key per check and provider), Microsoft Teams, a JSON webhook ({PREFIX}ALERT_* settings) and "
     f"{Settings.alert_hook.name}. A reconcile run failed by its provider's outage belongs to that provider's "
     "health incident; a run whose worker went away (a deploy) pages only when such runs keep dying. "
-    "With no target set, each alert is logged here. The incidents open now are the open_incidents "
+    "With no target set, each alert is logged here. The incidents open now are the active_incidents "
     "asset (group recon_oncall), written by this sensor when one opens or resolves.",
 )
 @timed_tick("reconcile_alerts")
