@@ -285,6 +285,7 @@ def test_8_the_catalog_leads_with_oncall_and_shows_what_is_open(console: Console
     from playwright.sync_api import expect
 
     page = console.open("/assets", wait_text="active_incidents")
+    page.wait_for_timeout(3000)  # the Status column loads after the rows
     text = _dump(console, "outage-catalog")
     assets = [
         a for a in ("active_incidents", "anthropic_spend", "credit_anomalies", "provider_health") if a in text

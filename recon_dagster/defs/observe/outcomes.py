@@ -77,10 +77,14 @@ reconcile_outcomes = _written_by_runs(
     partitions_def=provider_kind_partitions,
     description="Written by every reconcile_job and sync_sweep_job run (not launched on its own). "
     "What reconcile runs did, per provider_kind: one materialization per run and kind "
-    "with '<kind>: recovered (jobs)', failed_refunded, swept, force_failed, still_running, errors and "
-    "the credits committed and refunded; a figure is written when it is not zero (or just fell to "
-    "zero), so an outcome that never happened draws no flat plot.",
+    "labelled by kind and unit ('kie-standard: recovered (jobs)', failed_refunded, swept, force_failed, "
+    "still_running, errors, worked; 'kie-standard: credits_refunded (credits)'); a figure is written when "
+    "it is not zero (or just fell to zero), so an outcome that never happened draws no flat plot.",
 )
+
+
+def _first_kind(provider: str) -> str:
+    return min((k for k, spec in KINDS.items() if str(spec.provider) == provider), default=provider)
 
 
 def provider_outcomes_key(provider: str) -> dg.AssetKey:
@@ -96,7 +100,7 @@ provider_outcome_specs = [
         key=provider_outcomes_key(p),
         description=f"Written by every reconcile_job and sync_sweep_job run that touched {p} "
         f"(not launched on its own). What each such run did to {p}'s jobs, over time: one point per "
-        "run and kind it worked, one plot per kind and outcome that ever happened ('<kind>: "
+        f"run and kind it worked, one plot per kind and outcome that ever happened ('{_first_kind(p)}: "
         "force_failed (jobs)', ...); an outcome that never happened has no plot.",
     )
     for p in provider_names()
