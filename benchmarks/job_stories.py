@@ -74,6 +74,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--attempts", type=int, default=17)
     parser.add_argument("--instance", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--partitions", type=int, default=0, help="job_story partitions in the instance")
     args = parser.parse_args()
     with throwaway_database() as url:
         engine = get_engine(url)
@@ -110,6 +111,17 @@ def main() -> int:
             t = time.perf_counter() - start
             print(
                 f"has_dynamic_partition: {t * 1000:.0f} ms for {found} rows, {t / args.jobs * 1000:.2f} ms per row"
+            )
+            # The other way: every partition in one query, at the instance's size (--partitions).
+            extra = max(args.partitions - args.jobs, 0)
+            if extra:
+                instance.add_dynamic_partitions(PARTITIONS, [str(uuid.uuid4()) for _ in range(extra)])
+            start = time.perf_counter()
+            every = set(instance.get_dynamic_partitions(PARTITIONS))
+            found = sum(str(j) in every for j in ids)
+            t = time.perf_counter() - start
+            print(
+                f"get_dynamic_partitions: {t * 1000:.0f} ms for {len(every)} partitions ({found} rows found)"
             )
     return 0
 
