@@ -158,7 +158,7 @@ def check_evaluation(book: Mapping[str, Mapping[str, Any]]) -> dg.AssetCheckEval
         passed=not book,
         severity=dg.AssetCheckSeverity.WARN if severities == {"warning"} else dg.AssetCheckSeverity.ERROR,
         description=(f"{len(book)} open: " + "; ".join(titles))[:1000] if book else "no open incident",
-        metadata={"open": len(book), "incidents": dg.MetadataValue.json(sorted(book))},
+        metadata={COUNT: len(book), "incidents": dg.MetadataValue.json(sorted(book))},
     )
 
 
