@@ -343,7 +343,7 @@ def test_a_run_in_which_every_job_errored_fails_after_counting_attempts(db, inst
     [run] = instance.get_runs(filters=dg.RunsFilter(job_name="reconcile_job"))
     assert run.status == dg.DagsterRunStatus.FAILURE
     [m] = _materializations(instance, "reconcile_outcomes")  # recorded before the run failed
-    assert m.metadata["errors"].value == 3
+    assert m.metadata["kie-standard: errors (jobs)"].value == 3
 
 
 def test_partial_errors_keep_the_run_green_and_log_a_warning(db, instance, media_dir, sandbox, caplog):
