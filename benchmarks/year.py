@@ -3,15 +3,21 @@ pruning pass costs the app's writes.
 
 Two parts:
 
-``year``: two databases, one pruned by ``prune_pass`` at each month's end and one never pruned,
-each given twelve months of history bulk-seeded in the shape the app and recon_dagster write it:
-``--per-day`` generations a day (the issue's mid-size app is 50,000; the default here is 1,000,
-a 1/50 scale, because the machine is shared), one ``usage_logs`` row and one create-ledger row per
-generation, 2% stuck, each stuck job with 3 reconcile attempts. At months 1, 6 and 12 it prints
-each of our tables' and their indexes' sizes, the stale scan's and ``explain``'s latency (median of
-20), and the pruning pass's duration, batches and slowest batch. All history is seeded in bulk:
-no day runs through the real reconciler at full rate here (``benchmarks/backlog.py`` measures
-that), and the UI's GraphQL pages are not measured.
+``year``: two worlds, one pruned (``prune_history``'s three parts: our tables' pass, the job_story
+pages, our Dagster runs) and one never pruned, each its own app database and its own Dagster
+instance on PostgreSQL, given twelve months of traffic: ``--per-day`` generations a day (the issue's
+mid-size app is 50,000; the default here is 1,000, a 1/50 scale, because the machine is shared),
+one ``usage_logs`` row and one create-ledger row per generation, 2% stuck, and four KIE balance
+samples a day (the spend run's chain, ``recon_balance_samples``). Most days are
+bulk-seeded (each stuck job with 3 reconcile attempts); ``--sampled-days`` days spread over the
+year run their stuck jobs through the real reconciler instead (``year_world.py``: the sensor and
+reconcile runs in-process, as ``reconcile --once`` and the tests run them, against the loopback
+sandbox, with an outage on every other sampled day and a 429 with Retry-After now and then; the
+pruned world's retention pass after every tick, on a compressed clock). The pruned world also
+runs a pass at each month's end. At months 1, 6 and 12 it prints each of our tables' and their
+indexes' sizes, Dagster's storage (runs, event log, partitions), the stale scan's and
+``explain``'s latency (median of 20), the UI's GraphQL asset and run pages (median of 5, in-process
+through dagster-graphql's schema) and the month-end pass.
 
 ``lock``: ``--lock-events`` rows of ``reconcile_events`` past their retention (10,000,000 in the
 issue; 2,000,000 by default here), then the app's writers (INSERT and UPDATE ``jobs``, INSERT
@@ -21,15 +27,20 @@ before and during, how many of their statements waited on a lock (``pg_stat_acti
 every 20 ms), and the pass's slowest batch.
 
     RECON_DATABASE_URL=postgresql://root@127.0.0.1:5432/postgres \\
-      .venv/bin/python benchmarks/year.py [--part year|lock|both] [--per-day 1000] [--lock-events 2000000]
+      .venv/bin/python benchmarks/year.py [--part year|lock|both] [--per-day 1000] [--sampled-days 3]
+        [--lock-events 2000000]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import random
 import secrets
+import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -53,7 +64,11 @@ from recon_dagster.db.jobs import scan_stale
 from recon_dagster.db.migrate import migrate
 from recon_dagster.db.retention import Horizons, cutoffs, prune_pass
 from recon_dagster.operator.explain import load_story
+from recon_dagster.sandbox import SandboxServer
 from recon_dagster_tests.support.instance import drop_database, ensure_database
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # year_world, harness (run from anywhere)
+from year_world import World
 
 DAY = 86_400.0
 TABLES = (
@@ -63,6 +78,7 @@ TABLES = (
     "upstream_creates",
     "recon_pruned_jobs",
     "reconcile_decisions",
+    "recon_balance_samples",
 )
 HORIZONS = Horizons(
     events_s=90 * DAY, decisions_s=30 * DAY, creates_s=90 * DAY, tombstones_s=400 * DAY,
@@ -70,7 +86,8 @@ HORIZONS = Horizons(
 )  # fmt: skip
 
 # One simulated day of history, :day days before now: jobs, their usage and creates, and for 2%
-# (every 50th) three reconcile attempts. Kinds in rough registry proportions.
+# (every 50th) three reconcile attempts (not on a sampled day: its stuck jobs are reconciled for
+# real, year_world.py). Kinds in rough registry proportions.
 SEED_DAY = """
 WITH j AS (
   INSERT INTO jobs (user_id, job_type, status, provider_kind, provider_task_id, provider_call_started_at,
@@ -100,11 +117,26 @@ WITH j AS (
   SELECT id, provider_kind, a, CASE WHEN a < 3 THEN 'still_running' WHEN status = 'completed' THEN 'recovered' ELSE 'failed' END,
          'upstream said running', id::text || ':' || a, md5(id::text || a)::uuid::text, 'answered',
          created_at + make_interval(mins => 10 + 5 * a)
-  FROM j, generate_series(1, 3) AS a WHERE ('x' || substr(md5(id::text), 1, 8))::bit(32)::int % 50 = 0
+  FROM j, generate_series(1, 3) AS a
+  WHERE :bulk AND ('x' || substr(md5(id::text), 1, 8))::bit(32)::int % 50 = 0
   RETURNING 1
 )
 SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM c), (SELECT count(*) FROM e)
 """
+
+
+# The KIE spend run's balance samples, a chain, 4 a day (:day days before now, at :h hours).
+SAMPLE = (
+    "INSERT INTO recon_balance_samples (provider, balance, sampled_at, previous_id) "
+    "SELECT 'kie', 1000, now() - make_interval(days => :day) + make_interval(hours => :h), "
+    "(SELECT max(id) FROM recon_balance_samples WHERE provider = 'kie')"
+)
+
+STALE_ROWS = (
+    "INSERT INTO jobs (user_id, job_type, status, provider_kind, provider_task_id, provider_call_started_at) "
+    "SELECT gen_random_uuid(), 'image', 'processing', 'kie-standard', 'stuck-' || g, now() - interval '1 hour' "
+    "FROM generate_series(1, 200) g RETURNING id"
+)
 
 
 def sizes(conn: sa.Connection) -> str:
@@ -117,6 +149,27 @@ def sizes(conn: sa.Connection) -> str:
     return "; ".join(parts)
 
 
+OURS = (
+    "reconcile_events",
+    "upstream_creates",
+    "recon_pruned_jobs",
+    "reconcile_decisions",
+    "recon_balance_samples",
+)
+
+
+def index_sizes(conn: sa.Connection) -> str:
+    """Each index of our tables, its size."""
+    rows = conn.execute(
+        sa.text(
+            "SELECT indexrelname, pg_relation_size(indexrelid) FROM pg_stat_user_indexes "
+            "WHERE relname = ANY(:t) ORDER BY relname, indexrelname"
+        ),
+        {"t": list(OURS)},
+    )
+    return ", ".join(f"{name} {size / 1024:,.0f}" for name, size in rows) + " KiB"
+
+
 def median_ms(fn, times: int = 20) -> float:  # type: ignore[no-untyped-def]
     out = []
     for _ in range(times):
@@ -126,65 +179,101 @@ def median_ms(fn, times: int = 20) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(out)
 
 
-def year(server: str, per_day: int) -> None:
-    names = {mode: f"recon_bench_year_{mode}_{secrets.token_hex(3)}" for mode in ("pruned", "kept")}
+def _measure(world: World, month: int, seeded: float, report: str) -> None:
+    """The month's figures for one world: sizes, the stale scan (over a constant 200 stale rows,
+    added for the measurement only: the real reconciler would work them), explain, Dagster's
+    storage and its UI's GraphQL pages."""
+    engine = world.engine
+    with engine.begin() as conn:
+        stale = conn.execute(sa.text(STALE_ROWS)).scalars().all()
+    with engine.connect() as conn:
+        some = conn.execute(
+            sa.text("SELECT job_id FROM reconcile_events ORDER BY created_at DESC LIMIT 1")
+        ).scalar()
+        scan = median_ms(lambda c=conn: scan_stale(c))  # type: ignore[misc]
+        table = sizes(conn)
+        indexes = index_sizes(conn)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM jobs WHERE id = ANY(:ids)"), {"ids": list(stale)})
+    explain = median_ms(lambda e=engine, j=some: load_story(e, j))  # type: ignore[misc]
+    gql = world.graphql_ms()
+    print(f"month {month:2d} {world.mode:6s}: {table}")
+    print(f"           indexes: {indexes}")
+    print(f"           dagster: {world.dagster_sizes()}; {world.partitions():,} job_story partitions")
+    print(
+        f"           stale scan {scan:.1f} ms, explain {explain:.1f} ms, seeded in {seeded:.1f} s; graphql "
+        + ", ".join(f"{k} {v:.0f} ms" for k, v in gql.items())
+        + report,
+        flush=True,
+    )
+
+
+def year(server: str, per_day: int, sampled: int) -> None:
+    """Twelve simulated months in two worlds; ``sampled`` days spread over the year run through
+    the real reconciler (see year_world.py), the rest bulk-seeded."""
+    media_dir = tempfile.mkdtemp(prefix="recon-bench-year-")
+    rng = random.Random(54)
+    # Days before the end of the sampled days, spread from the year's third week to its last
+    # fortnight (months 1 and 12 each have one: their runs are still within run retention).
+    sample_days = {round(345 - k * 330 / max(sampled - 1, 1)) for k in range(sampled)}
+    zero = datetime.now(UTC)
+    worlds: list[World] = []
+    saved = dict(os.environ)
     try:
-        engines = {}
-        for mode, name in names.items():
-            ensure_database(server, name)
-            engines[mode] = get_engine(with_database(server, name))
-            migrate(engines[mode])
-            with engines[mode].begin() as conn:  # the stale backlog the scan finds (constant)
-                conn.execute(
-                    sa.text(
-                        "INSERT INTO jobs (user_id, job_type, status, provider_kind, provider_task_id, "
-                        "provider_call_started_at) SELECT gen_random_uuid(), 'image', 'processing', 'kie-standard', "
-                        "'stuck-' || g, now() - interval '1 hour' FROM generate_series(1, 200) g"
-                    )
-                )
-        start = datetime.now(UTC) - timedelta(days=360)
-        print(
-            f"year: {per_day:,} generations a day (1/{50_000 // per_day} of 50,000), 2% stuck, 3 attempts each"
-        )
-        for month in range(1, 13):
-            for mode, engine in engines.items():
-                t0 = time.monotonic()
-                with engine.begin() as conn:
-                    for day in range(360 - 30 * (month - 1), 360 - 30 * month, -1):
-                        conn.execute(sa.text(SEED_DAY), {"day": day, "n": per_day})
-                seeded = time.monotonic() - t0
-                report = None
-                if mode == "pruned":
-                    sim_now = start + timedelta(days=30 * month)
-                    report = prune_pass(engine, cutoffs(sim_now, HORIZONS), batch=1000, budget_s=3600)
-                # What autovacuum does between passes: dead rows' space is reused, not returned.
-                with psycopg.connect(
-                    libpq_url(engine.url.render_as_string(hide_password=False)), autocommit=True
-                ) as pg:
-                    pg.execute("VACUUM ANALYZE")
-                if month not in (1, 6, 12):
-                    continue
-                with engine.connect() as conn:
-                    some = conn.execute(
-                        sa.text("SELECT job_id FROM reconcile_events ORDER BY created_at DESC LIMIT 1")
-                    ).scalar()
-                    scan = median_ms(lambda c=conn: scan_stale(c))  # type: ignore[misc]
-                    table = sizes(conn)
-                explain = median_ms(lambda e=engine, j=some: load_story(e, j))  # type: ignore[misc]
-                print(f"month {month:2d} {mode:6s}: {table}")
-                line = (
-                    f"           stale scan {scan:.1f} ms, explain {explain:.1f} ms, seeded in {seeded:.1f} s"
-                )
-                if report is not None:
-                    line += (
-                        f"; pruning pass {report.seconds:.2f} s, {report.batches} batches, slowest batch "
-                        f"{report.slowest_batch_s * 1000:.0f} ms, deleted {sum(report.deleted.values()):,}"
-                    )
-                print(line, flush=True)
+        with SandboxServer(api_key="bench-year-key") as sandbox:
+            os.environ.update(sandbox.env())
+            for mode in ("pruned", "kept"):
+                worlds.append(World(server, mode, media_dir, HORIZONS))
+            print(
+                f"year: {per_day:,} generations a day (1/{50_000 // per_day} of 50,000), 2% stuck; "
+                f"{len(sample_days)} sampled days (days {sorted(sample_days, reverse=True)} before the end) of "
+                f"{per_day // 50} stuck jobs each through the real reconciler, the rest bulk-seeded",
+                flush=True,
+            )
+            for month in range(1, 13):
+                days = range(360 - 30 * (month - 1), 360 - 30 * month, -1)
+                for world in worlds:
+                    t0 = time.monotonic()
+                    with world.engine.begin() as conn:
+                        for day in days:
+                            conn.execute(
+                                sa.text(SEED_DAY), {"day": day, "n": per_day, "bulk": day not in sample_days}
+                            )
+                            for h in (0, 6, 12, 18):
+                                conn.execute(sa.text(SAMPLE), {"day": day, "h": h})
+                    seeded = time.monotonic() - t0
+                    for day in (d for d in days if d in sample_days):
+                        sim_day = zero - timedelta(days=day)
+                        outage = day in sorted(sample_days)[1::2]  # every other one, not the first
+                        r = world.sampled_day(sandbox, sim_day, per_day // 50, rng, outage=outage)
+                        print(
+                            f"  sampled day {sim_day:%Y-%m-%d} (month {month}) {world.mode}"
+                            f"{' with an outage' if outage else ''}: {r.line()}",
+                            flush=True,
+                        )
+                    report = ""
+                    sim_now = zero - timedelta(days=360 - 30 * month)
+                    if world.mode == "pruned" and month in (1, 6, 12):
+                        report = watched_pass(world, sim_now)
+                    elif world.mode == "pruned":
+                        world.retention(sim_now)
+                    # What autovacuum does between passes (both databases): dead rows' space is
+                    # reused, not returned.
+                    for url in (world.url, world.dagster_url):
+                        with psycopg.connect(libpq_url(url), autocommit=True) as pg:
+                            pg.execute("VACUUM ANALYZE")
+                    if month in (1, 6, 12):
+                        _measure(world, month, seeded, report)
     finally:
+        for world in worlds:
+            world.close()
+        os.environ.clear()
+        os.environ.update(saved)
         dispose_engines()
-        for name in names.values():
-            drop_database(server, name)
+        for world in worlds:
+            for name in world.names:
+                drop_database(server, name)
+        shutil.rmtree(media_dir, ignore_errors=True)
 
 
 class AppWriters:
@@ -241,6 +330,59 @@ def figures(latencies: list[float]) -> str:
     return f"{len(ms)} writes, p50 {statistics.median(ms):.1f} ms, p99 {p99:.1f} ms, max {ms[-1]:.1f} ms"
 
 
+class LockWatch:
+    """How often an app writer's session waits on a lock: ``pg_stat_activity`` every 20 ms."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.waits: list[int] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self.done.is_set():
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'app-worker' "
+                    "AND wait_event_type = 'Lock'"
+                ).fetchone()
+                self.waits.append(int(row[0]) if row else 0)
+                time.sleep(0.02)
+
+    def stop(self) -> tuple[int, int]:
+        """(samples that saw an app session waiting on a lock, samples)"""
+        self.done.set()
+        self.thread.join(5)
+        return sum(1 for w in self.waits if w), len(self.waits)
+
+
+def watched_pass(world: World, sim_now: datetime) -> str:
+    """The month-end retention pass while the app's writers run (2 connections, as ``lock``):
+    its duration, slowest batch, what it deleted, the writes' latency and lock waits."""
+    with world.engine.begin() as conn:
+        targets = [str(t) for t in conn.execute(sa.text(STALE_ROWS)).scalars()]
+    url = libpq_url(world.url)
+    app = AppWriters(url, 2, targets)
+    watch = LockWatch(url)
+    t0 = time.monotonic()
+    seconds, slowest, deleted = world.retention(sim_now)
+    t1 = time.monotonic()
+    waited, samples = watch.stop()
+    app.close()
+    with world.engine.begin() as conn:  # the writers' rows and the targets go (not the year's)
+        conn.execute(
+            sa.text("DELETE FROM reconcile_events WHERE job_id = ANY(CAST(:t AS uuid[]))"), {"t": targets}
+        )
+        conn.execute(sa.text("DELETE FROM jobs WHERE id = ANY(CAST(:t AS uuid[]))"), {"t": targets})
+        conn.execute(sa.text("DELETE FROM jobs WHERE status = 'pending' AND provider_kind IS NULL"))
+    return (
+        f"; month-end pass {seconds:.2f} s, slowest batch {slowest * 1000:.0f} ms, deleted {deleted:,} "
+        f"(rows, pages, runs); app writes during it: {figures(app.between(t0, t1))}, {waited} of "
+        f"{samples} samples with an app session waiting on a lock, {len(app.errors)} errors"
+    )
+
+
 def lock(server: str, events: int, pass_s: float, writers: int) -> None:
     name = f"recon_bench_prune_{secrets.token_hex(3)}"
     ensure_database(server, name)
@@ -271,28 +413,13 @@ def lock(server: str, events: int, pass_s: float, writers: int) -> None:
         )
 
         app = AppWriters(libpq_url(url), writers, inflight)
-        waits: list[int] = []
-        sampling = threading.Event()
-
-        def sample() -> None:
-            with psycopg.connect(libpq_url(url), autocommit=True) as conn:
-                while not sampling.is_set():
-                    row = conn.execute(
-                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'app-worker' "
-                        "AND wait_event_type = 'Lock'"
-                    ).fetchone()
-                    waits.append(int(row[0]) if row else 0)
-                    time.sleep(0.02)
-
         time.sleep(3)
-        sampler = threading.Thread(target=sample, daemon=True)
         p0 = time.monotonic()
-        sampler.start()
+        watch = LockWatch(libpq_url(url))
         cuts = cutoffs(datetime.now(UTC), HORIZONS)
         report = prune_pass(engine, cuts, batch=1000, budget_s=pass_s)
         p1 = time.monotonic()
-        sampling.set()
-        sampler.join(5)
+        waits = watch.stop()
         app.close()
         print(
             f"  pruning pass: {report.seconds:.1f} s, {report.batches} batches of 1000, deleted "
@@ -302,7 +429,7 @@ def lock(server: str, events: int, pass_s: float, writers: int) -> None:
         print(f"  app writes before the pass: {figures(app.between(p0 - 3, p0))}")
         print(f"  app writes during the pass: {figures(app.between(p0, p1))}")
         print(
-            f"  app sessions seen waiting on a lock: {sum(1 for w in waits if w)} of {len(waits)} samples "
+            f"  app sessions seen waiting on a lock: {waits[0]} of {waits[1]} samples "
             f"(every 20 ms); app write errors: {len(app.errors)}"
         )
     finally:
@@ -316,6 +443,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--part", choices=("year", "lock", "both"), default="both")
     parser.add_argument("--per-day", type=int, default=1000)
+    parser.add_argument("--sampled-days", type=int, default=3, help="days through the real reconciler")
     parser.add_argument("--lock-events", type=int, default=2_000_000)
     parser.add_argument("--pass-s", type=float, default=60.0)
     parser.add_argument("--writers", type=int, default=2)
@@ -323,7 +451,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     server = normalize_url(args.database_url) if args.database_url else resolve_database_url()
     if args.part in ("year", "both"):
-        year(server, args.per_day)
+        year(server, args.per_day, args.sampled_days)
     if args.part in ("lock", "both"):
         lock(server, args.lock_events, args.pass_s, args.writers)
     return 0

@@ -5,6 +5,10 @@ samples. Each sample names the one its window starts at, and a sample starts at 
 ``record`` is a compare-and-set on the chain's head, so of two runs that read the same latest
 sample only one extends the chain; the other is told so (None) and must measure again from the
 sample that won, never count the same window a second time.
+
+The chain is pruned from its old end by ``prune_history`` (``db/retention.py``): never its head,
+a sample of a spend day not final yet or the sample such a one measures from; the oldest sample
+kept becomes the chain's first (``previous_id`` NULL).
 """
 
 from __future__ import annotations

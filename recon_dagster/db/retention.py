@@ -15,6 +15,10 @@ Never deleted, whatever the age (``KEEP`` says why, and docs/operations.md repea
 - a create the orphan sweep has not judged (``sending``/``ambiguous`` with no fate: maybe billed),
   a billed orphan (``orphan_billed``: money to claim back), a create inside the sweep's window or of
   a spend day not yet final (the spend checks read the ledger's task ids);
+- a balance sample (``recon_balance_samples``) at the head of its provider's chain (the next spend
+  run measures from it), one taken on or after the start of the oldest spend day not final yet,
+  or the sample such a one measures from; older samples go oldest first, and the oldest one kept
+  becomes the chain's first (its ``previous_id`` cleared in the same statement);
 - the app's tables (``jobs``, ``usage_logs``, ``user_credits``, ``credit_anomalies``, ``assets``):
   never written here; ``recon_credit_anomaly_keys`` (one row per credit anomaly, its dedup key);
   ``recon_schema_migrations`` and ``recon_schema_contract``.
@@ -54,6 +58,7 @@ class Cutoffs:
     creates: datetime
     tombstones: datetime
     poll_answers: datetime
+    balance_samples: datetime | None = None  # None: the KIE balance chain is left alone
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class Horizons:
     poll_answers_s: float  # the not-found breaker's window
     orphan_window_s: float  # the orphan sweep's look-back (its ambiguous-create wait included)
     spend_final_after_s: float  # a spend day is final this long after it ends
+    balance_samples_s: float = 90 * 86_400.0
 
 
 def cutoffs(now: datetime, h: Horizons, open_incident_since: datetime | None = None) -> Cutoffs:
@@ -90,6 +96,7 @@ def cutoffs(now: datetime, h: Horizons, open_incident_since: datetime | None = N
         creates=cap(creates),
         tombstones=now - timedelta(seconds=h.tombstones_s),
         poll_answers=now - timedelta(seconds=h.poll_answers_s),
+        balance_samples=cap(min(now - timedelta(seconds=h.balance_samples_s), not_final)),
     )
 
 
@@ -199,6 +206,37 @@ WITH victims AS (
 SELECT count(*) FROM gone
 """
 
+# The KIE balance chain (migration 151): per provider, everything before the first sample that
+# must stay (the head, a sample of a spend day not final yet, or the one such a sample measures
+# from) goes, oldest first: a batch is a prefix of the chain, so the sample after it is the only
+# one left pointing at a deleted row, and it becomes the chain's first (previous_id NULL: the
+# unique index allows one first per provider, and the old first is deleted by the same
+# statement). The one-time filter ``(SELECT count(*) FROM gone) > 0`` makes every delete happen
+# before that update; the foreign key is checked at the statement's end, when nothing points at
+# a deleted sample. Plain FOR UPDATE, not SKIP LOCKED: a skipped sample would break the prefix
+# (only a run extending the head ever locks a sample, and the head is never deleted).
+_BALANCE_SAMPLES = """
+WITH keep AS (
+  SELECT s.provider, min(LEAST(s.id, COALESCE(s.previous_id, s.id))) AS keep_from
+  FROM recon_balance_samples s
+  WHERE s.sampled_at >= :cut
+     OR s.id IN (SELECT max(h.id) FROM recon_balance_samples h GROUP BY h.provider)
+  GROUP BY s.provider
+), victims AS (
+  SELECT s.id FROM recon_balance_samples s JOIN keep k ON k.provider = s.provider
+  WHERE s.id < k.keep_from
+  ORDER BY s.id LIMIT :n FOR UPDATE OF s
+), gone AS (
+  DELETE FROM recon_balance_samples s USING victims v WHERE s.id = v.id RETURNING s.id
+), relinked AS (
+  UPDATE recon_balance_samples s SET previous_id = NULL
+  WHERE (SELECT count(*) FROM gone) > 0
+    AND s.previous_id IN (SELECT id FROM gone) AND s.id NOT IN (SELECT id FROM gone)
+  RETURNING 1
+)
+SELECT count(*) FROM gone
+"""
+
 TABLES: tuple[tuple[str, str, str], ...] = (
     # (table, statement, which cutoff)
     ("reconcile_events", _EVENTS, "events"),
@@ -206,6 +244,7 @@ TABLES: tuple[tuple[str, str, str], ...] = (
     ("upstream_creates", _CREATES, "creates"),
     (TOMBSTONES, _TOMBSTONES, "tombstones"),
     ("provider_poll_answers", _POLL_ANSWERS, "poll_answers"),
+    ("recon_balance_samples", _BALANCE_SAMPLES, "balance_samples"),
 )
 
 
@@ -252,6 +291,8 @@ def prune_pass(
     for table, _, which in TABLES:
         report.deleted[table] = 0
         cut = getattr(cuts, which)
+        if cut is None:
+            continue
         while True:
             if clock() - start >= budget_s:
                 report.finished = False
@@ -270,6 +311,32 @@ def prune_pass(
                 break
     report.seconds = clock() - start
     return report
+
+
+# --- which job_story pages may go -------------------------------------------------------------------
+
+# Of the given job ids, those whose job ended before :cut (or that the app deleted), with no
+# credits reserved and no reconcile attempt since :cut: never a job in flight.
+_ENDED = """
+SELECT CAST(k AS text) FROM unnest(CAST(:ids AS uuid[])) AS k
+WHERE NOT EXISTS (
+        SELECT 1 FROM jobs j WHERE j.id = k
+        AND (j.status IN ('pending', 'processing') OR COALESCE(j.completed_at, j.updated_at) >= :cut))
+  AND NOT EXISTS (SELECT 1 FROM usage_logs u WHERE u.job_id = k AND u.status = 'reserved')
+  AND NOT EXISTS (SELECT 1 FROM reconcile_events e WHERE e.job_id = k AND e.created_at >= :cut)
+"""
+
+
+def ended_before(engine: sa.Engine, job_ids: list[str], cut: datetime) -> list[str]:
+    """Which of ``job_ids`` (uuids) ended before ``cut``: a job the app deleted counts as ended
+    once its last reconcile attempt is older than ``cut``; a job in flight, with credits
+    reserved or reconciled since ``cut`` never does. Reads ``jobs`` and ``usage_logs`` without
+    locking them."""
+    if not job_ids:
+        return []
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
+        return [str(r[0]) for r in conn.execute(sql(_ENDED), {"ids": job_ids, "cut": cut})]
 
 
 # --- what explain shows -----------------------------------------------------------------------------

@@ -248,3 +248,82 @@ def test_a_batch_never_makes_an_app_write_wait(db: sa.Engine, user: uuid.UUID) -
         release.set()
         t.join()
     assert prune_pass(db, _cuts(_old_cut()), batch=1000, budget_s=60).deleted["reconcile_events"] == 10
+
+
+# --- the KIE balance chain (recon_balance_samples) ----------------------------------------------
+
+
+def _chain(db: sa.Engine, provider: str, days_ago: list[float]) -> list[int]:
+    """A chain of samples, oldest first, each measured from the one before (ids in that order)."""
+    ids: list[int] = []
+    with db.begin() as conn:
+        for days in days_ago:
+            row = conn.execute(
+                sa.text(
+                    "INSERT INTO recon_balance_samples (provider, balance, sampled_at, previous_id) "
+                    "VALUES (:p, 100, now() - make_interval(secs => :s), :prev) RETURNING id"
+                ),
+                {"p": provider, "s": days * DAY, "prev": ids[-1] if ids else None},
+            )
+            ids.append(int(row.scalar_one()))
+    return ids
+
+
+def _samples(db: sa.Engine, provider: str) -> list[tuple[int, int | None]]:
+    with db.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT id, previous_id FROM recon_balance_samples WHERE provider = :p ORDER BY id"),
+            {"p": provider},
+        )
+        return [(int(r.id), r.previous_id) for r in rows]
+
+
+def _sample_cuts(at: datetime) -> Cutoffs:
+    far = at - timedelta(days=3650)
+    return Cutoffs(
+        events=far, decisions=far, creates=far, tombstones=far, poll_answers=far, balance_samples=at
+    )
+
+
+def test_old_balance_samples_go_oldest_first_and_the_chain_stays_whole(db: sa.Engine) -> None:
+    """Batches of 2 through a chain of 7, two providers interleaved: the old prefix goes, the
+    oldest sample kept becomes the chain's first, and the chain's guard still holds after."""
+    from recon_dagster.db import balance_samples
+
+    kie = _chain(db, "kie", [200, 180, 160, 140, 120, 100, 1])
+    other = _chain(db, "other", [150, 2])
+    report = prune_pass(db, _sample_cuts(datetime.now(UTC) - timedelta(days=30)), batch=2, budget_s=60)
+    # kie keeps its head and the sample the head measures from; "other" has nothing old but its
+    # head's predecessor, which stays.
+    assert report.deleted["recon_balance_samples"] == 5
+    assert _samples(db, "kie") == [(kie[5], None), (kie[6], kie[5])]
+    assert _samples(db, "other") == [(other[0], None), (other[1], other[0])]
+    with db.begin() as conn:
+        head = balance_samples.latest(conn, "kie")
+        assert head is not None and head.id == kie[6]
+        at = datetime.now(UTC)
+        assert balance_samples.record(conn, "kie", 90.0, at, None) is None  # still one first per provider
+        assert balance_samples.record(conn, "kie", 90.0, at, head) is not None  # the chain goes on
+
+
+def test_the_head_and_every_sample_a_spend_day_not_final_needs_are_never_pruned(db: sa.Engine) -> None:
+    """A head months old (spend not run since) stays, with the sample it measures from; a sample
+    of a day not final yet stays with the one its window starts at."""
+    lone = _chain(db, "lone", [300, 200])
+    kie = _chain(db, "kie", [100, 60, 2, 0.5])
+    now = datetime.now(UTC)
+    h = Horizons(
+        events_s=DAY, decisions_s=DAY, creates_s=DAY, tombstones_s=DAY, poll_answers_s=600,
+        orphan_window_s=DAY, spend_final_after_s=DAY, balance_samples_s=DAY,
+    )  # fmt: skip
+    cuts = cutoffs(now, h)
+    assert cuts.balance_samples is not None and cuts.balance_samples <= now - timedelta(days=2)
+    # The sample 2 days old is past its 1-day retention but of a day not final yet: it stays, with
+    # the one its window starts at (60 days old); only the 100-day-old sample goes.
+    report = prune_pass(db, cuts, batch=10, budget_s=60)
+    assert report.deleted["recon_balance_samples"] == 1
+    assert [i for i, _ in _samples(db, "kie")] == kie[1:]
+    assert [i for i, _ in _samples(db, "lone")] == lone
+    # An open incident keeps every sample since it opened.
+    opened = now - timedelta(days=250)
+    assert cutoffs(now, h, open_incident_since=opened).balance_samples == opened

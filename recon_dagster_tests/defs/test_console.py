@@ -344,18 +344,16 @@ def test_each_run_adds_a_point_to_its_providers_outcome_series(db, instance, med
     events = instance.fetch_materializations(key, limit=10).records
     assert len(events) == 3  # one point per run that touched KIE
     points = [e.asset_materialization.metadata for e in events]
-    # A run adds points for the kinds it worked (every outcome, zeros included), never a
-    # flat zero series of a kind it did not touch.
-    assert not any(k.endswith("/kie-suno") for p in points for k in p)
-    assert all(p["jobs/kie-standard"].value >= 1 for p in points if "jobs/kie-standard" in p)
+    # A run adds points for the kinds it worked, labelled "<kind>: <outcome> (<unit>)", never a
+    # series of a kind it did not touch, nor one that is zero and never was anything else.
+    assert not any(k.startswith("kie-suno:") for p in points for k in p)
     assert all(
-        f"{name}/{kind}" in p
-        for p in points
-        for kind in {k.split("/")[1] for k in p}
-        for name in ("recovered", "errors", "still_running")
+        p["kie-standard: worked (jobs)"].value >= 1 for p in points if "kie-standard: worked (jobs)" in p
     )
-    assert sum(p["recovered/kie-standard"].value for p in points if "recovered/kie-standard" in p) == 2
-    assert sum(p["failed_refunded/kie-veo"].value for p in points if "failed_refunded/kie-veo" in p) == 1
+    assert not [k for p in points for k, v in p.items() if v.value == 0]
+    recovered, failed = "kie-standard: recovered (jobs)", "kie-veo: failed_refunded (jobs)"
+    assert sum(p[recovered].value for p in points if recovered in p) == 2
+    assert sum(p[failed].value for p in points if failed in p) == 1
     assert instance.fetch_materializations(provider_outcomes_key("replicate"), limit=1).records == []
 
 

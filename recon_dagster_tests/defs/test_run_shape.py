@@ -309,14 +309,15 @@ def test_each_run_records_its_outcomes_per_provider_kind(db, instance, media_dir
 
     [m] = _materializations(instance, "reconcile_outcomes")
     assert m.partition == "kie-standard"
-    figures = {k: v.value for k, v in m.metadata.items()}
-    assert figures["recovered"] == 1
-    assert figures["failed_refunded"] == 1
-    assert figures["force_failed"] == 1  # its own series, not folded into failed
-    assert figures["still_running"] == 1
-    assert figures["errors"] == 0 and figures["swept"] == 0
-    assert figures["credits_committed"] == 30.0
-    assert figures["credits_refunded"] == 60.0
+    figures = {k.removeprefix("kie-standard: "): v.value for k, v in m.metadata.items()}
+    assert figures["recovered (jobs)"] == 1
+    assert figures["failed_refunded (jobs)"] == 1
+    assert figures["force_failed (jobs)"] == 1  # its own series, not folded into failed
+    assert figures["still_running (jobs)"] == 1
+    # A figure that is zero and was never anything else is not written: no flat plot.
+    assert "errors (jobs)" not in figures and "swept (jobs)" not in figures
+    assert figures["credits_committed (credits)"] == 30.0
+    assert figures["credits_refunded (credits)"] == 60.0
 
 
 def test_a_run_in_which_every_job_errored_fails_after_counting_attempts(db, instance, media_dir, sandbox):
@@ -342,7 +343,7 @@ def test_a_run_in_which_every_job_errored_fails_after_counting_attempts(db, inst
     [run] = instance.get_runs(filters=dg.RunsFilter(job_name="reconcile_job"))
     assert run.status == dg.DagsterRunStatus.FAILURE
     [m] = _materializations(instance, "reconcile_outcomes")  # recorded before the run failed
-    assert m.metadata["errors"].value == 3
+    assert m.metadata["kie-standard: errors (jobs)"].value == 3
 
 
 def test_partial_errors_keep_the_run_green_and_log_a_warning(db, instance, media_dir, sandbox, caplog):
@@ -487,7 +488,10 @@ def test_the_sweep_records_its_outcomes_too(db, instance, media_dir, sandbox):
 
     [m] = _materializations(instance, "reconcile_outcomes")
     assert m.partition == kind
-    assert (m.metadata["swept"].value, m.metadata["credits_refunded"].value) == (1, 30.0)
+    assert (
+        m.metadata[f"{kind}: swept (jobs)"].value,
+        m.metadata[f"{kind}: credits_refunded (credits)"].value,
+    ) == (1, 30.0)
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,9 @@ import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # Not benchmarks of their own: they must import, they have no main(). ``harness.py`` is what the
-# benchmarks share; ``spend_location.py`` is the code location ``spend_beside_backlog.py`` serves.
-SHARED_MODULES = {"harness.py", "spend_location.py"}
+# benchmarks share; ``spend_location.py`` is the code location ``spend_beside_backlog.py`` serves;
+# ``year_world.py`` is ``year.py``'s sampled days (the real reconciler, GraphQL pages).
+SHARED_MODULES = {"harness.py", "spend_location.py", "year_world.py"}
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("*.py")))

@@ -364,8 +364,8 @@ def test_the_outage_run_is_shown_failed(console: Console, outage: dict):
 
 
 def test_outcome_plots_render(console: Console, outage: dict):
-    # The KIE outage's series: each reconcile run that touched KIE is one point of errors/kie-standard.
-    assert console.outcome_plot("outcomes_by_provider/kie", "errors/kie-standard") >= 10, (
+    # The KIE outage's series: each reconcile run that touched KIE is one point of "kie-standard: errors (jobs)".
+    assert console.outcome_plot("outcomes_by_provider/kie", "kie-standard: errors (jobs)") >= 10, (
         "the chart has no point"
     )
     console.shot("outcome-plots")

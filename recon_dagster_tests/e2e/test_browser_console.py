@@ -194,9 +194,9 @@ def test_7_the_catalog_lists_the_health_assets_and_the_outcome_series_plot_real_
     assert "stuck_jobs" in console.text() and "outcomes_by_provider" in console.text()
     console.shot("console-catalog")
     # Not partitioned, so each point of a series is one reconcile run.
-    assert console.outcome_plot("outcomes_by_provider/replicate", "errors/replicate-prediction") >= 10
+    assert console.outcome_plot("outcomes_by_provider/replicate", "replicate-prediction: errors (jobs)") >= 10
     text = console.text()
-    assert "errors/replicate-prediction" in text
+    assert "replicate-prediction: errors (jobs)" in text
     # Written by every run, and the asset's Automation section says so.
     assert (
         "written by every reconcile_job and sync_sweep_job run" in text and "No automations found" not in text

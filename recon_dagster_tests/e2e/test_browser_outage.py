@@ -16,6 +16,10 @@ alert sensor delivers to loopback Slack and PagerDuty receivers. The pages then 
 6. the force-fail at the cap cancelled its request at fal (it was still queued there), and
    stuck_jobs lists only the stuck: Replicate's unanswered predictions with why, not the ones whose
    polls on time say they still run (counted in running_fine).
+7. a stuck row's story is one click away, on a job_story page that exists;
+8. the Catalog leads with the recon_oncall group, the open incidents are an asset page (what,
+   severity, first step, runbook), and the outcome plots are one per kind and figure, labelled with
+   their unit, none for what never happened (no flat-zero panel).
 
 Screenshots: ``.recon/screenshots/outage-*.png``.
 """
@@ -265,3 +269,67 @@ def test_a_stuck_rows_story_is_one_click_away_without_a_run(console: Console, ou
     page.get_by_text("[Show Markdown]", exact=False).first.click()
     page.get_by_text("the job's task, cancelled", exact=False).first.wait_for(timeout=60_000)
     console.shot("outage-job-story-cap")
+
+
+def _dump(console: Console, name: str) -> str:
+    """The page's text, kept beside its screenshot (what an assertion below read)."""
+    text = console.text()
+    (console.shot(name).with_suffix(".txt")).write_text(text)
+    return text
+
+
+def test_8_the_catalog_leads_with_oncall_and_shows_what_is_open(console: Console, outage: dict):
+    """Item 8: the Catalog (one table sorted by asset name) opens on active_incidents, red, in the
+    recon_oncall group (open incidents, provider health, stuck jobs); the open incidents are an
+    asset page: what, severity, first step, runbook."""
+    from playwright.sync_api import expect
+
+    page = console.open("/assets", wait_text="active_incidents")
+    page.wait_for_timeout(3000)  # the Status column loads after the rows
+    text = _dump(console, "outage-catalog")
+    assets = [
+        a for a in ("active_incidents", "anthropic_spend", "credit_anomalies", "provider_health") if a in text
+    ]
+    assert assets[0] == "active_incidents" and min(assets, key=text.index) == "active_incidents", assets
+    assert text.index("recon_oncall") < text.index("anthropic_spend"), text[:2000]
+    # Its group: the on-call assets together, one click away.
+    page.get_by_role("link", name="recon_oncall").first.click()
+    for name in ("active_incidents", "provider_health", "stuck_jobs"):
+        page.get_by_text(name, exact=True).first.wait_for(timeout=60_000)
+    console.shot("outage-oncall-group")
+    # The open incidents: ElevenLabs DOWN and the force-fail at the cap, each with its first step.
+    page = console.open("/assets/active_incidents", wait_text="active_incidents")
+    expect(page.get_by_text("elevenlabs is DOWN (provider_health)").first).to_be_visible(timeout=60_000)
+    text = _dump(console, "outage-active-incidents")
+    assert (
+        "check:provider_health:elevenlabs" in text and "check:credit_anomalies:no_new_exhausted_jobs" in text
+    )
+    assert "Read the alert's last reason" in text
+    assert f"{RUNBOOKS}operations.md#runbook-provider-health" in text
+    # Its check is red while they are open.
+    page = console.open("/assets/active_incidents?view=checks", wait_text="none_open")
+    expect(_check_row(page, "none_open")).to_contain_text("failed", ignore_case=True, timeout=60_000)
+    console.shot("outage-active-incidents-check")
+
+
+def test_8_outcome_plots_are_per_kind_and_never_flat_zero(console: Console, outage: dict):
+    """Item 8: outcomes_by_provider/fal plots what happened to fal's jobs (still running, one
+    force-failed and refunded at the cap), each labelled with its kind and unit, and has no plot
+    for what never happened (nothing recovered, failed upstream or swept)."""
+    page = console.open("/assets/outcomes_by_provider/fal", wait_text="fal-image: still_running (jobs)")
+    page.get_by_role("button", name="Plots").first.click(timeout=60_000)
+    page.locator("canvas").first.wait_for(timeout=60_000)
+    page.wait_for_timeout(1500)  # Chart.js draws
+    text = _dump(console, "outage-outcome-plots-fal")
+    for shown in (
+        "fal-image: still_running (jobs)",
+        "fal-image: force_failed (jobs)",
+        "fal-image: worked (jobs)",
+    ):
+        assert shown in text, text
+    for never in ("recovered", "failed_refunded", "swept", "lost_race_or_skipped"):
+        assert f"fal-image: {never} (jobs)" not in text, text
+    assert page.locator("canvas").count() >= 3
+    # Replicate's degraded kind plots its unanswered polls.
+    console.open("/assets/outcomes_by_provider/replicate", wait_text="replicate-prediction: errors (jobs)")
+    assert "replicate-prediction: recovered (jobs)" not in console.text()

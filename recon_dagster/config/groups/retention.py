@@ -41,6 +41,22 @@ class RetentionGroup:
         "after their last attempt.",
         group="retention",
     )
+    retention_balance_samples_days = number(
+        90, 7, 3650,
+        "KIE balance samples (`recon_balance_samples`, the chain `kie_spend` measures each window on) older "
+        "than this are deleted by `prune_history`, oldest first: never the chain's head (the next spend run "
+        "measures from it), a sample of a spend day not final yet, or the sample such a one measures from.",
+        group="retention",
+    )
+    retention_job_stories_days = number(
+        30, 1, 3650,
+        "A `job_story` page (its `recon_job` partition) is deleted by `prune_history` once its job ended "
+        "this long ago (or the app deleted it and its last reconcile attempt is this old), a few hundred "
+        "a batch; never the page of a job in flight, with credits reserved or reconciled since. Its "
+        "materializations go with the runs that recorded them (`RECON_RETENTION_RUNS_DAYS`); "
+        "`recon-dagster explain` still tells the job's story.",
+        group="retention",
+    )
     retention_batch = whole(
         1000, 10, 50_000,
         "Rows one `prune_history` statement deletes, in its own short transaction (lock_timeout 2 s).",

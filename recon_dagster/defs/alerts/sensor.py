@@ -12,7 +12,8 @@ open incidents and the deliveries still owed to a target that failed (retried ea
 is given up on after ``MAX_TRIES`` failed tries, ``recon_dagster.alerting.delivery``). Deliveries
 end ``DELIVERY_BUDGET_S`` after the tick began, so a target that never answers cannot make the
 tick outlive Dagster's sensor timeout (the daemon would keep the old cursor and every target
-would get every alert again). It holds no secret. With no target configured, it still logs each alert at
+would get every alert again), and what the ``active_incidents`` asset last showed (``shown``: the
+sensor writes that asset when it changes, ``board``). It holds no secret. With no target configured, it still logs each alert at
 ERROR (trigger) or INFO (resolve), so the sensor's tick history is the alert log.
 """
 
@@ -34,11 +35,12 @@ from recon_dagster.alerting.targets import Target
 from recon_dagster.config import PREFIX, Settings, settings
 from recon_dagster.core.redaction import redact_secrets
 from recon_dagster.core.tls import shared_tls_context
+from recon_dagster.defs.alerts.board import OPEN_INCIDENTS, SENSOR, board_events
 from recon_dagster.defs.alerts.resource import AlertTargetsResource
 from recon_dagster.defs.alerts.signals import alerted_jobs, read_checks, read_failed_runs, read_recoveries
 from recon_dagster.defs.telemetry import timed_tick
 
-SENSOR_NAME = "reconcile_alerts"
+SENSOR_NAME = SENSOR  # "reconcile_alerts"
 MAX_TRIES = 10
 MAX_PENDING = 50
 # A tick's deliveries end by this long after it began, well inside Dagster's sensor timeout
@@ -90,7 +92,11 @@ def run_tick(
     assert repository is not None, "the alert sensor needs its code location"
     include_warn = settings().alert_min_severity == "warn"
 
-    check_keys = sorted(repository.asset_graph.asset_check_keys, key=lambda k: k.to_user_string())
+    # Every check but the board's own (red while an incident is open: never an incident itself).
+    check_keys = sorted(
+        (k for k in repository.asset_graph.asset_check_keys if k.asset_key != OPEN_INCIDENTS),
+        key=lambda k: k.to_user_string(),
+    )
     notes: list[str] = []
     check_signals, state["checks"] = read_checks(
         context.instance,
@@ -190,16 +196,22 @@ def _owed_from(pending: list[dict[str, Any]]) -> list[Owed]:
     f"(dedup_key per check and provider), Microsoft Teams, a JSON webhook ({PREFIX}ALERT_* settings) and "
     f"{Settings.alert_hook.name}. A reconcile run failed by its provider's outage belongs to that provider's "
     "health incident; a run whose worker went away (a deploy) pages only when such runs keep dying. "
-    "With no target set, each alert is logged here.",
+    "With no target set, each alert is logged here. The incidents open now are the active_incidents "
+    "asset (group recon_oncall), written by this sensor when one opens or resolves.",
 )
 @timed_tick("reconcile_alerts")
 def reconcile_alerts(
     context: dg.SensorEvaluationContext, alert_targets: AlertTargetsResource
-) -> dg.SkipReason:
+) -> dg.SensorResult:
     targets = alert_targets.targets()
+    before = load_cursor(context.cursor)["open"]
     state, done = run_tick(context, targets, timeout_s=alert_targets.timeout_s, ui_url=alert_targets.ui_url)
+    # The open incidents on a page of their own (``board``), when what it shows changed.
+    events = board_events(state, before, base_url=settings().alert_runbook_base_url, now=time.time())
     context.update_cursor(json.dumps(state, sort_keys=True))
     open_now = ", ".join(sorted(state["open"])) or "none"
     if not targets:
         done.append("no alert target configured: alerts are only logged here")
-    return dg.SkipReason(redact_secrets("; ".join(done + [f"open incidents: {open_now}"])))
+    return dg.SensorResult(
+        skip_reason=redact_secrets("; ".join(done + [f"open incidents: {open_now}"])), asset_events=events
+    )

@@ -42,6 +42,7 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from recon_dagster.config import Settings
 from recon_dagster.core.kinds import KINDS, provider_names
 from recon_dagster.core.runtags import OUTCOME_TAG, PROVIDER_TAG
+from recon_dagster.defs.groups import ONCALL
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.operator.health import HealthPolicy, State, Verdict, slowness, verdicts
 from recon_dagster.reconcile.verdict import DEGRADED, PROVIDER_OUTAGE
@@ -165,7 +166,7 @@ def report_health(
     specs=[
         dg.AssetSpec(
             HEALTH,
-            group_name="reconciliation",
+            group_name=ONCALL,  # the Catalog's first group: what on-call opens first
             description="Each provider DOWN, DEGRADED, healthy or idle, judged by its answers to reconcile "
             f"polls over the distinct jobs polled in the last {Settings.health_window_s.name} (30 min), a job "
             "that ended only by an answer it got: a check per provider fails while most of them got no "

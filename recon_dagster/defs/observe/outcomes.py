@@ -77,9 +77,14 @@ reconcile_outcomes = _written_by_runs(
     partitions_def=provider_kind_partitions,
     description="Written by every reconcile_job and sync_sweep_job run (not launched on its own). "
     "What reconcile runs did, per provider_kind: one materialization per run and kind "
-    "with recovered / failed_refunded / swept / force_failed / still_running / errors and the "
-    "credits committed and refunded.",
+    "labelled by kind and unit ('kie-standard: recovered (jobs)', failed_refunded, swept, force_failed, "
+    "still_running, errors, worked; 'kie-standard: credits_refunded (credits)'); a figure is written when "
+    "it is not zero (or just fell to zero), so an outcome that never happened draws no flat plot.",
 )
+
+
+def _first_kind(provider: str) -> str:
+    return min((k for k, spec in KINDS.items() if str(spec.provider) == provider), default=provider)
 
 
 def provider_outcomes_key(provider: str) -> dg.AssetKey:
@@ -87,33 +92,94 @@ def provider_outcomes_key(provider: str) -> dg.AssetKey:
 
 
 # Not partitioned, so the asset's plots are time series: one point per reconcile run that touched
-# the provider, one series per kind the run worked and outcome (zeros included for those kinds, so
-# a kind's series is continuous over the runs that worked it). A kind the run did not work adds no
-# point: a kind with no traffic never draws a flat zero line.
+# the provider, one panel per kind and outcome ("<kind>: <outcome> (jobs)", ``label``).
 # The partitioned reconcile_outcomes plots by partition by default (Dagster's choice for a
-# partitioned asset); these are the time series.
+# partitioned asset); its "Events" plots are the same per-kind time series of one kind each.
 provider_outcome_specs = [
     _written_by_runs(
         key=provider_outcomes_key(p),
         description=f"Written by every reconcile_job and sync_sweep_job run that touched {p} "
-        f"(not launched on its own). What each such run did to {p}'s jobs, over time: one "
-        "outcome/kind count per run for each kind it worked (recovered, failed_refunded, force_failed, "
-        "still_running, errors, ...).",
+        f"(not launched on its own). What each such run did to {p}'s jobs, over time: one point per "
+        f"run and kind it worked, one plot per kind and outcome that ever happened ('{_first_kind(p)}: "
+        "force_failed (jobs)', ...); an outcome that never happened has no plot.",
     )
     for p in provider_names()
 ]
 
+# The unit of each plotted figure: Dagster titles each plot with its metadata label and calls the
+# axes "Timestamp" (or "Partition") and "Value", so the label says what is counted.
+UNITS = {
+    **{name: "jobs" for name in SERIES},
+    "jobs": "jobs",
+    "credits_committed": "credits",
+    "credits_refunded": "credits",
+}
+
+
+def label(kind: str, name: str) -> str:
+    """A plotted figure's metadata label: ``<kind>: <figure> (<unit>)``. Dagster sorts the plots
+    by label, so each kind's plots stand together."""
+    return f"{kind}: {'worked' if name == 'jobs' else name} ({UNITS[name]})"
+
+
+def plotted(figures: dict[str, Any], previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The figures worth a point (pure): every non-zero one, and a zero only where the previous
+    point of the same series was not (the line drops to zero once, then the series rests). Dagster
+    draws one plot per numeric label it ever saw, so a figure that is always zero (no
+    force-fail in a healthy week) is never written and never draws a flat panel; a missing
+    point reads as none."""
+    before = previous or {}
+
+    def value(v: Any) -> Any:
+        return getattr(v, "value", v)
+
+    return {
+        k: v
+        for k, v in figures.items()
+        if value(v) or (isinstance(value(before.get(k)), int | float) and value(before.get(k)))
+    }
+
+
+def kind_metadata(
+    kind: str, outcomes: Sequence[JobOutcome], credits: dict[str, Any], previous: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One kind's plotted figures of one run (pure): labelled, zeros left out (``plotted``)."""
+    figures = outcome_metadata(outcomes, credits)
+    return plotted({label(kind, name): figures[name] for name in UNITS}, previous)
+
 
 def provider_metadata(
-    provider: str, by_kind: dict[str, list[JobOutcome]], credits: dict[str, Any]
+    provider: str,
+    by_kind: dict[str, list[JobOutcome]],
+    credits: dict[str, Any],
+    previous: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The series of ``provider``'s kinds this run worked (pure): ``<outcome>/<kind>`` counts."""
+    """The points of ``provider``'s kinds this run worked (pure): ``kind_metadata`` of each."""
     meta: dict[str, Any] = {}
     for kind in sorted(k for k, spec in KINDS.items() if str(spec.provider) == provider and by_kind.get(k)):
-        figures = outcome_metadata(by_kind[kind], credits)
-        for name in (*SERIES, "jobs"):
-            meta[f"{name}/{kind}"] = figures[name]
+        meta.update(kind_metadata(kind, by_kind[kind], credits, previous))
     return meta
+
+
+def _previous(
+    context: dg.OpExecutionContext, key: dg.AssetKey, partition: str | None = None
+) -> dict[str, Any]:
+    """The newest value of each label over the asset's (partition's) last few points: where a
+    series stood before this run (``plotted``). Empty when they cannot be read."""
+    try:
+        records = context.instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None),
+            limit=10,
+        ).records
+    except Exception as exc:  # the figures must not fail a run that did its work
+        context.log.warning(f"the last points of {key.to_user_string()} could not be read: {exc}")
+        return {}
+    out: dict[str, Any] = {}
+    for record in records:  # newest first
+        materialization = record.asset_materialization
+        for name, entry in (materialization.metadata if materialization else {}).items():
+            out.setdefault(name, entry.value)
+    return out
 
 
 def _credits(conn: sa.Connection, job_ids: Sequence[str]) -> dict[str, tuple[str, Decimal]]:
@@ -167,16 +233,17 @@ def report_outcomes(
         context.log.warning(f"credits of this run's jobs could not be read: {exc}")
         credits = {}
     for kind, group in sorted(by_kind.items()):
+        previous = _previous(context, OUTCOMES, kind)
         context.log_event(
             dg.AssetMaterialization(
-                asset_key=OUTCOMES, partition=kind, metadata=outcome_metadata(group, credits)
+                asset_key=OUTCOMES, partition=kind, metadata=kind_metadata(kind, group, credits, previous)
             )
         )
     for provider in sorted({str(KINDS[k].provider) for k in by_kind}):
+        key = provider_outcomes_key(provider)
         context.log_event(
             dg.AssetMaterialization(
-                asset_key=provider_outcomes_key(provider),
-                metadata=provider_metadata(provider, by_kind, credits),
+                asset_key=key, metadata=provider_metadata(provider, by_kind, credits, _previous(context, key))
             )
         )
 

@@ -25,7 +25,8 @@ from recon_dagster.core.runtags import ACTION_JOB_TAG, JOB_TAG_PREFIX, JOB_TAG_V
 from recon_dagster.core.text import short_reason
 from recon_dagster.db.jobs import _threshold_case
 from recon_dagster.db.timestamps import readable, readable_ts
-from recon_dagster.defs.explain.stories import record_stories, story_url
+from recon_dagster.defs.explain.stories import PARTITIONS, STORIES_PER_RUN, record_stories, story_url
+from recon_dagster.defs.groups import ONCALL
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.operator.actions import OPERATOR_OUTCOMES, Done, OperatorError, fail_now, retry_now
 from recon_dagster.operator.explain import ui_base_url
@@ -204,7 +205,17 @@ _COLUMNS = (
 )
 
 
-def stuck_table(rows: list[dict[str, Any]], base: str | None) -> dg.TableMetadataValue:
+def story_cell(job_id: str, base: str | None, storied: set[str] | None) -> str:
+    """Where a row's story is: its job_story page when that page exists (``storied`` None: assume
+    it does), else the command that tells it (a link to a partition never recorded is a dead page)."""
+    if storied is None or str(job_id) in storied:
+        return story_url(job_id, base)
+    return f"recon-dagster explain {job_id}"
+
+
+def stuck_table(
+    rows: list[dict[str, Any]], base: str | None, storied: set[str] | None = None
+) -> dg.TableMetadataValue:
     """The rows as Dagster table metadata (the console sorts it by any column)."""
     return dg.MetadataValue.table(
         records=[
@@ -219,7 +230,7 @@ def stuck_table(rows: list[dict[str, Any]], base: str | None) -> dg.TableMetadat
                     "lease": r["lease"],
                     "last_reason": r["last_upstream"],
                     "runs": runs_link(r["job_id"], base),
-                    "story": story_url(r["job_id"], base),
+                    "story": story_cell(r["job_id"], base, storied),
                 }
             )
             for r in rows
@@ -231,7 +242,10 @@ def stuck_table(rows: list[dict[str, Any]], base: str | None) -> dg.TableMetadat
 
 
 def stuck_metadata(
-    rows: list[dict[str, Any]], base: str | None, counts: tuple[int, int] | None = None
+    rows: list[dict[str, Any]],
+    base: str | None,
+    counts: tuple[int, int] | None = None,
+    storied: set[str] | None = None,
 ) -> dict[str, Any]:
     """``stuck`` counts every stuck job (the table shows the first ``TABLE_ROWS``);
     ``running_fine`` the in-flight jobs past their threshold that run as they should (not listed)."""
@@ -240,41 +254,76 @@ def stuck_metadata(
         "stuck": stuck,
         "running_fine": fine,
         "near_cap": sum(1 for r in rows if r["attempts_left"] <= 2),
-        "table": stuck_table(rows, base),
-        "jobs": dg.MetadataValue.md(_markdown(rows, base)),
+        "table": stuck_table(rows, base, storied),
+        "jobs": dg.MetadataValue.md(_markdown(rows, base, storied)),
     }
 
 
-def _read(conn: sa.Connection) -> dict[str, Any]:
+# Stories of listed jobs without one that a reconcile run records on top of its own (it has just
+# recorded up to ``STORIES_PER_RUN``); the health schedule's refresh records up to that many.
+STORIES_BY_RUNS = 10
+
+
+def with_stories(
+    context: dg.OpExecutionContext, engine: sa.Engine, job_ids: list[str], limit: int = STORIES_PER_RUN
+) -> set[str]:
+    """The jobs of ``job_ids`` whose ``job_story`` page exists, after recording the story of those
+    no run recorded yet (a job never polled, one a run's share of stories left out), at most
+    ``limit`` of them, in the table's order. Never raises."""
+    try:
+        # One query for every partition: 0.16 s at 20,000 of them on PostgreSQL, where a look per
+        # row costs 9 ms each (a connection per call; benchmarks/job_stories.py).
+        every = set(context.instance.get_dynamic_partitions(PARTITIONS))
+    except Exception as exc:
+        context.log.warning(f"which stuck jobs have a story page could not be read: {exc}")
+        return set()
+    have = {j for j in job_ids if j in every}
+    missing = [j for j in job_ids if j not in have][: max(limit, 0)]
+    if missing and record_stories(context, engine, missing):
+        have |= set(missing)  # their partitions were added (a story that could not be read is logged)
+    return have
+
+
+def _read(
+    conn: sa.Connection, context: dg.OpExecutionContext | None = None, stories: int = STORIES_PER_RUN
+) -> dict[str, Any]:
     rule = StuckRule.configured()
-    return stuck_metadata(stuck_rows(conn, rule=rule), ui_base_url(None), stuck_counts(conn, rule))
+    rows = stuck_rows(conn, rule=rule)
+    ids = [r["job_id"] for r in rows]
+    storied = with_stories(context, conn.engine, ids, stories) if context is not None else None
+    return stuck_metadata(rows, ui_base_url(None), stuck_counts(conn, rule), storied)
 
 
 def report_stuck(context: dg.OpExecutionContext, database: DatabaseResource) -> None:
     """Record ``stuck_jobs`` again from a run that changed it (never fails the run's work)."""
     try:
         with database.get_engine().connect() as conn:
-            meta = _read(conn)
+            meta = _read(conn, context, STORIES_BY_RUNS)
     except Exception as exc:
         context.log.warning(f"stuck_jobs could not be refreshed: {exc}")
         return
     context.log_event(dg.AssetMaterialization(asset_key=STUCK, metadata=meta))
 
 
-def _markdown(rows: list[dict[str, Any]], base: str | None = None) -> str:
+def _markdown(rows: list[dict[str, Any]], base: str | None = None, storied: set[str] | None = None) -> str:
     if not rows:
         return "_no stuck job: every in-flight job past its threshold runs as it should_"
     head = "| job_id | kind | attempt | why stuck | next attempt | lease | last reason (what upstream said, or why the result was unusable) | runs | story |\n|---|---|---|---|---|---|---|---|---|"
     body = [
-        f"| {r['job_id']} | {r['provider_kind']} | {r['attempt']} | {r['why']} | {r['next_attempt']} | {r['lease']} | {r['last_upstream']} | [runs]({runs_link(r['job_id'], base)}) | [story]({story_url(r['job_id'], base)}) |"
+        f"| {r['job_id']} | {r['provider_kind']} | {r['attempt']} | {r['why']} | {r['next_attempt']} | {r['lease']} | {r['last_upstream']} | [runs]({runs_link(r['job_id'], base)}) | {_story_md(r['job_id'], base, storied)} |"
         for r in rows
     ]
     return "\n".join([head, *body])
 
 
+def _story_md(job_id: str, base: str | None, storied: set[str] | None) -> str:
+    cell = story_cell(job_id, base, storied)
+    return f"`{cell}`" if cell.startswith("recon-dagster ") else f"[story]({cell})"
+
+
 @dg.asset(
     key=STUCK,
-    group_name="reconciliation",
+    group_name=ONCALL,  # the Catalog's first group: what on-call opens first
     description="Stuck in-flight jobs (the retries tab): past their stale threshold and not running as "
     "they should (the provider did not answer the last poll, not polled for two cadences or 2 min, within 2 "
     "attempts of the cap, not reached, an unusable result); a job whose last poll, on time, said it "
@@ -284,7 +333,7 @@ def _markdown(rows: list[dict[str, Any]], base: str | None = None) -> str:
 )
 def stuck_jobs(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult[Any]:
     with database.get_engine().connect() as conn:
-        meta = _read(conn)
+        meta = _read(conn, context.op_execution_context)
     context.log.info(
         f"{meta['stuck']} stuck job(s), {meta['near_cap']} within 2 attempts of the cap; "
         f"{meta['running_fine']} past threshold running as they should"

@@ -1,6 +1,6 @@
 """``prune_history``: our tables' and our runs' retention, hourly (docs/operations.md#retention)."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 from dagster._check import CheckError  # dagster-shared's, as dagster re-exports it (dagster is declared)
@@ -11,6 +11,7 @@ from recon_dagster.db.retention import Horizons, cutoffs, prune_pass
 from recon_dagster.defs.resources import DatabaseResource
 from recon_dagster.defs.retention.incidents import open_incidents_since
 from recon_dagster.defs.retention.runs import REPOSITORY_LABEL_TAG, prune_runs
+from recon_dagster.defs.retention.stories import prune_stories
 from recon_dagster.defs.spend.schedules import spend_days_final_after_s
 
 DAY = 86_400.0
@@ -27,6 +28,7 @@ def horizons() -> Horizons:
         poll_answers_s=now.not_found_window_s,
         orphan_window_s=max(now.orphan_window_s, now.orphan_look_wait_s),
         spend_final_after_s=spend_days_final_after_s(),
+        balance_samples_s=now.retention_balance_samples_days * DAY,
     )
 
 
@@ -59,6 +61,30 @@ def prune_tables(context: dg.OpExecutionContext, database: DatabaseResource) -> 
             "finished": report.finished,
             "open incidents": len(keys),
             **{f"cutoff {k}": v.isoformat(timespec="seconds") for k, v in vars(cuts).items()},
+        }
+    )
+
+
+@dg.op(
+    description="Deletes the job_story pages (recon_job partitions) of jobs that ended past "
+    f"{Settings.retention_job_stories_days.name}, a page of keys at a time: never the page of a job in "
+    "flight, with credits reserved, reconciled since, or ended since an open alert incident began.",
+    ins={"after": dg.In(dg.Nothing)},
+    out=dg.Out(dg.Nothing),
+)
+def prune_job_stories(context: dg.OpExecutionContext, database: DatabaseResource) -> None:
+    now = datetime.now(UTC)
+    since, _ = open_incidents_since(context.instance)
+    cut = now - timedelta(days=settings().retention_job_stories_days)
+    cut = min(cut, since) if since is not None else cut
+    report = prune_stories(context.instance, database.get_engine(), cut, budget_s=settings().retention_pass_s)
+    context.log.info(report.line())
+    context.add_output_metadata(
+        {
+            "deleted job_story pages": report.deleted,
+            "kept": report.kept,
+            "finished": report.finished,
+            "cutoff": cut.isoformat(timespec="seconds"),
         }
     )
 
@@ -103,12 +129,13 @@ def prune_runs_op(context: dg.OpExecutionContext) -> dg.Output[None]:
 
 @dg.job(
     name="prune_history",
-    description="Retention: our tables' rows, then our Dagster runs, past their ages (docs/operations.md#retention).",
+    description="Retention: our tables' rows, then the job_story pages, then our Dagster runs, past their "
+    "ages (docs/operations.md#retention).",
     tags={ROLE_TAG: "retention"},
     executor_def=dg.in_process_executor,
 )
 def prune_history() -> None:
-    prune_runs_op(after=prune_tables())
+    prune_runs_op(after=prune_job_stories(after=prune_tables()))
 
 
 prune_history_schedule = dg.ScheduleDefinition(
