@@ -43,7 +43,7 @@ class RetentionGroup:
     )
     retention_balance_samples_days = number(
         90, 7, 3650,
-        "KIE balance samples (`recon_balance_samples`, the chain `kie_spend` measures each window on) older "
+        "Balance samples (`recon_balance_samples`, the chain a spend run measures each window on) older "
         "than this are deleted by `prune_history`, oldest first: never the chain's head (the next spend run "
         "measures from it), a sample of a spend day not final yet, or the sample such a one measures from.",
         group="retention",

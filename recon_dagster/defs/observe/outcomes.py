@@ -77,8 +77,8 @@ reconcile_outcomes = _written_by_runs(
     partitions_def=provider_kind_partitions,
     description="Written by every reconcile_job and sync_sweep_job run (not launched on its own). "
     "What reconcile runs did, per provider_kind: one materialization per run and kind "
-    "labelled by kind and unit ('kie-standard: recovered (jobs)', failed_refunded, swept, force_failed, "
-    "still_running, errors, worked; 'kie-standard: credits_refunded (credits)'); a figure is written when "
+    "labelled by kind and unit ('<kind>: recovered (jobs)', failed_refunded, swept, force_failed, "
+    "still_running, errors, worked; '<kind>: credits_refunded (credits)'); a figure is written when "
     "it is not zero (or just fell to zero), so an outcome that never happened draws no flat plot.",
 )
 

@@ -285,20 +285,24 @@ def with_stories(
 
 
 def _read(
-    conn: sa.Connection, context: dg.OpExecutionContext | None = None, stories: int = STORIES_PER_RUN
+    engine: sa.Engine, context: dg.OpExecutionContext | None = None, stories: int = STORIES_PER_RUN
 ) -> dict[str, Any]:
     rule = StuckRule.configured()
-    rows = stuck_rows(conn, rule=rule)
+    # The rows' connection goes back before any story is read: a story takes a connection of its
+    # own, and holding two at once deadlocked a run behind a one-connection transaction pooler
+    # (and took two of a run worker's share of the budget).
+    with engine.connect() as conn:
+        rows = stuck_rows(conn, rule=rule)
+        counts = stuck_counts(conn, rule)
     ids = [r["job_id"] for r in rows]
-    storied = with_stories(context, conn.engine, ids, stories) if context is not None else None
-    return stuck_metadata(rows, ui_base_url(None), stuck_counts(conn, rule), storied)
+    storied = with_stories(context, engine, ids, stories) if context is not None else None
+    return stuck_metadata(rows, ui_base_url(None), counts, storied)
 
 
 def report_stuck(context: dg.OpExecutionContext, database: DatabaseResource) -> None:
     """Record ``stuck_jobs`` again from a run that changed it (never fails the run's work)."""
     try:
-        with database.get_engine().connect() as conn:
-            meta = _read(conn, context, STORIES_BY_RUNS)
+        meta = _read(database.get_engine(), context, STORIES_BY_RUNS)
     except Exception as exc:
         context.log.warning(f"stuck_jobs could not be refreshed: {exc}")
         return
@@ -332,8 +336,7 @@ def _story_md(job_id: str, base: str | None, storied: set[str] | None) -> str:
     "fail_and_refund_job, or `recon-dagster retry|fail JOB_ID`.",
 )
 def stuck_jobs(context: dg.AssetExecutionContext, database: DatabaseResource) -> dg.MaterializeResult[Any]:
-    with database.get_engine().connect() as conn:
-        meta = _read(conn, context.op_execution_context)
+    meta = _read(database.get_engine(), context.op_execution_context)
     context.log.info(
         f"{meta['stuck']} stuck job(s), {meta['near_cap']} within 2 attempts of the cap; "
         f"{meta['running_fine']} past threshold running as they should"
