@@ -228,6 +228,14 @@ def verify_clone(world: World) -> str:
     return check_clone(world.instance, world.dagster_engine, mine, original)
 
 
+def checked(check) -> str:  # type: ignore[no-untyped-def]
+    """A check's line, or why it failed (the year goes on: its figures are still worth having)."""
+    try:
+        return str(check())
+    except RuntimeError as exc:
+        return f"CHECK FAILED: {exc}"
+
+
 def pick_doomed(world: World, sim_now: datetime) -> tuple[str, tuple[int, int]] | None:
     """A clone the coming pass must delete: a successful run without a ``recon/outcome`` tag, of
     the oldest bulk day more than 31 days before ``sim_now`` still stored. (its id, its event rows
@@ -299,7 +307,7 @@ def year(server: str, per_day: int, sampled: int) -> None:
                             f"{' with an outage' if outage else ''}: {r.line()}",
                             flush=True,
                         )
-                    if len(world.cloned) > cloned:
+                    if world.template and len(world.cloned) > cloned:
                         print(
                             f"  month {month} {world.mode}: {len(world.cloned) - cloned} bulk days' runs cloned "
                             f"(template: {world.template.runs} runs, {world.template.events:,} events) in "
@@ -307,7 +315,7 @@ def year(server: str, per_day: int, sampled: int) -> None:
                             flush=True,
                         )
                     if month == 1:
-                        print(f"  {world.mode}: {verify_clone(world)}", flush=True)
+                        print(f"  {world.mode}: {checked(lambda w=world: verify_clone(w))}", flush=True)
                     report = ""
                     sim_now = zero - timedelta(days=360 - 30 * month)
                     doomed = pick_doomed(world, sim_now) if world.mode == "pruned" else None
@@ -317,7 +325,10 @@ def year(server: str, per_day: int, sampled: int) -> None:
                         world.retention(sim_now)
                     if doomed:
                         print(
-                            f"  {world.mode}: {check_deleted(world.instance, world.dagster_engine, *doomed)}",
+                            f"  {world.mode}: "
+                            + checked(
+                                lambda w=world, d=doomed: check_deleted(w.instance, w.dagster_engine, *d)
+                            ),
                             flush=True,
                         )
                     # What autovacuum does between passes (both databases): dead rows' space is

@@ -191,10 +191,10 @@ def template_ids(engine: sa.Engine) -> list[str]:
         return list(conn.execute(sa.text("SELECT run_id FROM bench.runs ORDER BY id")).scalars())
 
 
-def _events(engine: sa.Engine, run_id: str) -> tuple[int, int]:
+def events_of(engine: sa.Engine, run_id: str) -> tuple[int, int]:
     """(event-log rows, asset event tags) of a run, read directly."""
     with engine.connect() as conn:
-        return tuple(  # type: ignore[return-value]
+        return tuple(
             conn.execute(
                 sa.text(
                     "SELECT (SELECT count(*) FROM event_logs WHERE run_id = :r), "
@@ -218,7 +218,7 @@ def check_clone(instance: dg.DagsterInstance, engine: sa.Engine, run_id: str, or
         raise RuntimeError(f"clone {run_id}: {len(mine)} events, the original {len(theirs)}")
     if any(e.run_id != run_id for e in mine):
         raise RuntimeError(f"clone {run_id}: an event names another run")
-    rows, tags = _events(engine, run_id)
+    rows, tags = events_of(engine, run_id)
     shift_h = (theirs[0].timestamp - mine[0].timestamp) / 3600
     return (
         f"clone {run_id[:8]} of {original[:8]}: get_runs lists it ({runs[0].status.value}), "
@@ -226,15 +226,11 @@ def check_clone(instance: dg.DagsterInstance, engine: sa.Engine, run_id: str, or
     )
 
 
-def events_of(engine: sa.Engine, run_id: str) -> tuple[int, int]:
-    return _events(engine, run_id)
-
-
 def check_deleted(
     instance: dg.DagsterInstance, engine: sa.Engine, run_id: str, before: tuple[int, int]
 ) -> str:
     """After ``delete_run`` (run retention's), nothing of the clone is left. Raises if something is."""
-    left = _events(engine, run_id)
+    left = events_of(engine, run_id)
     if instance.get_run_by_id(run_id) is not None or left != (0, 0):
         raise RuntimeError(f"clone {run_id}: still there after the pass ({left} event rows, tags)")
     with engine.connect() as conn:
