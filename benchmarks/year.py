@@ -13,11 +13,15 @@ bulk-seeded (each stuck job with 3 reconcile attempts); ``--sampled-days`` days 
 year run their stuck jobs through the real reconciler instead (``year_world.py``: the sensor and
 reconcile runs in-process, as ``reconcile --once`` and the tests run them, against the loopback
 sandbox, with an outage on every other sampled day and a 429 with Retry-After now and then; the
-pruned world's retention pass after every tick, on a compressed clock). The pruned world also
-runs a pass at each month's end. At months 1, 6 and 12 it prints each of our tables' and their
+pruned world's retention pass after every tick, on a compressed clock). Dagster's run history
+is bulk-seeded too: a sampled day without an outage is the template, and every bulk day gets a
+clone of its runs and their event log, made with SQL in dagster-postgres's tables and re-dated
+(``year_runs.py``), so the never-pruned instance holds a year's runs and the pruned one what run
+retention (``prune_runs``, through the instance API) leaves. The pruned world also runs a pass at
+each month's end. At months 1, 6 and 12 it prints each of our tables' and their
 indexes' sizes, Dagster's storage (runs, event log, partitions), the stale scan's and
-``explain``'s latency (median of 20), the UI's GraphQL asset and run pages (median of 5, in-process
-through dagster-graphql's schema) and the month-end pass.
+``explain``'s latency (median of 20), the UI's GraphQL asset and run pages and runs list (median
+of 5, in-process through dagster-graphql's schema), the month-end pass and its run-retention part.
 
 ``lock``: ``--lock-events`` rows of ``reconcile_events`` past their retention (10,000,000 in the
 issue; 2,000,000 by default here), then the app's writers (INSERT and UPDATE ``jobs``, INSERT
@@ -68,6 +72,7 @@ from recon_dagster.sandbox import SandboxServer
 from recon_dagster_tests.support.instance import drop_database, ensure_database
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # year_world, harness (run from anywhere)
+from year_runs import check_clone, check_deleted, clone_ids, events_of, template_ids
 from year_world import World
 
 DAY = 86_400.0
@@ -197,15 +202,62 @@ def _measure(world: World, month: int, seeded: float, report: str) -> None:
         conn.execute(sa.text("DELETE FROM jobs WHERE id = ANY(:ids)"), {"ids": list(stale)})
     explain = median_ms(lambda e=engine, j=some: load_story(e, j))  # type: ignore[misc]
     gql = world.graphql_ms()
+    runs_pass = (
+        "month-end run-retention pass {:.1f} s, {:,} runs deleted".format(*world.runs_pruned[-1])
+        if world.mode == "pruned" and world.runs_pruned
+        else "no run retention"
+    )
     print(f"month {month:2d} {world.mode:6s}: {table}")
     print(f"           indexes: {indexes}")
     print(f"           dagster: {world.dagster_sizes()}; {world.partitions():,} job_story partitions")
+    print(f"           dagster: {runs_pass}; run page of {world.run_page}", flush=True)
     print(
         f"           stale scan {scan:.1f} ms, explain {explain:.1f} ms, seeded in {seeded:.1f} s; graphql "
         + ", ".join(f"{k} {v:.0f} ms" for k, v in gql.items())
         + report,
         flush=True,
     )
+
+
+def verify_clone(world: World) -> str:
+    """The first bulk day's clone of the template's first run is a run to Dagster."""
+    if world.template is None or not world.cloned:
+        return "no clone to verify"
+    original = template_ids(world.dagster_engine)[0]
+    mine = clone_ids([original], world.cloned[0][0])[0]
+    return check_clone(world.instance, world.dagster_engine, mine, original)
+
+
+def checked(check) -> str:  # type: ignore[no-untyped-def]
+    """A check's line, or why it failed (the year goes on: its figures are still worth having)."""
+    try:
+        return str(check())
+    except RuntimeError as exc:
+        return f"CHECK FAILED: {exc}"
+
+
+def pick_doomed(world: World, sim_now: datetime) -> tuple[str, tuple[int, int]] | None:
+    """A clone the coming pass must delete: a successful run without a ``recon/outcome`` tag, of
+    the oldest bulk day more than 31 days before ``sim_now`` still stored. (its id, its event rows
+    and asset event tags)"""
+    if world.template is None:
+        return None
+    with world.dagster_engine.connect() as conn:
+        plain = conn.execute(
+            sa.text(
+                "SELECT run_id FROM bench.runs r WHERE status = 'SUCCESS' AND NOT EXISTS "
+                "(SELECT 1 FROM bench.run_tags t WHERE t.run_id = r.run_id AND t.key = 'recon/outcome') "
+                "ORDER BY id LIMIT 1"
+            )
+        ).scalar()
+    if plain is None:
+        return None
+    for day, _ in world.cloned:
+        if day < sim_now - timedelta(days=31):
+            run_id = clone_ids([plain], day)[0]
+            if world.instance.get_run_by_id(run_id) is not None:
+                return run_id, events_of(world.dagster_engine, run_id)
+    return None
 
 
 def year(server: str, per_day: int, sampled: int) -> None:
@@ -242,8 +294,12 @@ def year(server: str, per_day: int, sampled: int) -> None:
                             for h in (0, 6, 12, 18):
                                 conn.execute(sa.text(SAMPLE), {"day": day, "h": h})
                     seeded = time.monotonic() - t0
-                    for day in (d for d in days if d in sample_days):
+                    t1, cloned = time.monotonic(), len(world.cloned)
+                    for day in days:  # in simulated order: a sampled day, or a bulk day's runs
                         sim_day = zero - timedelta(days=day)
+                        if day not in sample_days:
+                            world.bulk_runs(sim_day)
+                            continue
                         outage = day in sorted(sample_days)[1::2]  # every other one, not the first
                         r = world.sampled_day(sandbox, sim_day, per_day // 50, rng, outage=outage)
                         print(
@@ -251,12 +307,30 @@ def year(server: str, per_day: int, sampled: int) -> None:
                             f"{' with an outage' if outage else ''}: {r.line()}",
                             flush=True,
                         )
+                    if world.template and len(world.cloned) > cloned:
+                        print(
+                            f"  month {month} {world.mode}: {len(world.cloned) - cloned} bulk days' runs cloned "
+                            f"(template: {world.template.runs} runs, {world.template.events:,} events) in "
+                            f"{sum(s for _, s in world.cloned[cloned:]):.1f} s, month {time.monotonic() - t1:.1f} s",
+                            flush=True,
+                        )
+                    if month == 1:
+                        print(f"  {world.mode}: {checked(lambda w=world: verify_clone(w))}", flush=True)
                     report = ""
                     sim_now = zero - timedelta(days=360 - 30 * month)
+                    doomed = pick_doomed(world, sim_now) if world.mode == "pruned" else None
                     if world.mode == "pruned" and month in (1, 6, 12):
                         report = watched_pass(world, sim_now)
                     elif world.mode == "pruned":
                         world.retention(sim_now)
+                    if doomed:
+                        print(
+                            f"  {world.mode}: "
+                            + checked(
+                                lambda w=world, d=doomed: check_deleted(w.instance, w.dagster_engine, *d)
+                            ),
+                            flush=True,
+                        )
                     # What autovacuum does between passes (both databases): dead rows' space is
                     # reused, not returned.
                     for url in (world.url, world.dagster_url):

@@ -9,9 +9,10 @@ by the same interval). Between ticks the jobs' backoff is ended at once (``recon
 set to now: the hours between attempts pass in a moment), except the provider's Retry-After
 (1 s), which is waited out for real. Each tick stands for a simulated hour: the pruned world runs
 a retention pass after each (the hourly schedule's cadence), called directly (no daemon), with
-cutoffs taken at the simulated hour. Dagster's runs are stamped by Dagster with real time; run
-retention maps the simulated cutoff onto the real time the first sampled day at or after it
-began (runs are made in simulated order, so the mapping is monotone).
+cutoffs taken at the simulated hour. Dagster stamps a sampled day's runs with real time; when the
+day is over they are re-dated to it too (``year_runs.redate``: every timestamp of the runs and
+their events), so run retention runs on the simulated clock like the rest. A sampled day without
+an outage becomes the template the bulk days' runs are cloned from (``year_runs.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 from harness import Seeded, inflight, insert_jobs, verify
+from year_runs import Template, clone, keep_template, last_run_id, redate, storage
 
 from recon_dagster.cli.run_once import reconcile_once
 from recon_dagster.config import settings
@@ -120,7 +122,14 @@ class World:
         self.instance = self._instance_cm.__enter__()
         self.media_dir = media_dir
         self.defs: dg.Definitions | None = None
-        self.days: list[tuple[datetime, datetime]] = []  # (simulated day, real start), in order
+        self.dagster_engine = get_engine(self.dagster_url)
+        self.template: Template | None = None
+        self.template_outage = False
+        self.pending: list[datetime] = []  # bulk days waiting for a template
+        self.cloned: list[tuple[datetime, float]] = []  # (bulk day, seconds its clone took)
+        self.real_runs: set[str] = set()  # the sampled days' own runs
+        self.run_page = ""
+        self.runs_pruned: list[tuple[float, int]] = []  # each run-retention pass: (seconds, runs)
 
     def use(self) -> dg.Definitions:
         """Point the project's database resource at this world (and build its definitions)."""
@@ -148,15 +157,13 @@ class World:
         now = settings()
         story_cut = sim_now - timedelta(days=now.retention_job_stories_days)
         stories = prune_stories(self.instance, self.engine, story_cut, budget_s=budget_s)
-        runs = 0
         jobs = self.use().get_repository_def().job_names
-        for days, failed_days in ((now.retention_runs_days, 3650.0), (now.retention_failed_runs_days,) * 2):
-            cut = sim_now - timedelta(days=days)
-            real = next((at for sim, at in self.days if sim >= cut), datetime.now(UTC))
-            runs += prune_runs(
-                self.instance, jobs, now=real + timedelta(days=days), days=days,
-                failed_days=failed_days, our_label=None, max_runs=100_000,
-            ).deleted  # fmt: skip
+        r0 = time.monotonic()
+        runs = prune_runs(
+            self.instance, jobs, now=sim_now, days=now.retention_runs_days,
+            failed_days=now.retention_failed_runs_days, our_label=None, max_runs=100_000,
+        ).deleted  # fmt: skip
+        self.runs_pruned.append((time.monotonic() - r0, runs))
         deleted = sum(report.deleted.values()) + stories.deleted + runs
         return time.monotonic() - t0, report.slowest_batch_s, deleted
 
@@ -173,7 +180,7 @@ class World:
         report = DayReport(jobs=stuck)
         started = time.monotonic()
         defs = self.use()
-        self.days.append((sim_day, datetime.now(UTC)))
+        after = last_run_id(self.dagster_engine)
         ids, users, tasks = [], [], []
         expected: Counter[str] = Counter()
         kinds = [
@@ -225,14 +232,30 @@ class World:
         with self.engine.begin() as conn:
             for statement in REDATE:
                 conn.execute(sa.text(statement), {"jobs": ids, "shift": shift})
+        run_ids = redate(self.dagster_engine, after, shift)
+        self.real_runs.update(run_ids)
+        if self.template is None or (self.template_outage and not outage):
+            self.template = keep_template(self.dagster_engine, run_ids, sim_day)
+            self.template_outage = outage
+            for day in self.pending:
+                self.bulk_runs(day)
+            self.pending = []
         report.seconds = time.monotonic() - started
         return report
+
+    def bulk_runs(self, day: datetime) -> None:
+        """A bulk-seeded day's Dagster runs: the template's, cloned onto ``day`` (or later, once
+        the first sampled day has made a template)."""
+        if self.template is None:
+            self.pending.append(day)
+        else:
+            self.cloned.append((day, clone(self.dagster_engine, self.template, day)))
 
     # -- what the instance holds, and what its UI pages cost ----------------------------------------
 
     def dagster_sizes(self) -> str:
-        engine = get_engine(self.dagster_url)
-        parts = []
+        engine = self.dagster_engine
+        parts = [storage(engine)]
         with engine.connect() as conn:
             for t in DAGSTER_TABLES:
                 rows, table, idx = conn.execute(
@@ -254,6 +277,14 @@ class World:
 
         self.use()
         records = self.instance.get_run_records(filters=dg.RunsFilter(job_name="reconcile_job"), limit=1)
+        self.run_page = "no run"
+        if records:
+            run = records[0]
+            real = run.dagster_run.run_id in self.real_runs
+            self.run_page = (
+                f"{run.dagster_run.run_id[:8]} ({'a sampled day' if real else 'a clone'}'s reconcile run, "
+                f"{run.create_timestamp:%Y-%m-%d})"
+            )
         queries: dict[str, tuple[str, dict[str, Any]]] = {
             "asset page (job_story)": (ASSET_PAGE, {"key": {"path": ["job_story"]}}),
             "runs list": (RUNS_LIST, {}),

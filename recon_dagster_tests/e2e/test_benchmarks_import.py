@@ -13,8 +13,9 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # Not benchmarks of their own: they must import, they have no main(). ``harness.py`` is what the
 # benchmarks share; ``spend_location.py`` is the code location ``spend_beside_backlog.py`` serves;
-# ``year_world.py`` is ``year.py``'s sampled days (the real reconciler, GraphQL pages).
-SHARED_MODULES = {"harness.py", "spend_location.py", "year_world.py"}
+# ``year_world.py`` is ``year.py``'s sampled days (the real reconciler, GraphQL pages);
+# ``year_runs.py`` clones a sampled day's Dagster runs into the bulk days.
+SHARED_MODULES = {"harness.py", "spend_location.py", "year_runs.py", "year_world.py"}
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("*.py")))
