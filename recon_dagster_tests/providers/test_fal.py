@@ -242,7 +242,9 @@ def test_the_worker_library_persists_the_fal_task_then_resumes_it_instead_of_sub
     assert job_row(db, job)["status"] == "completed" and usage_status(db, job) == "committed"
 
 
-def test_a_deployment_without_fal_key_keeps_working_and_fal_kinds_say_what_to_set(monkeypatch) -> None:
+def test_a_deployment_without_fal_key_keeps_working_and_fal_kinds_say_what_to_set(
+    monkeypatch, provider_keys
+) -> None:
     from recon_dagster.providers import ProviderConfigError
 
     monkeypatch.delenv("FAL_KEY", raising=False)
